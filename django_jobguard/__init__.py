@@ -1,0 +1,36 @@
+"""django-jobguard: an ORM-backed job queue with unique jobs, overlap locks, rate limits and
+exception throttling. The public API is importable from here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Job": "django_jobguard.jobs",
+    "job": "django_jobguard.jobs",
+    "dispatch": "django_jobguard.jobs",
+    "dispatch_many": "django_jobguard.jobs",
+    "dispatch_sync": "django_jobguard.jobs",
+    "Dispatched": "django_jobguard.jobs",
+    "JobMiddleware": "django_jobguard.middleware",
+    "ShouldBeUnique": "django_jobguard.unique",
+    "ShouldBeUniqueUntilProcessing": "django_jobguard.unique",
+    "MaxAttemptsExceededError": "django_jobguard.exceptions",
+    "JobTimeoutError": "django_jobguard.exceptions",
+    "ManuallyFailedError": "django_jobguard.exceptions",
+    "get_store": "django_jobguard.stores",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import lazily so that ``import django_jobguard`` works before Django is set up."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_jobguard' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

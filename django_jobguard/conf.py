@@ -1,0 +1,86 @@
+"""The ``JOBGUARD`` setting: one dict, defaults here, reloaded when tests override it.
+
+Modelled on DRF's ``api_settings``: ``jobguard_settings.RETRY_AFTER`` reads the user's value or
+the default, and ``override_settings(JOBGUARD=...)`` takes effect at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+
+DEFAULTS: dict[str, Any] = {
+    # Queue name used when a job does not set one.
+    "DEFAULT_QUEUE": "default",
+    # Seconds a reserved job stays invisible before another worker may take it (crash recovery).
+    # Workers extend the reservation while a job runs, so only a dead worker's job comes back.
+    "RETRY_AFTER": 90,
+    # Worker default for jobs without their own ``timeout`` (seconds, 0 = none).
+    "DEFAULT_TIMEOUT": 60,
+    # How many jobs a worker reserves in one claim query.
+    "CLAIM_BATCH_SIZE": 1,
+    # Largest accepted JSON payload in bytes (dispatch raises ValueError above it).
+    "MAX_PAYLOAD_BYTES": 1_048_576,
+    # Extra modules to import at start-up so their jobs register (``<app>.jobs`` is automatic).
+    "JOB_MODULES": [],
+    # PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for ``--sleep``.
+    "USE_NOTIFY": True,
+    # The lock/counter store used unless a job names another (``unique_via`` and friends).
+    "STORE": "database",
+    # Named stores, like CACHES. ``BACKEND`` is a dotted path; other keys go to its constructor.
+    "STORES": {
+        "database": {"BACKEND": "django_jobguard.stores.database.DatabaseStore"},
+        "redis": {"BACKEND": "django_jobguard.stores.redis.RedisStore", "CACHE": "default"},
+    },
+    # Laravel counts a release by WithoutOverlapping/RateLimited/an open circuit as an attempt,
+    # so ``tries`` runs out before the job ever runs. jobguard does not, unless this is True.
+    "DEFERRALS_CONSUME_ATTEMPTS": False,
+    # Job names that the HTTP dispatch endpoint accepts (nothing is dispatchable by default).
+    "API_DISPATCHABLE_JOBS": [],
+    # DRF permission classes (dotted paths) guarding the API.
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Days to keep finished django.tasks results before ``jobs_prune_results`` removes them.
+    "RESULT_RETENTION_DAYS": 7,
+}
+
+
+class JobGuardSettings:
+    """Attribute access to ``settings.JOBGUARD`` merged over :data:`DEFAULTS`."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(settings, "JOBGUARD", {})
+        return value if isinstance(value, dict) else {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Invalid JOBGUARD setting: {name!r}")
+        if self._cache is None:
+            merged = dict(DEFAULTS)
+            merged.update(self.user_settings)
+            if "STORES" in self.user_settings and isinstance(self.user_settings["STORES"], dict):
+                merged["STORES"] = {**DEFAULTS["STORES"], **self.user_settings["STORES"]}
+            self._cache = merged
+        return self._cache[name]
+
+    def reload(self) -> None:
+        self._cache = None
+
+
+jobguard_settings = JobGuardSettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBGUARD":
+        jobguard_settings.reload()
+        from django_jobguard import stores
+
+        stores.reset()
+
+
+setting_changed.connect(_reload)

@@ -1,0 +1,107 @@
+"""``manage.py jobworker``: run jobs from the queue (options follow Laravel's ``queue:work``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.worker import Worker, WorkerOptions
+
+
+def _csv_floats(value: str) -> list[float]:
+    try:
+        return [float(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise CommandError(f"--backoff takes seconds, comma separated (e.g. 1,5,10), not {value!r}")
+
+
+class Command(BaseCommand):
+    help = "Process jobs from the queue until stopped (SIGTERM/SIGINT finish the current job)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--queue", default=None,
+                            help="Queues in priority order, comma separated (default: "
+                                 "JOBGUARD['DEFAULT_QUEUE']).")
+        parser.add_argument("--sleep", type=float, default=3.0,
+                            help="Seconds to wait when no job is due (PostgreSQL wakes on NOTIFY "
+                                 "sooner).")
+        parser.add_argument("--tries", type=int, default=1,
+                            help="Attempts for jobs that do not set `tries` (0 = unlimited).")
+        parser.add_argument("--timeout", type=float, default=None,
+                            help="Seconds a job may run unless it sets `timeout` (default: "
+                                 "JOBGUARD['DEFAULT_TIMEOUT']).")
+        parser.add_argument("--backoff", type=_csv_floats, default=[0.0],
+                            help="Seconds before retrying a job that raised, or a list per "
+                                 "attempt (1,5,10).")
+        parser.add_argument("--max-jobs", type=int, default=0,
+                            help="Exit after this many jobs (0 = no limit).")
+        parser.add_argument("--max-time", type=float, default=0,
+                            help="Exit after this many seconds (0 = no limit).")
+        parser.add_argument("--stop-when-empty", action="store_true",
+                            help="Exit when no job is due.")
+        parser.add_argument("--memory", type=int, default=128,
+                            help="Exit (code 12) after a job when RSS is above this many MB.")
+        parser.add_argument("--rest", type=float, default=0,
+                            help="Seconds to rest after each job.")
+        parser.add_argument("--once", action="store_true", help="Process one job and exit.")
+        parser.add_argument("--batch", type=int, default=0,
+                            help="Jobs to reserve per claim (default: "
+                                 "JOBGUARD['CLAIM_BATCH_SIZE']).")
+        parser.add_argument("--concurrency", type=int, default=1,
+                            help="Worker processes to run under one supervisor.")
+        parser.add_argument("--database", default="default",
+                            help="Database alias holding the queue.")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        queues = [q.strip() for q in (opts["queue"] or jobguard_settings.DEFAULT_QUEUE).split(",")
+                  if q.strip()]
+        if not queues:
+            raise CommandError("--queue needs at least one queue name.")
+        for name in ("sleep", "max_time", "rest"):
+            if opts[name] < 0:
+                raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1.")
+        options = WorkerOptions(
+            queues=queues, sleep=opts["sleep"], tries=opts["tries"], timeout=opts["timeout"],
+            backoff=opts["backoff"], max_jobs=opts["max_jobs"], max_time=opts["max_time"],
+            stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
+            once=opts["once"], batch=opts["batch"], using=opts["database"],
+        )
+        verbosity = opts["verbosity"]
+        if opts["concurrency"] > 1:
+            from django_jobguard.supervisor import Supervisor
+
+            code = Supervisor(options, processes=opts["concurrency"], verbosity=verbosity,
+                              stdout=self.stdout).run()
+        else:
+            code = run_worker_process(options, verbosity=verbosity, write=self._write)
+        if code:
+            sys.exit(code)
+
+    def _write(self, line: str, state: str) -> None:
+        style = {"DONE": self.style.SUCCESS, "FAILED": self.style.ERROR,
+                 "RELEASED": self.style.WARNING, "LOST": self.style.ERROR}.get(state)
+        self.stdout.write(style(line) if style else line)
+        self.stdout.flush()
+
+
+def run_worker_process(options: WorkerOptions, *, verbosity: int,
+                       write: Any = None) -> int:
+    """Run one worker in this process with log lines at ``verbosity`` (used by the supervisor)."""
+    if write is None:
+        def write(line: str, state: str) -> None:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    def log(line: str, state: str) -> None:
+        if verbosity >= 2 or (verbosity >= 1 and state != "RUNNING"):
+            write(line, state)
+
+    if verbosity >= 3:
+        logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
+    return Worker(options, log=log).run()

@@ -1,0 +1,60 @@
+"""Job names → job classes. Workers look jobs up here; payloads never name an import path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.utils.module_loading import autodiscover_modules, import_string
+
+if TYPE_CHECKING:
+    from django_jobguard.jobs import Job
+
+
+class UnknownJobError(LookupError):
+    """A payload names a job that no loaded module registered."""
+
+
+_registry: dict[str, type[Job]] = {}
+
+
+def register(job_class: type[Job]) -> type[Job]:
+    """Record ``job_class`` under its ``name``; a second class with the same name is an error."""
+    name = job_class.name
+    existing = _registry.get(name)
+    if existing is not None and existing is not job_class:
+        same_place = (existing.__module__, existing.__qualname__) == (
+            job_class.__module__,
+            job_class.__qualname__,
+        )
+        if not same_place:
+            raise ValueError(
+                f"Job name {name!r} is already used by {existing.__module__}."
+                f"{existing.__qualname__}; set a distinct `name` on one of them."
+            )
+    _registry[name] = job_class
+    return job_class
+
+
+def get(name: str) -> type[Job]:
+    """The class registered as ``name``, or :class:`UnknownJobError` with a readable message."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownJobError(
+            f"No job is registered as {name!r}. Was it renamed or removed? Jobs register when "
+            f"their module is imported: put them in <app>/jobs.py or list the module in "
+            f"JOBGUARD['JOB_MODULES']."
+        ) from None
+
+
+def all_jobs() -> dict[str, type[Job]]:
+    return dict(_registry)
+
+
+def autodiscover() -> None:
+    """Import ``<app>.jobs`` for every installed app, then ``JOBGUARD['JOB_MODULES']``."""
+    from django_jobguard.conf import jobguard_settings
+
+    autodiscover_modules("jobs")
+    for module in jobguard_settings.JOB_MODULES:
+        import_string(module) if ":" in module else __import__(module)

@@ -1,0 +1,16 @@
+"""Signals sent along a job's life. ``sender`` is the job class; ``job`` the instance."""
+
+from django.dispatch import Signal
+
+#: After a job is queued: ``job``, ``job_id``, ``queue``.
+job_dispatched = Signal()
+#: A unique job was not queued because a copy holds its lock: ``job``.
+job_skipped_unique = Signal()
+#: A worker is about to run the job: ``job``, ``job_id``.
+job_processing = Signal()
+#: The job finished (handled, or dropped by middleware): ``job``, ``job_id``, ``result``.
+job_processed = Signal()
+#: The job went back to the queue: ``job``, ``job_id``, ``delay``, ``reason``, ``exception``.
+job_released = Signal()
+#: The job failed for good: ``job`` (None if it could not be rebuilt), ``job_id``, ``exception``.
+job_failed = Signal()

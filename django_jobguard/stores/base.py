@@ -1,0 +1,71 @@
+"""The store interface: owner-checked locks with fencing tokens, and counters.
+
+A store is the small set of atomic primitives that locks, unique jobs and limits need.
+Expiry always uses the store's own clock, never the calling process's.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A held lock as listed by :meth:`Store.locks`."""
+
+    key: str
+    owner: str
+    token: int
+    acquired_at: datetime.datetime | None
+    expires_at: datetime.datetime | None
+    job_id: str = ""
+    store: str = ""
+
+    @property
+    def kind(self) -> str:
+        """``unique``, ``overlap`` or ``other`` from the key's prefix."""
+        parts = self.key.split(":")
+        return parts[1] if len(parts) > 2 and parts[0] == "jobguard" else "other"
+
+
+class Store:
+    """Base class; subclasses implement each primitive atomically."""
+
+    def __init__(self, *, alias: str) -> None:
+        self.alias = alias
+
+    def acquire(self, key: str, owner: str, *, ttl: float | None = None,
+                job_id: str = "") -> int | None:
+        """Take ``key`` for ``owner`` if it is free or expired. Returns a fencing token larger
+        than any earlier holder's, or ``None`` when someone else holds the lock.
+        ``ttl`` seconds (``None``/0 = until released)."""
+        raise NotImplementedError
+
+    def release(self, key: str, owner: str) -> bool:
+        """Free ``key`` only if ``owner`` still holds it."""
+        raise NotImplementedError
+
+    def extend(self, key: str, owner: str, *, ttl: float) -> bool:
+        """Push back the expiry of ``key`` if ``owner`` holds it (renewal)."""
+        raise NotImplementedError
+
+    def force_release(self, key: str) -> bool:
+        """Free ``key`` whoever holds it (operators, stuck locks)."""
+        raise NotImplementedError
+
+    def get_lock(self, key: str) -> LockInfo | None:
+        """The current holder of ``key``, or ``None`` if free or expired."""
+        raise NotImplementedError
+
+    def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
+        """Locks whose key starts with ``prefix``."""
+        raise NotImplementedError
+
+    def clean_expired(self) -> int:
+        """Remove expired locks; returns how many."""
+        raise NotImplementedError
+
+    def now(self) -> datetime.datetime:
+        """The store's clock."""
+        raise NotImplementedError

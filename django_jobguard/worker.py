@@ -1,0 +1,464 @@
+"""The worker: claim jobs, run each through its pipeline, ack, release or fail it.
+
+One job's path, top to bottom (:meth:`Worker.process`):
+
+1. rebuild the job from its row (unknown name / corrupt payload / missing model → failed);
+2. fail it if it already used its attempts (or its ``retry_until`` passed);
+3. release a ``ShouldBeUniqueUntilProcessing`` lock;
+4. run middleware and ``handle()`` under the job's timeout;
+5. the outcome decides: ack (and release the unique lock), release back to the queue
+   (``job.release()``, a middleware deferral, or an exception with tries left), or fail.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_jobguard import queue, registry, signals, unique
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.exceptions import (
+    JobTimeoutError,
+    MaxAttemptsExceededError,
+    PayloadError,
+)
+from django_jobguard.jobs import Job
+from django_jobguard.models import JobResult, QueuedJob
+from django_jobguard.models import Worker as WorkerRow
+from django_jobguard.serialization import MissingModelError
+
+logger = logging.getLogger("django_jobguard.worker")
+
+EXIT_OK = 0
+EXIT_MEMORY = 12
+
+
+@dataclass
+class WorkerOptions:
+    """What ``manage.py jobworker`` passes to :class:`Worker` (``queue:work``'s options)."""
+
+    queues: list[str] = field(default_factory=lambda: [jobguard_settings.DEFAULT_QUEUE])
+    sleep: float = 3.0
+    tries: int = 1
+    timeout: float | None = None
+    backoff: list[float] = field(default_factory=lambda: [0.0])
+    max_jobs: int = 0
+    max_time: float = 0.0
+    stop_when_empty: bool = False
+    memory: int = 128
+    rest: float = 0.0
+    once: bool = False
+    batch: int = 0
+    using: str = DEFAULT_DB_ALIAS
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1_048_576
+    except OSError:  # not Linux: peak RSS is the best we have
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _retry_until(row: QueuedJob) -> datetime.datetime | None:
+    value = row.payload.get("retry_until") if isinstance(row.payload, dict) else None
+    return datetime.datetime.fromisoformat(value) if value else None
+
+
+def _seconds(delay: Any) -> float:
+    if isinstance(delay, datetime.datetime):
+        return max((delay - timezone.now()).total_seconds(), 0.0)
+    if isinstance(delay, datetime.timedelta):
+        return delay.total_seconds()
+    return float(delay or 0)
+
+
+class Worker:
+    """Runs jobs from ``options.queues`` until told to stop."""
+
+    def __init__(self, options: WorkerOptions | None = None, *,
+                 log: Callable[[str, str], None] | None = None) -> None:
+        self.options = options or WorkerOptions()
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.log = log or (lambda line, state: None)
+        self.jobs_processed = 0
+        self._stop = threading.Event()
+        self._in_job = False
+        self._listener: queue.Listener | None = None
+        self._heartbeat: threading.Thread | None = None
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Process jobs until a stop condition; returns the process exit code."""
+        self._install_signal_handlers()
+        self._start()
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                rows = self._claim()
+                for index, row in enumerate(rows):
+                    if self._stop.is_set():  # asked to stop: give back what we did not start
+                        for left in rows[index:]:
+                            queue.release(left, count_attempt=False, using=self.options.using)
+                        break
+                    self._process_safely(row)
+                    if self.options.rest:
+                        time.sleep(self.options.rest)
+                code = self._stop_code(found=bool(rows), started=started)
+                if code is not None:
+                    return code
+                if not rows:
+                    self._wait()
+            return EXIT_OK
+        finally:
+            self._shutdown()
+
+    def _stop_code(self, *, found: bool, started: float) -> int | None:
+        """``queue:work``'s stop checks, in its order; ``None`` means keep going."""
+        o = self.options
+        if self._stop.is_set():
+            return EXIT_OK
+        if o.memory and _rss_mb() >= o.memory:
+            logger.warning("Worker %s uses more than %s MB; exiting.", self.id, o.memory)
+            return EXIT_MEMORY
+        if o.once or (o.stop_when_empty and not found):
+            return EXIT_OK
+        if o.max_time and time.monotonic() - started >= o.max_time:
+            return EXIT_OK
+        if o.max_jobs and self.jobs_processed >= o.max_jobs:
+            return EXIT_OK
+        return None
+
+    def _claim(self) -> list[QueuedJob]:
+        o = self.options
+        limit = 1 if o.once else (o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
+        if o.max_jobs:
+            limit = max(1, min(limit, o.max_jobs - self.jobs_processed))
+        try:
+            return queue.claim(o.queues, worker_id=self.id, limit=limit, using=o.using)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
+            self._reset_connections(force=True)
+            self._stop.wait(1)
+            return []
+
+    def _wait(self) -> None:
+        """Idle until ``--sleep`` passes, a NOTIFY arrives (PostgreSQL) or a stop signal."""
+        deadline = time.monotonic() + self.options.sleep
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            chunk = min(remaining, 1.0)
+            if self._listener is not None:
+                try:
+                    if self._listener.wait(chunk):
+                        return
+                except Exception as exc:  # lost connection: fall back to polling
+                    logger.warning("LISTEN connection lost (%s); polling instead.", exc)
+                    self._listener.close()
+                    self._listener = None
+            else:
+                self._stop.wait(chunk)
+
+    # -- one job -----------------------------------------------------------------------
+
+    def _process_safely(self, row: QueuedJob) -> None:
+        """Run :meth:`process`; a database error leaves the row to lease recovery."""
+        self._in_job = True
+        try:
+            self.process(row)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.exception("Database error while finishing %s; its lease will expire and "
+                             "it will be retried.", row, exc_info=exc)
+        finally:
+            self._in_job = False
+            self.jobs_processed += 1
+            self._reset_connections()
+
+    def process(self, row: QueuedJob) -> str:
+        """Run one claimed job to its outcome; returns the state logged (DONE, FAILED, …)."""
+        started = time.monotonic()
+        try:
+            job = self._rebuild(row)
+        except MissingModelError as exc:
+            if getattr(registry.get(row.name), "delete_when_missing_models", False):
+                queue.ack(row, using=self.options.using)
+                unique.release(row.payload)
+                return self._log(row, "DELETED", started, str(exc))
+            return self._fail(row, None, exc, started)
+        except Exception as exc:
+            return self._fail(row, None, exc, started)
+
+        tries = self._tries(job)
+        deadline = _retry_until(row)
+        exceeded = (timezone.now() > deadline) if deadline else (0 < tries < row.attempts)
+        if exceeded:
+            detail = f" Last error: {row.last_error}" if row.last_error else ""
+            error = MaxAttemptsExceededError(
+                f"{row.name} has been attempted too many times "
+                f"({row.attempts - 1} of {tries if not deadline else 'until ' + str(deadline)})."
+                f"{detail}"
+            )
+            return self._fail(row, job, error, started)
+
+        unique.release_on_start(job)
+        self.log(self._line(row, "RUNNING"), "RUNNING")
+        signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
+        job_started_at = timezone.now()
+        try:
+            with self._time_limit(self._timeout(job)):
+                result = job._run()
+        except Exception as exc:
+            return self._after_exception(row, job, exc, started, deadline, tries)
+
+        if job._failed is not None:
+            return self._fail(row, job, job._failed, started)
+        if job._released is not None:
+            delay, counts, reason = job._released
+            return self._release(row, job, started, delay=_seconds(delay),
+                                 count_attempt=counts, reason=reason)
+        if not queue.ack(row, using=self.options.using):
+            return self._log(row, "LOST", started, "lease expired; another worker has it")
+        unique.release(row.payload)
+        if job.keep_result:
+            self._store_result(row, "SUCCESSFUL", job_started_at, return_value=result)
+        signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id, result=result)
+        return self._log(row, "DONE" if job._handled else "SKIPPED", started)
+
+    def _rebuild(self, row: QueuedJob) -> Job:
+        job_class = registry.get(row.name)
+        if not isinstance(row.payload, dict):
+            raise PayloadError(f"Corrupt payload for {row.name}: expected a JSON object, got "
+                               f"{type(row.payload).__name__}.")
+        try:
+            job = job_class.from_payload(row.payload)
+        except MissingModelError:
+            raise
+        except (TypeError, ValueError, KeyError, LookupError) as exc:
+            raise PayloadError(f"Cannot rebuild {row.name} from its payload: {exc}") from exc
+        job.job_id = str(row.id)
+        job._attempts = row.attempts
+        job._worker = self
+        return job
+
+    def _tries(self, job: Job) -> int:
+        return self.options.tries if job.tries is None else job.tries
+
+    def _timeout(self, job: Job) -> float:
+        if job.timeout is not None:
+            return float(job.timeout)
+        if self.options.timeout is not None:
+            return float(self.options.timeout)
+        return float(jobguard_settings.DEFAULT_TIMEOUT)
+
+    def _backoff(self, job: Job, attempts: int) -> float:
+        steps = self.options.backoff if job.backoff is None else job.backoff
+        if not isinstance(steps, (list, tuple)):
+            steps = [steps]
+        if not steps:
+            return 0.0
+        return float(steps[min(max(attempts, 1), len(steps)) - 1])
+
+    def _after_exception(self, row: QueuedJob, job: Job, exc: Exception, started: float,
+                         deadline: datetime.datetime | None, tries: int) -> str:
+        """Retry with backoff, or fail on the last attempt / too many exceptions."""
+        exceptions = row.exceptions + 1
+        if job._failed is not None:
+            final = True
+        elif isinstance(exc, JobTimeoutError) and job.fail_on_timeout:
+            final = True
+        elif deadline is not None:
+            final = timezone.now() >= deadline
+        else:
+            final = 0 < tries <= row.attempts
+        if job.max_exceptions and exceptions >= job.max_exceptions:
+            final = True
+        if final:
+            return self._fail(row, job, exc, started)
+        logger.info("%s [%s] raised %r; retrying.", row.name, row.id, exc)
+        return self._release(row, job, started, delay=self._backoff(job, row.attempts),
+                             count_attempt=True, reason="exception", exception=exc)
+
+    def _release(self, row: QueuedJob, job: Job, started: float, *, delay: float,
+                 count_attempt: bool, reason: str, exception: Exception | None = None) -> str:
+        if not queue.release(row, delay=delay, count_attempt=count_attempt, exception=exception,
+                             using=self.options.using):
+            return self._log(row, "LOST", started, "lease expired; another worker has it")
+        signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
+                                  reason=reason, exception=exception)
+        return self._log(row, "RELEASED", started, f"{reason}, retry in {delay:g} s")
+
+    def _fail(self, row: QueuedJob, job: Job | None, exc: BaseException, started: float) -> str:
+        if queue.fail(row, exc, using=self.options.using) is None:
+            return self._log(row, "LOST", started, "lease expired; another worker has it")
+        unique.release(row.payload)
+        if job is not None:
+            if job.keep_result:
+                self._store_result(row, "FAILED", None, exception=exc)
+            try:
+                job.failed(exc)
+            except Exception:
+                logger.exception("%s.failed() raised.", row.name)
+        signals.job_failed.send(sender=type(job) if job else None, job=job, job_id=str(row.id),
+                                exception=exc)
+        logger.error("%s [%s] failed: %s", row.name, row.id, queue.describe(exc),
+                     exc_info=(type(exc), exc, exc.__traceback__))
+        return self._log(row, "FAILED", started, queue.describe(exc))
+
+    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *,
+                      return_value: Any = None, exception: BaseException | None = None) -> None:
+        errors = []
+        if exception is not None:
+            import traceback
+
+            errors.append({
+                "exception_class_path": f"{type(exception).__module__}."
+                                        f"{type(exception).__qualname__}",
+                "traceback": "".join(traceback.format_exception(exception)),
+            })
+        JobResult.objects.using(self.options.using).update_or_create(
+            id=row.id,
+            defaults={"name": row.name, "queue": row.queue, "status": status,
+                      "return_value": return_value, "errors": errors, "worker_ids": [self.id],
+                      "attempts": row.attempts, "enqueued_at": row.created_at,
+                      "started_at": started_at or row.reserved_at, "finished_at": Now()},
+        )
+
+    # -- timeouts, signals, logging ----------------------------------------------------
+
+    @contextmanager
+    def _time_limit(self, seconds: float) -> Iterator[None]:
+        """Raise :class:`JobTimeoutError` in the job after ``seconds`` (main thread only).
+
+        If the job swallows it and keeps running, the process exits after a grace period;
+        the supervisor starts a new worker and the job's lease brings it back.
+        """
+        if not seconds or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        fired = False
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            nonlocal fired
+            if fired:
+                logger.critical("Job ignored its timeout; exiting the worker process.")
+                os._exit(1)
+            fired = True
+            signal.setitimer(signal.ITIMER_REAL, max(5.0, seconds))  # grace period
+            raise JobTimeoutError(f"The job has timed out after {seconds:g} s.")
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_stop(signum: int, frame: Any) -> None:
+            logger.info("Worker %s got %s; finishing the current job.", self.id,
+                        signal.Signals(signum).name)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+
+    def stop(self) -> None:
+        """Ask the worker to exit after the current job."""
+        self._stop.set()
+
+    def _line(self, row: QueuedJob, state: str, elapsed: float | None = None,
+              detail: str = "") -> str:
+        stamp = timezone.localtime().strftime("%Y-%m-%d %H:%M:%S")
+        head = f"{stamp} {row.name} [{row.id}] "
+        tail = f" {state}" + (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "")
+        line = head + "." * max(3, 100 - len(head) - len(tail)) + tail
+        return f"{line} ({detail})" if detail else line
+
+    def _log(self, row: QueuedJob, state: str, started: float, detail: str = "") -> str:
+        self.log(self._line(row, state, time.monotonic() - started, detail), state)
+        return state
+
+    # -- start-up, heartbeat, shutdown -----------------------------------------------
+
+    def _start(self) -> None:
+        o = self.options
+        WorkerRow.objects.using(o.using).update_or_create(
+            id=self.id,
+            defaults={"hostname": socket.gethostname(), "pid": os.getpid(),
+                      "queues": ",".join(o.queues)},
+        )
+        if not o.once and jobguard_settings.USE_NOTIFY:
+            self._listener = queue.Listener.open(o.using)
+        self._heartbeat = threading.Thread(target=self._beat, name="jobguard-heartbeat",
+                                           daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Every few seconds: renew the leases this worker holds and say it is alive."""
+        interval = max(0.5, min(float(jobguard_settings.RETRY_AFTER) / 3, 15.0))
+        using = self.options.using
+        last_clean = time.monotonic()
+        try:
+            while not self._stop.wait(interval):
+                try:
+                    queue.extend_leases(self.id, using=using)
+                    WorkerRow.objects.using(using).filter(id=self.id).update(
+                        last_seen_at=Now(), jobs_processed=self.jobs_processed)
+                    if time.monotonic() - last_clean > 60:
+                        from django_jobguard.stores import get_store
+
+                        get_store().clean_expired()
+                        last_clean = time.monotonic()
+                except Exception as exc:
+                    logger.warning("Heartbeat failed (%s); retrying.", exc)
+                    self._reset_connections(force=True)
+        finally:
+            connections.close_all()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        if self._listener is not None:
+            self._listener.close()
+        try:
+            WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
+        except (DatabaseError, InterfaceError):
+            pass
+
+    @staticmethod
+    def _reset_connections(force: bool = False) -> None:
+        """Drop connections a job broke (or all, after an error) so the next query reconnects."""
+        for conn in connections.all(initialized_only=True):
+            if conn.in_atomic_block:
+                continue  # the caller's transaction (tests running a worker in-process)
+            if force or (conn.errors_occurred and not conn.is_usable()):
+                conn.close()
+
+
+def run_worker(queues: Sequence[str], **options: Any) -> int:
+    """Run a worker in this thread (tests, scripts): ``run_worker(["default"], once=True)``."""
+    return Worker(WorkerOptions(queues=list(queues), **options)).run()
