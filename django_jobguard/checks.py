@@ -56,8 +56,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         wrong_type = not isinstance(value, types) or (isinstance(value, bool)
                                                       and bool not in types)
         if wrong_type:
-            errors.append(Error(f"JOBGUARD['{key}'] must be {' or '.join(t.__name__ for t in types)},"
-                                f" not {type(value).__name__}.", id="jobguard.E002"))
+            expected = " or ".join(t.__name__ for t in types)
+            errors.append(Error(f"JOBGUARD['{key}'] must be {expected}, not "
+                                f"{type(value).__name__}.", id="jobguard.E002"))
         elif key in _POSITIVE and value <= 0:
             errors.append(Error(f"JOBGUARD['{key}'] must be greater than 0.", id="jobguard.E002"))
         elif key in _NON_NEGATIVE and value < 0:

@@ -79,10 +79,11 @@ def notify(queues: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> None:
 _CLAIM_SQL = {
     # One statement: pick due rows in order, skip rows another worker is taking, lease them.
     "postgresql": """
-        UPDATE {table} SET attempts = attempts + 1, reserved_at = now(), reserved_by = %s,
-               available_at = now() + make_interval(secs => %s)
+        UPDATE {table} SET attempts = attempts + 1, reserved_at = statement_timestamp(),
+               reserved_by = %s,
+               available_at = statement_timestamp() + make_interval(secs => %s)
          WHERE id IN (SELECT id FROM {table}
-                       WHERE queue = %s AND available_at <= now()
+                       WHERE queue = %s AND available_at <= statement_timestamp()
                        ORDER BY priority DESC, available_at
                        LIMIT %s FOR UPDATE SKIP LOCKED)
         RETURNING {columns}""",
@@ -183,7 +184,7 @@ def release(
     changes: dict[str, Any] = {
         "reserved_at": None,
         "reserved_by": "",
-        "available_at": Now() + Value(datetime.timedelta(seconds=max(delay, 0))),
+        "available_at": Now() + Value(datetime.timedelta(seconds=delay)) if delay > 0 else Now(),
     }
     if not count_attempt:
         changes["attempts"] = F("attempts") - 1

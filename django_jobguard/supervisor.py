@@ -14,20 +14,10 @@ import signal
 import time
 from typing import Any
 
+from django_jobguard._spawn import child_main
 from django_jobguard.worker import WorkerOptions
 
 logger = logging.getLogger("django_jobguard.supervisor")
-
-
-def _child(options: dict[str, Any], verbosity: int) -> None:
-    import sys
-
-    import django
-
-    django.setup()
-    from django_jobguard.management.commands.jobworker import run_worker_process
-
-    sys.exit(run_worker_process(WorkerOptions(**options), verbosity=verbosity))
 
 
 class Supervisor:
@@ -41,12 +31,15 @@ class Supervisor:
         self.stdout = stdout
         self._ctx = multiprocessing.get_context("spawn")
         self._stopping = False
+        self._started: dict[int, float] = {}
+        self._restart_delay = 0.5
 
     def _spawn(self) -> Any:
-        proc = self._ctx.Process(target=_child,
+        proc = self._ctx.Process(target=child_main,
                                  args=(dataclasses.asdict(self.options), self.verbosity),
                                  daemon=False)
         proc.start()
+        self._started[proc.pid] = time.monotonic()
         return proc
 
     def run(self) -> int:
@@ -72,6 +65,11 @@ class Supervisor:
                     if self.stdout is not None and self.verbosity:
                         self.stdout.write(f"worker pid {proc.pid} exited with {proc.exitcode}; "
                                           f"restarting")
-                    time.sleep(0.5)
-                    children.append(self._spawn())
+                    # A child that dies right after starting (bad settings, database down)
+                    # is restarted with a growing delay instead of in a hot loop.
+                    lived = time.monotonic() - self._started.pop(proc.pid, 0)
+                    self._restart_delay = 0.5 if lived > 10 else min(self._restart_delay * 2, 30)
+                    time.sleep(self._restart_delay)
+                    if not self._stopping:
+                        children.append(self._spawn())
         return 0

@@ -281,9 +281,7 @@ class Worker:
                          deadline: datetime.datetime | None, tries: int) -> str:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""
         exceptions = row.exceptions + 1
-        if job._failed is not None:
-            final = True
-        elif isinstance(exc, JobTimeoutError) and job.fail_on_timeout:
+        if job._failed is not None or isinstance(exc, JobTimeoutError) and job.fail_on_timeout:
             final = True
         elif deadline is not None:
             final = timezone.now() >= deadline

@@ -16,6 +16,7 @@ from django.db.models.functions import Greatest, Now
 from django_jobguard.models import Lock
 from django_jobguard.stores.base import LockInfo, Store
 
+
 # Tokens never go below the current time in microseconds, so they keep increasing per key
 # even after an old, free row was cleaned away.
 def _token_floor() -> int:
@@ -94,7 +95,7 @@ class DatabaseStore(Store):
     def now(self) -> datetime.datetime:
         connection = connections[self.using]
         sql = {
-            "postgresql": "SELECT now()",
+            "postgresql": "SELECT statement_timestamp()",
             "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
         }.get(connection.vendor, "SELECT UTC_TIMESTAMP(6)")
         with connection.cursor() as cursor:

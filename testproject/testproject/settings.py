@@ -103,7 +103,8 @@ else:
 
 JOBGUARD = {
     "STORE": os.environ.get("JOBGUARD_STORE", "database"),
-    "RETRY_AFTER": 90,
+    "RETRY_AFTER": float(os.environ.get("JOBGUARD_RETRY_AFTER", "90")),
+    "DEFAULT_TIMEOUT": float(os.environ.get("JOBGUARD_DEFAULT_TIMEOUT", "60")),
     "JOB_MODULES": [m for m in os.environ.get("JOBGUARD_EXTRA_JOB_MODULES", "").split(",") if m],
     "API_DISPATCHABLE_JOBS": ["demo.jobs.SyncProfile", "demo.jobs.send_welcome_email"],
 }

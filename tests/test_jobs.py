@@ -1,0 +1,154 @@
+"""The Job API: dispatch, payloads, function jobs, transactions."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+
+import pytest
+from demo.models import Profile
+from django.db import connection, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_jobguard import Job, dispatch, dispatch_many, dispatch_sync, job, registry
+from django_jobguard.models import QueuedJob
+from django_jobguard.registry import UnknownJobError
+from tests import jobs
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls():
+    jobs.CALLS.clear()
+
+
+@pytest.mark.django_db
+def test_dispatch_stores_constructor_arguments_as_json():
+    handle = jobs.Record("hello", key="k1").dispatch()
+    assert handle and handle.id
+    row = QueuedJob.objects.get(id=handle.id)
+    assert row.name == "tests.jobs.Record"
+    assert row.queue == "default"
+    assert row.payload["args"] == ["hello"]
+    assert row.payload["kwargs"] == {"key": "k1"}
+    assert row.attempts == 0 and row.reserved_at is None
+
+
+@pytest.mark.django_db
+def test_dispatch_options_queue_priority_delay():
+    handle = dispatch(jobs.Noop(1), queue="high", priority=10, delay=60)
+    row = QueuedJob.objects.get(id=handle.id)
+    assert (row.queue, row.priority) == ("high", 10)
+    assert row.available_at > timezone.now() + datetime.timedelta(seconds=50)
+    when = timezone.now() + datetime.timedelta(hours=1)
+    row2 = QueuedJob.objects.get(id=jobs.Noop(2).dispatch(delay=when).id)
+    assert abs((row2.available_at - when).total_seconds()) < 1
+
+
+@pytest.mark.django_db
+def test_non_json_argument_raises_type_error_naming_it_and_queues_nothing():
+    with pytest.raises(TypeError, match=r"Job argument seconds is a builtins.object"):
+        jobs.Record("x", seconds=object()).dispatch()
+    with pytest.raises(TypeError, match=r"args\[0\]\['k'\]"):
+        jobs.Noop({"k": {1, 2}}).dispatch()
+    assert QueuedJob.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_tagged_types_round_trip():
+    value = {"when": timezone.now(), "day": datetime.date(2026, 1, 2), "id": uuid.uuid4(),
+             "price": decimal.Decimal("1.10"), "span": datetime.timedelta(seconds=5)}
+    row = QueuedJob.objects.get(id=jobs.Noop(value).dispatch().id)
+    rebuilt = jobs.Noop.from_payload(row.payload)
+    assert rebuilt.n == value
+
+
+@pytest.mark.django_db
+def test_model_argument_travels_as_reference():
+    profile = Profile.objects.create(name="ann")
+    row = QueuedJob.objects.get(id=jobs.SyncProfileById(profile).dispatch().id)
+    assert row.payload["args"] == [{"__jobguard__": "model", "model": "demo.profile",
+                                    "pk": profile.pk}]
+    assert jobs.SyncProfileById.from_payload(row.payload).profile == profile
+    with pytest.raises(TypeError, match="unsaved Profile"):
+        jobs.SyncProfileById(Profile(name="new")).dispatch()
+
+
+@pytest.mark.django_db
+def test_payload_size_limit():
+    with (override_settings(JOBGUARD={"MAX_PAYLOAD_BYTES": 100}),
+          pytest.raises(ValueError, match="over JOBGUARD\\['MAX_PAYLOAD_BYTES'\\] = 100")):
+        jobs.Noop("x" * 200).dispatch()
+    assert not QueuedJob.objects.exists()
+
+
+@pytest.mark.django_db
+def test_priority_out_of_range():
+    with pytest.raises(ValueError, match="between -100 and 100"):
+        jobs.Noop().dispatch(priority=101)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dispatch_joins_the_callers_transaction():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.Noop().dispatch()
+        assert QueuedJob.objects.count() == 1
+        raise RuntimeError("rollback")
+    assert QueuedJob.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_commit_inserts_after_commit():
+    with transaction.atomic():
+        handle = jobs.Noop().dispatch(on_commit=True)
+        assert not QueuedJob.objects.filter(id=handle.id).exists()
+    assert QueuedJob.objects.filter(id=handle.id).exists()
+
+
+@pytest.mark.django_db
+def test_dispatch_many_uses_one_insert():
+    with CaptureQueriesContext(connection) as ctx:
+        handles = dispatch_many([jobs.Noop(i) for i in range(50)])
+    statements = [q["sql"].split()[0].upper() for q in ctx.captured_queries]
+    assert statements.count("INSERT") == 1
+    assert set(statements) <= {"INSERT", "SELECT"}  # SELECT pg_notify on PostgreSQL
+    assert len(handles) == 50 and all(handles)
+    assert QueuedJob.objects.count() == 50
+
+
+def test_dispatch_sync_runs_inline_without_queueing():
+    assert dispatch_sync(jobs.Noop(7)) == 7
+    assert jobs.add.dispatch_sync(2, 3) == 5
+
+
+@pytest.mark.django_db
+def test_function_job_dispatch_and_options():
+    handle = jobs.add.dispatch(1, b=2)
+    row = QueuedJob.objects.get(id=handle.id)
+    assert (row.name, row.queue) == ("tests.jobs.add", "functions")
+    assert row.payload == {"args": [1], "kwargs": {"b": 2}}
+    later = jobs.add.using(delay=30, queue="other").dispatch(1, 1)
+    assert QueuedJob.objects.get(id=later.id).queue == "other"
+    assert jobs.add(2, 2) == 4  # still a plain function
+    assert jobs.add.job_class.tries == 2
+
+
+def test_job_decorator_rejects_nested_functions_and_unknown_options():
+    with pytest.raises(TypeError, match="module-level"):
+        @job
+        def inner():
+            pass
+    with pytest.raises(TypeError, match="unknown options"):
+        job(retries=3)
+
+
+def test_registry_rejects_a_second_class_with_the_same_name():
+    with pytest.raises(ValueError, match="already used"):
+        type("Impostor", (Job,), {"name": "tests.jobs.Noop", "__module__": "elsewhere"})
+
+
+def test_registry_unknown_name_is_readable():
+    with pytest.raises(UnknownJobError, match="No job is registered as 'gone.Job'"):
+        registry.get("gone.Job")

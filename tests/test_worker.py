@@ -1,0 +1,264 @@
+"""The worker pipeline, in-process: outcomes, attempts, backoff, failures, bad input."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from demo.models import Profile
+from django.db.models import F
+from django.utils import timezone
+
+from django_jobguard import signals
+from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.worker import Worker, WorkerOptions
+from tests import jobs
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls():
+    jobs.CALLS.clear()
+
+
+def work(queues=("default",), **options) -> list[str]:
+    """Run a worker until the queue is empty; returns the states it logged."""
+    states: list[str] = []
+    worker = Worker(WorkerOptions(queues=list(queues), stop_when_empty=True, sleep=0, **options),
+                    log=lambda line, state: states.append(state))
+    assert worker.run() == 0
+    return [s for s in states if s != "RUNNING"]
+
+
+def make_due() -> None:
+    """Make delayed/backed-off rows due now (instead of waiting for them)."""
+    QueuedJob.objects.update(available_at=timezone.now() - datetime.timedelta(seconds=1))
+
+
+def test_success_deletes_the_row_and_sends_signals():
+    seen = []
+    def recorder(name):
+        return lambda **kw: seen.append((name, kw.get("job_id")))
+
+    receivers = {name: recorder(name) for name in ("job_processing", "job_processed")}
+    for name, fn in receivers.items():
+        getattr(signals, name).connect(fn)
+    try:
+        handle = jobs.Noop(3).dispatch()
+        assert work() == ["DONE"]
+    finally:
+        for name, fn in receivers.items():
+            getattr(signals, name).disconnect(fn)
+    assert not QueuedJob.objects.exists()
+    assert seen == [("job_processing", handle.id), ("job_processed", handle.id)]
+
+
+def test_exception_retries_with_backoff_then_fails_with_the_real_exception():
+    jobs.Boom("kaput").dispatch()
+    assert work() == ["RELEASED"]
+    row = QueuedJob.objects.get()
+    assert row.attempts == 1 and row.exceptions == 1 and "kaput" in row.last_error
+    make_due()
+    assert work() == ["RELEASED"]
+    make_due()
+    assert work() == ["FAILED"]
+    failed = FailedJob.objects.get()
+    assert failed.exception_class == "builtins.RuntimeError"
+    assert failed.message == "kaput" and "Traceback" in failed.traceback
+    assert failed.attempts == 3
+    assert jobs.CALLS == [("boom", 1), ("boom", 2), ("boom", 3)]
+
+
+def test_backoff_list_is_per_attempt_and_the_last_value_repeats():
+    class Backoff(jobs.Boom):
+        name = "tests.Backoff"
+        tries = 4
+        backoff = [10, 100]
+
+    Backoff().dispatch()
+    delays = []
+    for _ in range(3):
+        before = timezone.now()
+        work()
+        row = QueuedJob.objects.get()
+        delays.append(round((row.available_at - before).total_seconds(), -1))
+        make_due()
+    assert delays == [10, 100, 100]
+
+
+def test_unlimited_tries_and_max_exceptions():
+    class Unlimited(jobs.Boom):
+        name = "tests.Unlimited"
+        tries = 0
+        max_exceptions = 4
+
+    Unlimited().dispatch()
+    states = []
+    for _ in range(4):
+        states += work()
+        make_due()
+    assert states == ["RELEASED"] * 3 + ["FAILED"]
+
+
+def test_release_counts_an_attempt_and_fails_at_pop_with_max_attempts_exceeded():
+    jobs.ReleaseMe().dispatch()
+    assert work() == ["RELEASED", "RELEASED", "FAILED"]  # release(0) is due again at once
+    failed = FailedJob.objects.get()
+    assert failed.exception_class.endswith("MaxAttemptsExceededError")
+    assert "attempted too many times (2 of 2)" in failed.message
+    assert jobs.CALLS == [("release", 1), ("release", 2)]  # the third pop never ran it
+
+
+def test_max_attempts_message_keeps_the_last_real_error():
+    class Flaky(jobs.Boom):
+        name = "tests.Flaky"
+        tries = 1
+
+    Flaky("first").dispatch()
+    QueuedJob.objects.update(last_error="builtins.RuntimeError: earlier", attempts=1)
+    assert work() == ["FAILED"]
+    assert "Last error: builtins.RuntimeError: earlier" in FailedJob.objects.get().message
+
+
+def test_defer_does_not_use_attempts():
+    jobs.DeferMe(3).dispatch()
+    for _ in range(4):
+        work()
+        make_due()
+    assert not FailedJob.objects.exists()
+    assert jobs.CALLS == [("defer", 1)] * 4  # attempts stay at 1, tries=1 never runs out
+
+
+def test_defer_counts_when_the_setting_says_so(settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "DEFERRALS_CONSUME_ATTEMPTS": True}
+    jobs.DeferMe(3).dispatch()
+    assert work() == ["RELEASED", "FAILED"]
+
+
+def test_retry_until_overrides_tries():
+    class Deadline(jobs.Boom):
+        name = "tests.Deadline"
+        tries = 1
+
+        def retry_until(self):
+            return timezone.now() + datetime.timedelta(hours=1)
+
+    Deadline().dispatch()
+    for _ in range(5):
+        assert work() == ["RELEASED"]
+        make_due()
+    QueuedJob.objects.update(payload={"args": [], "kwargs": {},
+                                      "retry_until": timezone.now().isoformat()})
+    assert work() == ["FAILED"]
+    assert FailedJob.objects.get().exception_class.endswith("MaxAttemptsExceededError")
+
+
+def test_fail_is_final():
+    jobs.FailMe().dispatch()
+    assert work() == ["FAILED"]
+    failed = FailedJob.objects.get()
+    assert failed.exception_class.endswith("ManuallyFailedError")
+    assert failed.message == "no point retrying"
+
+
+def test_timeout_interrupts_the_job_and_counts_as_an_attempt():
+    jobs.Slow(5).dispatch()
+    assert work() == ["RELEASED"]
+    row = QueuedJob.objects.get()
+    assert row.attempts == 1 and "JobTimeoutError" in row.last_error
+    make_due()
+    assert work() == ["FAILED"]
+    assert FailedJob.objects.get().exception_class.endswith("JobTimeoutError")
+
+
+def test_fail_on_timeout():
+    class FailFast(jobs.Slow):
+        name = "tests.FailFast"
+        fail_on_timeout = True
+
+    FailFast(5).dispatch()
+    assert work() == ["FAILED"]
+
+
+def test_unknown_job_goes_to_failed_jobs_and_the_worker_goes_on():
+    QueuedJob.objects.create(name="gone.Removed", payload={"args": [], "kwargs": {}})
+    jobs.Noop().dispatch()
+    assert sorted(work()) == ["DONE", "FAILED"]
+    failed = FailedJob.objects.get()
+    assert failed.name == "gone.Removed"
+    assert "No job is registered as 'gone.Removed'" in failed.message
+
+
+@pytest.mark.parametrize("payload", [[1, 2], {"args": "nope"}, {"args": [{"__jobguard__": "?"}]},
+                                     {"args": [], "kwargs": {"surprise": 1}}])
+def test_corrupt_payload_goes_to_failed_jobs(payload):
+    QueuedJob.objects.create(name="tests.jobs.Noop", payload=payload)
+    assert work() == ["FAILED"]
+    failed = FailedJob.objects.get()
+    assert "payload" in failed.message.lower() or "unexpected keyword" in failed.message
+
+
+def test_missing_model_fails_with_reason_or_is_deleted():
+    profile = Profile.objects.create(name="gone")
+    jobs.SyncProfileById(profile).dispatch()
+    jobs.DropWhenMissing(profile).dispatch()
+    profile.delete()
+    assert sorted(work()) == ["DELETED", "FAILED"]
+    failed = FailedJob.objects.get()
+    assert failed.name == "tests.jobs.SyncProfileById"
+    assert "Profile with pk=" in failed.message and "no longer exists" in failed.message
+    assert not QueuedJob.objects.exists()
+
+
+def test_crashed_worker_job_comes_back_after_its_lease_with_the_attempt_counted():
+    jobs.Noop().dispatch()
+    QueuedJob.objects.update(attempts=1, reserved_at=timezone.now(), reserved_by="dead:1",
+                             available_at=timezone.now() + datetime.timedelta(seconds=90))
+    assert work() == []  # still leased
+    QueuedJob.objects.update(available_at=timezone.now() - datetime.timedelta(seconds=1))
+    jobs.Noop.tries = 2
+    try:
+        assert work() == ["DONE"]
+    finally:
+        jobs.Noop.tries = None
+
+
+def test_crash_recovery_respects_tries():
+    jobs.Noop().dispatch()
+    QueuedJob.objects.update(attempts=1, reserved_at=timezone.now(), reserved_by="dead:1")
+    assert work() == ["FAILED"]
+    assert FailedJob.objects.get().exception_class.endswith("MaxAttemptsExceededError")
+
+
+def test_priority_then_age_then_queue_order():
+    for n, priority in [(1, 0), (2, 5), (3, 0), (4, -5)]:
+        jobs.Noop(n).dispatch(priority=priority)
+    jobs.Noop(9).dispatch(queue="high")
+    order = []
+    signals.job_processed.connect(rec := lambda **kw: order.append(kw["result"]))
+    try:
+        work(queues=("high", "default"))
+    finally:
+        signals.job_processed.disconnect(rec)
+    assert order == [9, 2, 1, 3, 4]
+
+
+def test_batch_claims_and_max_jobs():
+    for n in range(7):
+        jobs.Noop(n).dispatch()
+    assert work(batch=3, max_jobs=5) == ["DONE"] * 5
+    assert QueuedJob.objects.count() == 2
+    assert QueuedJob.objects.filter(reserved_at__isnull=False).count() == 0
+
+
+def test_lost_lease_is_not_acked():
+    handle = jobs.Noop().dispatch()
+    worker = Worker(WorkerOptions(stop_when_empty=True))
+    from django_jobguard import queue
+
+    (row,) = queue.claim(["default"], worker_id=worker.id)
+    QueuedJob.objects.filter(id=handle.id).update(reserved_by="someone-else",
+                                                  attempts=F("attempts") + 1)
+    assert worker.process(row) == "LOST"
+    assert QueuedJob.objects.filter(id=handle.id).exists()
