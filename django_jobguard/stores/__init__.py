@@ -6,9 +6,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.stores.base import LockInfo, Store
+from django_jobguard.stores.base import LockInfo, Store, ThrottleInfo
 
-__all__ = ["LockInfo", "Store", "get_store", "reset"]
+__all__ = ["LockInfo", "Store", "ThrottleInfo", "get_store", "reset"]
 
 _stores: dict[str, Store] = {}
 

@@ -29,6 +29,19 @@ class LockInfo:
         return parts[1] if len(parts) > 2 and parts[0] == "jobguard" else "other"
 
 
+@dataclass(frozen=True)
+class ThrottleInfo:
+    """A rate-limit window or an exception circuit as listed by :meth:`Store.throttles`."""
+
+    key: str
+    kind: str  # "rate" or "circuit"
+    hits: int  # requests in the window / failures counted
+    limit: int  # allowed per window / failures before the circuit opens
+    state: str = ""  # circuits: "closed", "open" or "half-open"
+    resets_at: datetime.datetime | None = None  # window frees / circuit may close
+    store: str = ""
+
+
 class Store:
     """Base class; subclasses implement each primitive atomically."""
 
@@ -64,6 +77,14 @@ class Store:
 
     def clean_expired(self) -> int:
         """Remove expired locks; returns how many."""
+        raise NotImplementedError
+
+    def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
+        """Current rate-limit windows and exception circuits (for the admin and the API)."""
+        raise NotImplementedError
+
+    def reset_throttle(self, key: str) -> bool:
+        """Forget a rate-limit window or circuit (operators)."""
         raise NotImplementedError
 
     def now(self) -> datetime.datetime:
