@@ -8,6 +8,9 @@ Ids:
 - jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
 - jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
   fail with "database is locked".
+- jobguard.W002 a job uses ``WithoutOverlapping`` without ``expire_after``: a killed worker
+  keeps the lock until it is force-released. Seen statically: ``@without_overlapping``
+  options, and literal ``WithoutOverlapping(...)`` calls in a job's ``middleware()`` source.
 """
 
 from __future__ import annotations
@@ -142,3 +145,23 @@ def check_sqlite_mode(app_configs: Any = None, **kwargs: Any) -> list:
                 id="jobguard.W001",
             ))
     return warnings
+
+
+@register(Tags.compatibility)
+def check_overlap_expiry(app_configs: Any = None, **kwargs: Any) -> list:
+    from django_jobguard import registry
+    from django_jobguard.middleware.without_overlapping import has_unbounded_overlap
+
+    return [
+        Warning(
+            f"{name} uses WithoutOverlapping without expire_after: if a worker is killed while "
+            f"running it (timeout, OOM, deploy), the lock stays until someone force-releases "
+            f"it and every later {name} job on that key is deferred forever.",
+            hint="Pass expire_after a little above the job's timeout, or expire_after with "
+                 "renew=True; a stuck lock is released with manage.py jobs_locks --release KEY.",
+            obj=job_class,
+            id="jobguard.W002",
+        )
+        for name, job_class in sorted(registry.all_jobs().items())
+        if has_unbounded_overlap(job_class)
+    ]

@@ -165,6 +165,7 @@ class Job:
 
         def call_handle(job: Job) -> Any:
             job._handled = True
+            unique.release_on_start(job)  # after every middleware let the job through
             return job.handle()
 
         chain: Callable[[Job], Any] = call_handle
@@ -262,20 +263,38 @@ def dispatch_many(
     rows = [build_row(job, delay=delay, queue=queue, priority=priority) for job in jobs]
     results: list[Dispatched] = []
     to_insert: list[tuple[Job, job_queue.NewJob]] = []
-    for job, row in zip(jobs, rows, strict=True):
-        lock = unique.acquire_for_dispatch(job, row.id)
-        if lock is False:
-            results.append(Dispatched(id=None, job_name=job.name, queue=row.queue,
-                                      skipped="unique"))
-            signals.job_skipped_unique.send(sender=type(job), job=job)
-            continue
-        if lock:
-            row.payload["unique"] = lock
-        results.append(Dispatched(id=str(row.id), job_name=job.name, queue=row.queue))
-        to_insert.append((job, row))
+    skipped: list[Job] = []
+
+    def release_locks() -> None:
+        """The insert failed: give back the unique locks taken for it (owner-checked)."""
+        for _, row in to_insert:
+            if "unique" in row.payload:
+                unique.release(row.payload)
+
+    try:
+        for job, row in zip(jobs, rows, strict=True):
+            lock = unique.acquire_for_dispatch(job, row.id)
+            if lock is False:
+                results.append(Dispatched(id=None, job_name=job.name, queue=row.queue,
+                                          skipped="unique"))
+                skipped.append(job)
+                continue
+            if lock:
+                row.payload["unique"] = lock
+            results.append(Dispatched(id=str(row.id), job_name=job.name, queue=row.queue))
+            to_insert.append((job, row))
+    except BaseException:
+        release_locks()
+        raise
+    for job in skipped:
+        signals.job_skipped_unique.send(sender=type(job), job=job)
 
     def insert() -> None:
-        job_queue.push([row for _, row in to_insert], using=using, batch_size=batch_size)
+        try:
+            job_queue.push([row for _, row in to_insert], using=using, batch_size=batch_size)
+        except BaseException:
+            release_locks()
+            raise
         for job, row in to_insert:
             signals.job_dispatched.send(sender=type(job), job=job, job_id=str(row.id),
                                         queue=row.queue)
@@ -348,6 +367,41 @@ class FunctionJob(Job):
 
     def middleware(self) -> list[Any]:
         return [factory(self) for factory in self.middleware_factories]
+
+
+def extend_function_job(
+    target: Any,
+    *,
+    bases: tuple[type, ...] = (),
+    class_attrs: dict[str, Any] | None = None,
+    middleware: Callable[[Job], Any] | None = None,
+) -> Any:
+    """What decorators such as ``@unique`` and ``@without_overlapping`` do to a function job:
+    add mixin ``bases``, ``class_attrs`` and a ``middleware`` factory (``factory(job)`` returns
+    the middleware), whether the decorator sits below ``@job`` (on the plain function, which
+    ``@job`` reads later) or above it (on the :class:`JobFunction`, whose class is rebuilt
+    under the same name). Middleware from stacked decorators runs top one outermost.
+    """
+    if isinstance(target, JobFunction):
+        old = target.job_class
+        attrs: dict[str, Any] = {"name": old.name, "__module__": old.__module__,
+                                 "__qualname__": old.__qualname__, "__doc__": old.__doc__,
+                                 **(class_attrs or {})}
+        if middleware is not None:
+            attrs["middleware_factories"] = [middleware, *old.middleware_factories]
+        new_class = type(old.__name__, (*bases, old), attrs)
+        return JobFunction(target.func, new_class, target._options)
+    if not callable(target) or isinstance(target, type):
+        raise TypeError(f"This decorator goes on a module-level function (with @job), not on "
+                        f"{target!r}.")
+    if bases:
+        target._jobguard_bases = [*bases, *getattr(target, "_jobguard_bases", [])]
+    if class_attrs:
+        target._jobguard_class_attrs = [*getattr(target, "_jobguard_class_attrs", []),
+                                        class_attrs]
+    if middleware is not None:
+        target._jobguard_middleware = [middleware, *getattr(target, "_jobguard_middleware", [])]
+    return target
 
 
 JOB_OPTIONS = ("queue", "tries", "max_exceptions", "backoff", "timeout", "fail_on_timeout",

@@ -259,13 +259,27 @@ def retry_failed(failed: Iterable[FailedJob], *, using: str = DEFAULT_DB_ALIAS) 
     return ids
 
 
-def clear(queues: Sequence[str] | None = None, *, using: str = DEFAULT_DB_ALIAS) -> int:
-    """Delete waiting and delayed jobs (reserved ones finish) from ``queues`` or all queues."""
+def clear(queues: Sequence[str] | None = None, *, using: str = DEFAULT_DB_ALIAS,
+          deleted_payloads: list[dict[str, Any]] | None = None) -> int:
+    """Delete waiting and delayed jobs (reserved ones finish) from ``queues`` or all queues.
+
+    With a ``deleted_payloads`` list, the payloads of exactly the deleted rows are appended to
+    it (rows are locked first, so one a worker claims meanwhile is neither deleted nor listed).
+    """
     qs = QueuedJob.objects.using(using).filter(Q(reserved_at__isnull=True) |
                                                Q(available_at__lte=Now()))
     if queues:
         qs = qs.filter(queue__in=queues)
-    return qs._raw_delete(using)
+    if deleted_payloads is None:
+        return qs._raw_delete(using)
+    skip_locked = connections[using].features.has_select_for_update_skip_locked
+    with transaction.atomic(using=using):
+        rows = list(qs.select_for_update(skip_locked=skip_locked).values_list("id", "payload"))
+        for start in range(0, len(rows), 500):
+            chunk = [row_id for row_id, _ in rows[start:start + 500]]
+            QueuedJob.objects.using(using).filter(id__in=chunk)._raw_delete(using)
+    deleted_payloads.extend(payload for _, payload in rows)
+    return len(rows)
 
 
 def stats(using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, int]]:

@@ -4,9 +4,9 @@ One job's path, top to bottom (:meth:`Worker.process`):
 
 1. rebuild the job from its row (unknown name / corrupt payload / missing model → failed);
 2. fail it if it already used its attempts (or its ``retry_until`` passed);
-3. release a ``ShouldBeUniqueUntilProcessing`` lock;
-4. run middleware and ``handle()`` under the job's timeout;
-5. the outcome decides: ack (and release the unique lock), release back to the queue
+3. run middleware and ``handle()`` under the job's timeout (a ``ShouldBeUniqueUntilProcessing``
+   lock is released once every middleware let the job through, just before ``handle()``);
+4. the outcome decides: ack (and release the unique lock), release back to the queue
    (``job.release()``, a middleware deferral, or an exception with tries left), or fail.
 """
 
@@ -234,7 +234,6 @@ class Worker:
             )
             return self._fail(row, job, error, started)
 
-        unique.release_on_start(job)
         self.log(self._line(row, "RUNNING"), "RUNNING")
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         job_started_at = timezone.now()

@@ -9,6 +9,40 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+#: Longest lock key every store accepts (the ``Lock.key`` column).
+MAX_KEY_LENGTH = 255
+#: Longest owner token (the ``Lock.owner`` column).
+MAX_OWNER_LENGTH = 100
+
+
+def check_key(key: str) -> str:
+    """``key`` if it can name a lock in every store, else ``ValueError`` saying why."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"A lock key must be a non-empty string, not {key!r}.")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"Lock key is {len(key)} characters, over the limit of {MAX_KEY_LENGTH}: "
+                         f"{key[:80]}... Use a shorter (e.g. hashed) id.")
+    return key
+
+
+def check_owner(owner: str) -> str:
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"A lock owner must be a non-empty string, not {owner!r}.")
+    if len(owner) > MAX_OWNER_LENGTH:
+        raise ValueError(f"Lock owner is {len(owner)} characters, over {MAX_OWNER_LENGTH}.")
+    return owner
+
+
+def check_ttl(ttl: float | None) -> float | None:
+    """Seconds as a float (``None`` = no expiry), or ``ValueError`` for a bad value."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, datetime.timedelta):
+        ttl = ttl.total_seconds()
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
+        raise ValueError(f"A lock ttl must be seconds >= 0 (or None), not {ttl!r}.")
+    return float(ttl) or None
+
 
 @dataclass(frozen=True)
 class LockInfo:
@@ -21,6 +55,9 @@ class LockInfo:
     expires_at: datetime.datetime | None
     job_id: str = ""
     store: str = ""
+
+    def expired(self, now: datetime.datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
     @property
     def kind(self) -> str:
@@ -52,7 +89,8 @@ class Store:
                 job_id: str = "") -> int | None:
         """Take ``key`` for ``owner`` if it is free or expired. Returns a fencing token larger
         than any earlier holder's, or ``None`` when someone else holds the lock.
-        ``ttl`` seconds (``None``/0 = until released)."""
+        ``ttl`` seconds (``None``/0 = until released). Re-acquiring a lock you hold fails
+        too: locks are not re-entrant."""
         raise NotImplementedError
 
     def release(self, key: str, owner: str) -> bool:
@@ -60,7 +98,8 @@ class Store:
         raise NotImplementedError
 
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
-        """Push back the expiry of ``key`` if ``owner`` holds it (renewal)."""
+        """Set the expiry of ``key`` to ``ttl`` seconds from now (0 = never) if ``owner``
+        holds it and it has not expired (renewal)."""
         raise NotImplementedError
 
     def force_release(self, key: str) -> bool:

@@ -10,11 +10,12 @@ increasing per key even after a Redis restart emptied the counter.
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any
 
 from django.core.checks import Error
 
-from django_jobguard.stores.base import LockInfo, Store
+from django_jobguard.stores.base import LockInfo, Store, check_key, check_owner, check_ttl
 
 _ACQUIRE = """
 local key, fence = KEYS[1], KEYS[2]
@@ -52,6 +53,11 @@ def _from_us(value: Any) -> datetime.datetime | None:
     if value in (None, b"", ""):
         return None
     return datetime.datetime.fromtimestamp(int(value) / 1_000_000, tz=datetime.UTC)
+
+
+def _ms(ttl: float | None) -> int:
+    """Milliseconds for PEXPIRE; 0 means no expiry, so a positive ttl is at least 1 ms."""
+    return max(1, math.ceil(ttl * 1000)) if ttl else 0
 
 
 def _text(value: Any) -> str:
@@ -99,15 +105,17 @@ class RedisStore(Store):
 
     def acquire(self, key: str, owner: str, *, ttl: float | None = None,
                 job_id: str = "") -> int | None:
+        check_key(key)
+        check_owner(owner)
         token = self._script(_ACQUIRE)(keys=[key, f"{key}:fence"],
-                                       args=[owner, int((ttl or 0) * 1000), job_id])
+                                       args=[owner, _ms(check_ttl(ttl)), job_id])
         return int(token) if token else None
 
     def release(self, key: str, owner: str) -> bool:
         return bool(self._script(_RELEASE)(keys=[key], args=[owner]))
 
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
-        return bool(self._script(_EXTEND)(keys=[key], args=[owner, int(ttl * 1000)]))
+        return bool(self._script(_EXTEND)(keys=[key], args=[owner, _ms(check_ttl(ttl))]))
 
     def force_release(self, key: str) -> bool:
         return bool(self.client.delete(key))
@@ -116,27 +124,38 @@ class RedisStore(Store):
         pipe = self.client.pipeline()
         pipe.hgetall(key)
         pipe.pttl(key)
-        data, pttl = pipe.execute()
-        return self._info(key, data, pttl) if data else None
+        pipe.time()
+        data, pttl, (seconds, micros) = pipe.execute()
+        now = datetime.datetime.fromtimestamp(seconds + micros / 1_000_000, tz=datetime.UTC)
+        return self._info(key, data, pttl, now) if data else None
 
-    def _info(self, key: str, data: dict, pttl: int) -> LockInfo:
+    def _info(self, key: str, data: dict, pttl: int, now: datetime.datetime) -> LockInfo:
         data = {_text(k): v for k, v in data.items()}
-        expires = (self.now() + datetime.timedelta(milliseconds=pttl)) if pttl and pttl > 0 \
-            else None
+        expires = now + datetime.timedelta(milliseconds=pttl) if pttl and pttl > 0 else None
         return LockInfo(key=key, owner=_text(data.get("owner")),
                         token=int(data.get("token") or 0),
                         acquired_at=_from_us(data.get("acquired_at")), expires_at=expires,
                         job_id=_text(data.get("job_id")), store=self.alias)
 
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
+        """Held locks under ``prefix`` (expired ones are gone already: Redis drops them)."""
+        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{prefix}*", count=500)]
+        keys = [key for key in keys if not key.endswith(":fence")]
         out = []
-        for raw in self.client.scan_iter(match=f"{prefix}*", count=500):
-            key = _text(raw)
-            if key.endswith(":fence") or self.client.type(raw) not in (b"hash", "hash"):
-                continue
-            info = self.get_lock(key)
-            if info is not None:
-                out.append(info)
+        now = self.now()
+        for start in range(0, len(keys), 200):
+            chunk = keys[start:start + 200]
+            pipe = self.client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.type(key)
+                pipe.hgetall(key)
+                pipe.pttl(key)
+            replies = pipe.execute(raise_on_error=False)  # other keys may not be hashes
+            for index, key in enumerate(chunk):
+                kind, data, pttl = replies[3 * index:3 * index + 3]
+                if (_text(kind) == "hash" and isinstance(data, dict)
+                        and "owner" in {_text(k) for k in data}):
+                    out.append(self._info(key, data, pttl, now))
         return sorted(out, key=lambda info: info.key)
 
     def clean_expired(self) -> int:

@@ -3,7 +3,6 @@
 from django.core.management.base import BaseCommand
 
 from django_jobguard import queue, unique
-from django_jobguard.models import QueuedJob
 
 
 class Command(BaseCommand):
@@ -17,12 +16,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         queues = sorted({q.strip() for q in (opts["queue"] or "").split(",") if q.strip()})
-        if not opts["keep_locks"]:
-            qs = QueuedJob.objects.filter(reserved_at__isnull=True)
-            if queues:
-                qs = qs.filter(queue__in=queues)
-            for payload in qs.filter(payload__has_key="unique").values_list("payload", flat=True):
-                unique.release(payload)
-        count = queue.clear(queues or None)
+        if opts["keep_locks"]:
+            count = queue.clear(queues or None)
+        else:
+            payloads: list = []
+            count = queue.clear(queues or None, deleted_payloads=payloads)
+            released = sum(unique.release(payload) for payload in payloads)
+            if released:
+                self.stdout.write(f"Released {released} unique lock(s).")
         where = f"the [{', '.join(queues)}] queue(s)" if queues else "all queues"
         self.stdout.write(self.style.SUCCESS(f"Cleared {count} job(s) from {where}."))

@@ -1,0 +1,80 @@
+"""``manage.py jobs_locks [--release KEY] [--clean] [--store ALIAS]``: list and free locks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from django_jobguard.locks import LockStatus, lock_statuses
+from django_jobguard.stores import get_store
+
+
+def _expires(status: LockStatus) -> str:
+    if status.expires_in is None:
+        return "never"
+    if status.expires_in <= 0:
+        return "expired"
+    return f"in {status.expires_in:.0f}s" if status.expires_in >= 10 else \
+        f"in {status.expires_in:.1f}s"
+
+
+class Command(BaseCommand):
+    help = ("List unique and overlap locks (key, kind, owner, fencing token, acquired, expiry, "
+            "stale flag); --release KEY force-releases one, --clean removes expired ones.")
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--store", default=None,
+                            help="Store alias (default: JOBGUARD['STORE']).")
+        parser.add_argument("--prefix", default="jobguard:",
+                            help="Only keys starting with this (default: jobguard:).")
+        parser.add_argument("--release", metavar="KEY", action="append", default=[],
+                            help="Free this lock whoever holds it (repeatable).")
+        parser.add_argument("--clean", action="store_true", help="Remove expired locks.")
+        parser.add_argument("--stale", action="store_true", help="List only stale locks.")
+        parser.add_argument("--json", action="store_true", help="Print the list as JSON.")
+        parser.add_argument("--database", default="default",
+                            help="Database alias holding the queue (for the stale check).")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            store = get_store(opts["store"])
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc))
+        if opts["release"] or opts["clean"]:
+            missing = []
+            for key in opts["release"]:
+                if store.force_release(key):
+                    self.stdout.write(self.style.SUCCESS(f"Released {key}."))
+                else:
+                    missing.append(key)
+            if opts["clean"]:
+                count = store.clean_expired()
+                self.stdout.write(self.style.SUCCESS(f"Removed {count} expired lock(s)."))
+            if missing:
+                raise CommandError(f"Not held: {', '.join(missing)}.")
+            return
+        statuses = lock_statuses(store, prefix=opts["prefix"], using=opts["database"])
+        if opts["stale"]:
+            statuses = [s for s in statuses if s.stale]
+        if opts["json"]:
+            self.stdout.write(json.dumps([s.as_dict() for s in statuses], indent=2))
+            return
+        if not statuses:
+            self.stdout.write(f"No locks in store {store.alias!r}.")
+            return
+        rows = [[s.lock.key, s.lock.kind, s.lock.owner, str(s.lock.token),
+                 s.lock.acquired_at.strftime("%Y-%m-%d %H:%M:%S") if s.lock.acquired_at else "",
+                 _expires(s), f"STALE: {s.reason}" if s.stale else ""] for s in statuses]
+        header = ["KEY", "KIND", "OWNER", "TOKEN", "ACQUIRED (UTC)", "EXPIRES", ""]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+        for index, row in enumerate([header, *rows]):
+            line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            line = f"{line}  {row[-1]}".rstrip()
+            stale = index and statuses[index - 1].stale
+            self.stdout.write(self.style.WARNING(line) if stale else line)
+        stale_count = sum(s.stale for s in statuses)
+        self.stdout.write(f"{len(statuses)} lock(s) in store {store.alias!r}, {stale_count} "
+                          f"stale." + (" Free one with --release KEY." if stale_count else ""))
