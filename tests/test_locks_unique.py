@@ -290,3 +290,16 @@ def test_dispatch_sync_bypasses_uniqueness(store):
     UniqueRecord("a").dispatch_sync()  # runs here, like Laravel's dispatchSync
     assert lock_jobs.EVENTS == [("unique", "ok", 1)]
     assert held(UniqueRecord("a")) is not None  # the queued copy still owns its lock
+
+
+def test_demo_save_clicked_three_times_syncs_once(store):
+    from demo.jobs import SyncProfile
+
+    profile = Profile.objects.create(name="ann")
+    handles = [SyncProfile(profile.pk).dispatch() for _ in range(3)]
+    assert [bool(h) for h in handles] == [True, False, False]
+    assert SyncProfile(Profile.objects.create(name="bob").pk).dispatch()  # per profile
+    assert work() == ["DONE", "DONE"]
+    profile.refresh_from_db()
+    assert profile.syncs == 1
+    assert SyncProfile(profile.pk).dispatch()  # a Save after the sync queues a new one

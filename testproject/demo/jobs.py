@@ -46,17 +46,17 @@ class _InvoiceJob(Job):
 
     abstract = True
     tries = 3
-    timeout = 30
 
     def __init__(self, invoice_id: int, gateway_seconds: float = 0.2):
         self.invoice_id = invoice_id
         self.gateway_seconds = gateway_seconds
 
     def middleware(self):
-        # shared=True: one key for charge AND refund; expire_after above the timeout bounds
-        # the lock if a worker dies; a held lock defers the job by 1 s without using a try.
+        # shared=True: one key for charge AND refund. A held lock defers the job by 1 s
+        # without using a try. renew=True extends the lock every 10 s while the job runs, so
+        # a slow gateway never loses it, and a killed worker's lock frees within 30 s.
         return [WithoutOverlapping(f"invoice:{self.invoice_id}", shared=True,
-                                   release_after=1, expire_after=60)]
+                                   release_after=1, expire_after=30, renew=True)]
 
     def change(self, invoice: Invoice) -> None:
         raise NotImplementedError
