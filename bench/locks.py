@@ -1,0 +1,259 @@
+"""Per-job cost of ``ShouldBeUnique`` and ``WithoutOverlapping`` against the same job without
+them, with the database store and the Redis store, on PostgreSQL, in one run.
+
+Each job is dispatched one by one and run through an in-process worker's pipeline; "ms/job"
+covers both (a unique job takes its lock at dispatch and frees it at ack; an overlap job takes
+and frees its lock around ``handle()``). The three jobs run in short blocks, interleaved in
+rotating order, and the overhead is the median of the per-block differences to the plain
+job's block next to it, so a burst of load from other processes hits all of them alike.
+
+Standalone::
+
+    JOBGUARD_BENCH_DATABASE_URL=postgres://127.0.0.1:5432/jobguard_bench \\
+    JOBGUARD_BENCH_REDIS_URL=redis://127.0.0.1:6379/0 python bench/locks.py [--smoke]
+
+or as the ``locks`` scenario of ``bench/run.py``. Targets: overhead <= 0.5 ms/job on Redis,
+<= 2 ms/job on the database store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS_MS = {"redis": 0.5, "database": 2.0}
+VARIANTS = ("plain", "unique", "overlap")
+STORES = ("database", "redis")
+REDIS_CACHE = "jobguard_bench_locks"
+
+
+def _configure_standalone() -> None:
+    """Django settings for running this file directly (the bench runner brings its own)."""
+    for path in (str(ROOT), str(ROOT / "testproject")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import django
+    from django.conf import settings
+
+    if not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        from testproject.settings import database_from_url
+
+        url = os.environ.get("JOBGUARD_BENCH_DATABASE_URL",
+                             "postgres://127.0.0.1:5432/jobguard_bench")
+        settings.configure(
+            SECRET_KEY="bench", USE_TZ=True, TIME_ZONE="UTC",
+            DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+            INSTALLED_APPS=["django.contrib.contenttypes", "django_jobguard"],
+            DATABASES={"default": database_from_url(url)},
+            REDIS_URL=os.environ.get("JOBGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            LOGGING_CONFIG=None,
+        )
+    django.setup()
+
+
+def _redis_settings() -> tuple[dict, dict]:
+    """CACHES and JOBGUARD with a django-redis cache for the Redis store."""
+    from django.conf import settings
+
+    url = getattr(settings, "REDIS_URL", "") or os.environ.get(
+        "JOBGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    caches = {**settings.CACHES, REDIS_CACHE: {"BACKEND": "django_redis.cache.RedisCache",
+                                               "LOCATION": url}}
+    jobguard = dict(getattr(settings, "JOBGUARD", {}))
+    jobguard["STORES"] = {
+        "database": {"BACKEND": "django_jobguard.stores.database.DatabaseStore"},
+        "redis": {"BACKEND": "django_jobguard.stores.redis.RedisStore", "CACHE": REDIS_CACHE},
+    }
+    return caches, jobguard
+
+
+def _job_classes() -> dict[str, Any]:
+    from django_jobguard import Job, ShouldBeUnique, WithoutOverlapping
+
+    class Plain(Job):
+        name = "bench.locks.Plain"
+        queue = "bench-locks"
+
+        def __init__(self, n: int):
+            self.n = n
+
+        def handle(self) -> None:
+            return None
+
+    class Unique(ShouldBeUnique, Plain):
+        name = "bench.locks.Unique"
+
+        def unique_id(self) -> str:
+            return str(self.n)
+
+    class Overlap(Plain):
+        name = "bench.locks.Overlap"
+
+        def middleware(self) -> list:
+            return [WithoutOverlapping(self.n % 100, expire_after=60)]
+
+    return {"plain": Plain, "unique": Unique, "overlap": Overlap}
+
+
+def _reset(store_alias: str) -> None:
+    from django_jobguard.models import Lock, QueuedJob
+    from django_jobguard.stores import get_store
+
+    QueuedJob.objects.filter(queue="bench-locks")._raw_delete("default")
+    Lock.objects.filter(key__startswith="jobguard:")._raw_delete("default")
+    if store_alias == "redis":
+        client = get_store("redis").client
+        for key in client.scan_iter(match="jobguard:*", count=1000):
+            client.delete(key)
+
+
+def _block(job_class: type, first: int, jobs: int, worker: Any) -> tuple[float, float]:
+    """Dispatch ``jobs`` jobs one by one, then run them through the worker's pipeline
+    (claim, middleware, handle, ack); (dispatch seconds, processing seconds)."""
+    from django_jobguard import queue
+
+    t0 = time.perf_counter()
+    for n in range(first, first + jobs):
+        assert job_class(n).dispatch()
+    t1 = time.perf_counter()
+    done = 0
+    while rows := queue.claim(["bench-locks"], worker_id=worker.id, limit=1):
+        for row in rows:
+            worker._process_safely(row)
+            done += 1
+    t2 = time.perf_counter()
+    assert done == jobs, done
+    return t1 - t0, t2 - t1
+
+
+def measure(*, blocks: int, jobs: int) -> dict[tuple[str, str], dict[str, float]]:
+    """ms per job for every (store, variant): medians over ``blocks`` blocks of ``jobs`` jobs,
+    the variants interleaved in rotating order; overhead = median of the per-block
+    differences to the plain job's block next to it (so load bursts cancel out)."""
+    from django.test import override_settings
+
+    from django_jobguard.worker import Worker, WorkerOptions
+
+    caches, jobguard = _redis_settings()
+    jobguard["USE_NOTIFY"] = False  # the same for every variant; only adds noise
+    classes = _job_classes()
+    worker = Worker(WorkerOptions(queues=["bench-locks"], memory=0))
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    with override_settings(CACHES=caches):
+        for store_alias in STORES:
+            with override_settings(JOBGUARD={**jobguard, "STORE": store_alias}):
+                _reset(store_alias)
+                _block(classes["plain"], 0, jobs, worker)  # warm up connections and caches
+        for index in range(blocks):
+            for store_alias in STORES if index % 2 else STORES[::-1]:
+                with override_settings(JOBGUARD={**jobguard, "STORE": store_alias}):
+                    shift = index % len(VARIANTS)
+                    for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                        samples.setdefault((store_alias, variant), []).append(
+                            _block(classes[variant], (index + 1) * jobs, jobs, worker))
+        for store_alias in STORES:
+            with override_settings(JOBGUARD={**jobguard, "STORE": store_alias}):
+                _reset(store_alias)
+    out = {}
+    for (store_alias, variant), runs in samples.items():
+        plain = samples[(store_alias, "plain")]
+        out[(store_alias, variant)] = {
+            "dispatch_ms": statistics.median(d for d, _ in runs) * 1000 / jobs,
+            "process_ms": statistics.median(p for _, p in runs) * 1000 / jobs,
+            "total_ms": statistics.median(d + p for d, p in runs) * 1000 / jobs,
+            "overhead_ms": statistics.median(
+                (d + p) - (pd + pp) for (d, p), (pd, pp) in zip(runs, plain, strict=True)
+            ) * 1000 / jobs,
+        }
+    return out
+
+
+def report_rows(results: dict) -> tuple[list[list[Any]], list[tuple[str, str, float, bool]]]:
+    rows, goals = [], []
+    for store_alias in STORES:
+        plain = results[(store_alias, "plain")]["total_ms"]
+        for variant in VARIANTS:
+            r = results[(store_alias, variant)]
+            overhead = r["overhead_ms"]
+            rows.append([store_alias, variant, r["dispatch_ms"], r["process_ms"], r["total_ms"],
+                         None if variant == "plain" else overhead,
+                         None if variant == "plain" else (plain + overhead) / plain])
+            if variant != "plain":
+                target = TARGETS_MS[store_alias]
+                goals.append((store_alias, variant, overhead, overhead <= target))
+    return rows, goals
+
+
+COLUMNS = ["store", "job", "dispatch ms/job", "process ms/job", "total ms/job",
+           "overhead ms/job", "x plain"]
+
+
+def run(*, smoke: bool) -> Any:
+    """The ``locks`` scenario for bench/run.py."""
+    from bench.common import Goal, Report, Table
+
+    blocks, jobs = (6, 50) if smoke else (30, 100)
+    results = measure(blocks=blocks, jobs=jobs)
+    rows, goals = report_rows(results)
+    report = Report(name="locks")
+    report.tables.append(Table(title=f"Lock overhead per job on PostgreSQL (median of {blocks} "
+                                     f"interleaved blocks of {jobs} jobs)", columns=COLUMNS,
+                               rows=rows))
+    report.notes.append("overhead = median of per-block differences to the plain job's block "
+                        "run next to it; includes dispatch and processing")
+    for store_alias, variant, overhead, met in goals:
+        target = TARGETS_MS[store_alias]
+        report.goals.append(Goal(goal=f"{variant} overhead on the {store_alias} store <= "
+                                      f"{target} ms/job", value=f"{overhead:.3f} ms/job",
+                                 met=None if smoke else met))
+    report.data = {f"{s}/{v}": r for (s, v), r in results.items()}
+    return report
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="6 blocks of 50 jobs")
+    parser.add_argument("--blocks", type=int, default=None, help="blocks per job (default 30)")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per block (default 100)")
+    args = parser.parse_args(argv)
+    _configure_standalone()
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        print(f"warning: the database is {connection.vendor}, not PostgreSQL", file=sys.stderr)
+    call_command("migrate", verbosity=0)
+    blocks = args.blocks or (6 if args.smoke else 30)
+    jobs = args.jobs or (50 if args.smoke else 100)
+    results = measure(blocks=blocks, jobs=jobs)
+    rows, goals = report_rows(results)
+    cells = [COLUMNS] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"Lock overhead per job on PostgreSQL: median of {blocks} interleaved blocks of "
+          f"{jobs} jobs; {os.cpu_count()} CPUs, load average {load}")
+    for index, row in enumerate(cells):
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if index == 0:
+            print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    for store_alias, variant, overhead, met in goals:
+        print(f"goal: {variant} on {store_alias} <= {TARGETS_MS[store_alias]} ms/job: "
+              f"{overhead:.3f} ms/job [{'met' if met else 'MISSED'}]")
+    return 0 if all(met for *_, met in goals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
