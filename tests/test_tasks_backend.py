@@ -266,7 +266,8 @@ def test_a_function_outside_installed_apps_is_refused_at_enqueue():
     def local(): ...
 
     local.__module__, local.__qualname__ = "os", "getcwd"  # pretend to live elsewhere
-    made = JobGuardTask(func=local)
+    made = JobGuardTask(func=local, priority=0, backend="default", queue_name="default",
+                        run_after=None)
     with pytest.raises(InvalidTask, match="not a django.tasks Task|refusing"):
         made.enqueue()
 
