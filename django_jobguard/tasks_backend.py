@@ -371,10 +371,6 @@ class JobGuardBackend(BaseTaskBackend):
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['DATABASE'] = {self.database!r} is not in "
                 f"DATABASES.", id="jobguard.E010"))
-        if not apps.is_installed("django_jobguard"):
-            errors.append(checks.Error(
-                f"TASKS[{self.alias!r}] uses JobGuardBackend but 'django_jobguard' is not in "
-                f"INSTALLED_APPS.", id="jobguard.E011"))
         retry_after = jobguard_settings.RETRY_AFTER
         for path, found in sorted(_seen.items()):
             timeout = getattr(found, "timeout", None)
