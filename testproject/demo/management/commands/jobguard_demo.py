@@ -142,8 +142,8 @@ class Command(BaseCommand):
         ran = len(chosen) - len(skipped)
         self.stdout.write("")
         if skipped:
-            self.stdout.write(f"skipped (needs django.tasks or the django-tasks backport): "
-                              f"{', '.join(skipped)}")
+            self.stdout.write(f"skipped (their feature is not in this build, or django.tasks "
+                              f"is not installed): {', '.join(skipped)}")
         self.stdout.write(f"workers exited with {codes}; their log: {log_path}")
         summary = f"{passed}/{ran} scenarios behaved as expected."
         if passed != ran or any(codes):
