@@ -54,7 +54,10 @@ class Demo:
         """``when`` as seconds since the scenario started: ``+1.52s``."""
         if when is None:
             return "—"
-        return f"+{(when - self.t0).total_seconds():.2f}s"
+        seconds = (when - self.t0).total_seconds()
+        if seconds >= 120:
+            return f"+{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+        return f"+{seconds:.2f}s"
 
     def runs(self, label: str, **filters: Any) -> list[JobRun]:
         return list(JobRun.objects.filter(label=label, started_at__gte=self.t0, **filters)
@@ -254,14 +257,16 @@ def sms_outage(demo: Demo) -> Outcome:
     flag = Profile.objects.create(name=f"sms-provider-down:{demo.run}")
     recovered: list[datetime.datetime] = []
 
-    def recover_after_three_errors() -> None:
-        if not recovered and len(demo.runs("sms", key="error")) >= 3:
+    def recover_a_second_after_the_circuit_opened() -> None:
+        errors = demo.runs("sms", key="error")
+        if not recovered and len(errors) >= 3 and errors[2].ended_at and (
+                timezone.now() - errors[2].ended_at).total_seconds() >= 1:
             flag.delete()
             recovered.append(timezone.now())
 
     for n in range(6):
         jobs.SendSms(f"+1555000{n:04d}", run=demo.run).dispatch()
-    demo.wait(on_tick=recover_after_three_errors)
+    demo.wait(on_tick=recover_a_second_after_the_circuit_opened)
     runs = demo.runs("sms")
     errors = [r for r in runs if r.key == "error"]
     sent = [r for r in runs if r.key == "sent"]
