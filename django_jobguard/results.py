@@ -75,27 +75,32 @@ def mark_running(job_id: Any, *, worker_id: str, attempt: int,
     return result
 
 
-def mark_ready(job_id: Any, *, exception: BaseException | None = None,
-               using: str = DEFAULT_DB_ALIAS) -> None:
+def mark_ready(row: QueuedJob, *, worker_id: str, ran: bool,
+               exception: BaseException | None = None,
+               using: str = DEFAULT_DB_ALIAS) -> JobResult:
     """The job went back to the queue (a retry or a deferral): READY, the error kept."""
-    with transaction.atomic(using=using):
-        result = _locked(job_id, using)
-        if result is None:
-            return
-        result.status = READY
-        if exception is not None:
-            result.errors = [*result.errors, error_entry(exception)]
-        result.save(using=using, update_fields=["status", "errors"])
+    return _merge(row, status=READY, worker_id=worker_id, ran=ran, exception=exception,
+                  using=using)
 
 
 def mark_finished(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
                   started_at: datetime.datetime | None = None, return_value: Any = None,
                   exception: BaseException | None = None, only_existing: bool = False,
                   using: str = DEFAULT_DB_ALIAS) -> JobResult | None:
-    """The job ended for good. Merges into the row: earlier workers and errors stay.
+    """The job ended for good (SUCCESSFUL or FAILED). Earlier workers and errors stay."""
+    return _merge(row, status=status, worker_id=worker_id, ran=ran, started_at=started_at,
+                  return_value=return_value, exception=exception,
+                  only_existing=only_existing, using=using)
 
-    ``ran`` says whether ``handle()`` ran this time (so the worker id counts as an attempt
-    unless :func:`mark_running` recorded it already).
+
+def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
+           started_at: datetime.datetime | None = None, return_value: Any = None,
+           exception: BaseException | None = None, only_existing: bool = False,
+           using: str = DEFAULT_DB_ALIAS) -> JobResult | None:
+    """Fold one outcome into the job's result row, creating it if needed.
+
+    ``ran`` says whether ``handle()`` ran this time, so the worker id counts as an attempt
+    unless :func:`mark_running` recorded it already.
     """
     now = timezone.now()
     with transaction.atomic(using=using):
@@ -108,14 +113,14 @@ def mark_finished(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
         if ran and result.attempts < row.attempts:  # nobody recorded this run yet
             result.worker_ids = [*result.worker_ids, worker_id]
             result.last_attempted_at = started_at or row.reserved_at or now
+        if ran:
+            result.started_at = result.started_at or started_at or row.reserved_at or now
         result.status = status
-        result.attempts = max(result.attempts, row.attempts)
+        result.attempts = max(result.attempts, row.attempts if ran else 0)
         result.return_value = _jsonable(return_value) if status == SUCCESSFUL else None
         if exception is not None:
             result.errors = [*result.errors, error_entry(exception)]
-        if ran:
-            result.started_at = result.started_at or started_at or row.reserved_at or now
-        result.finished_at = now
+        result.finished_at = now if status in FINISHED else None
         result.save(using=using)
     return result
 

@@ -317,7 +317,8 @@ class Worker:
                              using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         if job.keep_result:
-            results.mark_ready(row.id, exception=exception, using=self.options.using)
+            results.mark_ready(row, worker_id=self.id, ran=job._handled, exception=exception,
+                               using=self.options.using)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=reason, exception=exception)
         return self._log(row, "RELEASED", started, f"{reason}, retry in {delay:g} s")
