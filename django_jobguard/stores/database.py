@@ -168,10 +168,16 @@ class DatabaseStore(Store):
         return [self._info(row) for row in qs.filter(key__startswith=prefix).order_by("key")]
 
     def clean_expired(self) -> int:
-        """Delete expired locks, and released ones unused for an hour."""
-        stale = Q(expires_at__lte=Now()) | Q(owner="", acquired_at__lte=Now() - Value(
-            datetime.timedelta(hours=1)))
-        return self._locks().filter(stale)._raw_delete(self.using)
+        """Free expired locks (returns how many), and delete rows free for an hour.
+
+        Freed rows stay for that hour so their key's token keeps counting from the row; after
+        it, the clock floor alone is far above any token the deleted row had.
+        """
+        expired = self._locks().exclude(owner="").filter(expires_at__lte=Now()).update(
+            owner="", expires_at=None)
+        old = Now() - Value(datetime.timedelta(hours=1))
+        self._locks().filter(owner="", acquired_at__lte=old)._raw_delete(self.using)
+        return expired
 
     def now(self) -> datetime.datetime:
         connection = connections[self.using]
