@@ -174,6 +174,39 @@ def measure(*, blocks: int, jobs: int) -> dict[tuple[str, str], dict[str, float]
     return out
 
 
+def primitives(*, pairs: int, blocks: int) -> dict[str, dict[str, float]]:
+    """ms per bare round trip (``SELECT 1`` / ``PING``) and per acquire+release pair, per
+    store: the floor under the per-job overhead on this machine right now."""
+    from django.db import connection
+    from django.test import override_settings
+
+    from django_jobguard.stores import get_store
+
+    caches, jobguard = _redis_settings()
+    samples: dict[tuple[str, str], list[float]] = {}
+    with override_settings(CACHES=caches, JOBGUARD=jobguard):
+        stores = {alias: get_store(alias) for alias in STORES}
+        ping = {"database": lambda: connection.cursor().execute("SELECT 1"),
+                "redis": lambda: stores["redis"].client.ping()}
+        for index in range(blocks):
+            for alias, store in stores.items():
+                t0 = time.perf_counter()
+                for _ in range(pairs):
+                    ping[alias]()
+                t1 = time.perf_counter()
+                for n in range(pairs):
+                    key = f"jobguard:overlap:bench:{n % 100}"
+                    store.release(key, str(index)) if store.acquire(key, str(index)) else None
+                t2 = time.perf_counter()
+                samples.setdefault((alias, "round_trip"), []).append((t1 - t0) / pairs)
+                samples.setdefault((alias, "pair"), []).append((t2 - t1) / pairs)
+        for alias in STORES:
+            with override_settings(JOBGUARD={**jobguard, "STORE": alias}):
+                _reset(alias)
+    return {alias: {what: statistics.median(samples[(alias, what)]) * 1000
+                    for what in ("round_trip", "pair")} for alias in STORES}
+
+
 def report_rows(results: dict) -> tuple[list[list[Any]], list[tuple[str, str, float, bool]]]:
     rows, goals = [], []
     for store_alias in STORES:
@@ -207,6 +240,11 @@ def run(*, smoke: bool) -> Any:
                                rows=rows))
     report.notes.append("overhead = median of per-block differences to the plain job's block "
                         "run next to it; includes dispatch and processing")
+    floor = primitives(pairs=200, blocks=3 if smoke else 10)
+    report.tables.append(Table(title="Reference: one round trip and one acquire+release pair",
+                               columns=["store", "round trip ms", "acquire+release ms"],
+                               rows=[[a, f["round_trip"], f["pair"]] for a, f in floor.items()]))
+    report.data["primitives"] = floor
     for store_alias, variant, overhead, met in goals:
         target = TARGETS_MS[store_alias]
         report.goals.append(Goal(goal=f"{variant} overhead on the {store_alias} store <= "
@@ -249,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                         for i, (c, w) in enumerate(zip(row, widths, strict=True))))
         if index == 0:
             print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    floor = primitives(pairs=200, blocks=3 if args.smoke else 10)
+    print("reference (this machine, now): " + "; ".join(
+        f"{alias}: round trip {f['round_trip']:.3f} ms, acquire+release {f['pair']:.3f} ms"
+        for alias, f in floor.items()))
     for store_alias, variant, overhead, met in goals:
         print(f"goal: {variant} on {store_alias} <= {TARGETS_MS[store_alias]} ms/job: "
               f"{overhead:.3f} ms/job [{'met' if met else 'MISSED'}]")

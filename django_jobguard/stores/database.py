@@ -43,6 +43,8 @@ _IN_SECONDS = {
 }
 _GREATEST = {"postgresql": "GREATEST", "sqlite": "MAX"}
 
+_RELEASE = "UPDATE {table} SET {owner} = '', {expires_at} = NULL WHERE {key} = %s AND {owner} = %s"
+
 _UPSERT = """
 INSERT INTO {table} ({key}, {owner}, {token}, {acquired_at}, {expires_at}, {job_id})
 VALUES (%s, %s, {now_us}, {now}, {expiry}, %s)
@@ -80,7 +82,7 @@ class DatabaseStore(Store):
     def __init__(self, *, alias: str, database: str = DEFAULT_DB_ALIAS) -> None:
         super().__init__(alias=alias)
         self.using = database
-        self._upsert_sql: dict[tuple[str, bool], str] = {}
+        self._upsert_sql: dict[tuple[str, bool | None], str] = {}
 
     def _locks(self):
         return Lock.objects.using(self.using)
@@ -105,16 +107,20 @@ class DatabaseStore(Store):
             return int(row[0]) if row else None
         return self._acquire_generic(key, owner, ttl, job_id[:64])
 
-    def _sql(self, connection: Any, with_ttl: bool) -> str:
+    def _sql(self, connection: Any, with_ttl: bool | None) -> str:
+        """The upsert (``with_ttl`` True/False) or the release (``None``) for this vendor."""
         cached = self._upsert_sql.get((connection.vendor, with_ttl))
         if cached is None:
             vendor, quote, meta = connection.vendor, connection.ops.quote_name, Lock._meta
             columns = {f.name: quote(f.column) for f in meta.concrete_fields}
-            cached = _UPSERT.format(
-                table=quote(meta.db_table), now_us=_NOW_US[vendor], now=_NOW[vendor],
-                expiry=_IN_SECONDS[vendor] if with_ttl else "NULL",
-                greatest=_GREATEST[vendor], **columns,
-            )
+            if with_ttl is None:
+                cached = _RELEASE.format(table=quote(meta.db_table), **columns)
+            else:
+                cached = _UPSERT.format(
+                    table=quote(meta.db_table), now_us=_NOW_US[vendor], now=_NOW[vendor],
+                    expiry=_IN_SECONDS[vendor] if with_ttl else "NULL",
+                    greatest=_GREATEST[vendor], **columns,
+                )
             self._upsert_sql[(vendor, with_ttl)] = cached
         return cached
 
@@ -137,7 +143,13 @@ class DatabaseStore(Store):
                 "token", flat=True).get()
 
     def release(self, key: str, owner: str) -> bool:
-        return bool(self._locks().filter(key=key, owner=owner).update(owner="", expires_at=None))
+        connection = connections[self.using]
+        if connection.vendor not in _UPSERT_VENDORS:
+            return bool(self._locks().filter(key=key, owner=owner).update(owner="",
+                                                                           expires_at=None))
+        with connection.cursor() as cursor:  # the hot path: skip the ORM's compile step
+            cursor.execute(self._sql(connection, None), [key, owner])
+            return cursor.rowcount > 0
 
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
         ttl = check_ttl(ttl)
