@@ -6,6 +6,10 @@ covers both (a unique job takes its lock at dispatch and frees it at ack; an ove
 and frees its lock around ``handle()``). The three jobs run in short blocks, interleaved in
 rotating order, and the overhead is the median of the per-block differences to the plain
 job's block next to it, so a burst of load from other processes hits all of them alike.
+"client CPU" is this process's CPU time per job (``time.process_time``): the Python side of
+the overhead, which load from other processes barely changes; wall-clock overhead adds the
+extra round trips (2 per job for either lock), each of which waits for a CPU when the machine
+is busy.
 
 Standalone::
 
@@ -113,11 +117,12 @@ def _reset(store_alias: str) -> None:
             client.delete(key)
 
 
-def _block(job_class: type, first: int, jobs: int, worker: Any) -> tuple[float, float]:
+def _block(job_class: type, first: int, jobs: int, worker: Any) -> tuple[float, float, float]:
     """Dispatch ``jobs`` jobs one by one, then run them through the worker's pipeline
-    (claim, middleware, handle, ack); (dispatch seconds, processing seconds)."""
+    (claim, middleware, handle, ack); (dispatch s, processing s, this process's CPU s)."""
     from django_jobguard import queue
 
+    cpu = time.process_time()
     t0 = time.perf_counter()
     for n in range(first, first + jobs):
         assert job_class(n).dispatch()
@@ -129,7 +134,7 @@ def _block(job_class: type, first: int, jobs: int, worker: Any) -> tuple[float, 
             done += 1
     t2 = time.perf_counter()
     assert done == jobs, done
-    return t1 - t0, t2 - t1
+    return t1 - t0, t2 - t1, time.process_time() - cpu
 
 
 def measure(*, blocks: int, jobs: int) -> dict[tuple[str, str], dict[str, float]]:
@@ -144,7 +149,7 @@ def measure(*, blocks: int, jobs: int) -> dict[tuple[str, str], dict[str, float]
     jobguard["USE_NOTIFY"] = False  # the same for every variant; only adds noise
     classes = _job_classes()
     worker = Worker(WorkerOptions(queues=["bench-locks"], memory=0))
-    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    samples: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     with override_settings(CACHES=caches):
         for store_alias in STORES:
             with override_settings(JOBGUARD={**jobguard, "STORE": store_alias}):
@@ -164,12 +169,15 @@ def measure(*, blocks: int, jobs: int) -> dict[tuple[str, str], dict[str, float]
     for (store_alias, variant), runs in samples.items():
         plain = samples[(store_alias, "plain")]
         out[(store_alias, variant)] = {
-            "dispatch_ms": statistics.median(d for d, _ in runs) * 1000 / jobs,
-            "process_ms": statistics.median(p for _, p in runs) * 1000 / jobs,
-            "total_ms": statistics.median(d + p for d, p in runs) * 1000 / jobs,
+            "dispatch_ms": statistics.median(d for d, _, _ in runs) * 1000 / jobs,
+            "process_ms": statistics.median(p for _, p, _ in runs) * 1000 / jobs,
+            "total_ms": statistics.median(d + p for d, p, _ in runs) * 1000 / jobs,
             "overhead_ms": statistics.median(
-                (d + p) - (pd + pp) for (d, p), (pd, pp) in zip(runs, plain, strict=True)
+                (d + p) - (pd + pp) for (d, p, _), (pd, pp, _) in zip(runs, plain, strict=True)
             ) * 1000 / jobs,
+            "cpu_ms": statistics.median(c for _, _, c in runs) * 1000 / jobs,
+            "cpu_overhead_ms": statistics.median(
+                c - pc for (_, _, c), (_, _, pc) in zip(runs, plain, strict=True)) * 1000 / jobs,
         }
     return out
 
@@ -216,7 +224,8 @@ def report_rows(results: dict) -> tuple[list[list[Any]], list[tuple[str, str, fl
             overhead = r["overhead_ms"]
             rows.append([store_alias, variant, r["dispatch_ms"], r["process_ms"], r["total_ms"],
                          None if variant == "plain" else overhead,
-                         None if variant == "plain" else (plain + overhead) / plain])
+                         None if variant == "plain" else (plain + overhead) / plain,
+                         r["cpu_ms"], None if variant == "plain" else r["cpu_overhead_ms"]])
             if variant != "plain":
                 target = TARGETS_MS[store_alias]
                 goals.append((store_alias, variant, overhead, overhead <= target))
@@ -224,7 +233,7 @@ def report_rows(results: dict) -> tuple[list[list[Any]], list[tuple[str, str, fl
 
 
 COLUMNS = ["store", "job", "dispatch ms/job", "process ms/job", "total ms/job",
-           "overhead ms/job", "x plain"]
+           "overhead ms/job", "x plain", "client CPU ms/job", "CPU overhead"]
 
 
 def run(*, smoke: bool) -> Any:
