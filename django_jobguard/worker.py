@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -89,6 +90,31 @@ def _seconds(delay: Any) -> float:
     return float(delay or 0)
 
 
+class RecentOutcomes:
+    """Finished and failed jobs of the last ``window`` seconds (written at each heartbeat)."""
+
+    DONE = frozenset({"DONE", "SKIPPED", "DELETED"})
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._events: deque[tuple[float, bool]] = deque()
+        self._lock = threading.Lock()
+
+    def record(self, state: str) -> None:
+        if state in self.DONE or state == "FAILED":
+            with self._lock:
+                self._events.append((time.monotonic(), state != "FAILED"))
+
+    def counts(self) -> tuple[int, int]:
+        """``(done, failed)`` within the window."""
+        cutoff = time.monotonic() - self.window
+        with self._lock:
+            while self._events and self._events[0][0] < cutoff:
+                self._events.popleft()
+            done = sum(1 for _, ok in self._events if ok)
+            return done, len(self._events) - done
+
+
 class Worker:
     """Runs jobs from ``options.queues`` until told to stop."""
 
@@ -102,6 +128,7 @@ class Worker:
         self._in_job = False
         self._listener: queue.Listener | None = None
         self._heartbeat: threading.Thread | None = None
+        self._recent = RecentOutcomes()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -184,7 +211,7 @@ class Worker:
         """Run :meth:`process`; a database error leaves the row to lease recovery."""
         self._in_job = True
         try:
-            self.process(row)
+            self._recent.record(self.process(row))
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
@@ -417,14 +444,11 @@ class Worker:
     def _beat(self) -> None:
         """Every few seconds: renew the leases this worker holds and say it is alive."""
         interval = max(0.5, min(float(jobguard_settings.RETRY_AFTER) / 3, 15.0))
-        using = self.options.using
         last_clean = time.monotonic()
         try:
             while not self._stop.wait(interval):
                 try:
-                    queue.extend_leases(self.id, using=using)
-                    WorkerRow.objects.using(using).filter(id=self.id).update(
-                        last_seen_at=Now(), jobs_processed=self.jobs_processed)
+                    self.heartbeat()
                     if time.monotonic() - last_clean > 60:
                         from django_jobguard.stores import get_store
 
@@ -435,6 +459,15 @@ class Worker:
                     self._reset_connections(force=True)
         finally:
             connections.close_all()
+
+    def heartbeat(self) -> None:
+        """Renew this worker's leases and write its liveness and last-minute counts."""
+        using = self.options.using
+        queue.extend_leases(self.id, using=using)
+        done, failed = self._recent.counts()
+        WorkerRow.objects.using(using).filter(id=self.id).update(
+            last_seen_at=Now(), jobs_processed=self.jobs_processed,
+            done_last_minute=done, failed_last_minute=failed)
 
     def _shutdown(self) -> None:
         self._stop.set()
