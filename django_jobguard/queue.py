@@ -247,8 +247,8 @@ def retry_failed(failed: Iterable[FailedJob], *, using: str = DEFAULT_DB_ALIAS) 
                 id=item.id, name=item.name, queue=item.queue, payload=payload,
                 priority=item.priority,
             )
+            ids.append(str(item.id))  # before delete(), which clears the pk
             item.delete()
-            ids.append(str(item.id))
         notify({item.queue for item in failed} if ids else (), using=using)
     return ids
 

@@ -170,9 +170,10 @@ class DispatchSerializer(serializers.Serializer):
     """Body of ``POST dispatch/``."""
 
     job = serializers.CharField(max_length=255, help_text="Registered job name.")
-    args = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
-    kwargs = serializers.DictField(child=serializers.JSONField(), required=False,
-                                   default=dict)
+    args = serializers.ListField(child=serializers.JSONField(allow_null=True), required=False,
+                                 default=list)
+    kwargs = serializers.DictField(child=serializers.JSONField(allow_null=True),
+                                   required=False, default=dict)
     queue = serializers.CharField(required=False, max_length=100,
                                   help_text="Default: the job's queue.")
     delay = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS,

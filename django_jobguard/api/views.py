@@ -431,7 +431,7 @@ def check_arguments(job_class: type[Job], args: list, kwargs: dict) -> dict[str,
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
-        return {"args" if args and not kwargs else "kwargs": [f"{job_class.name}: {exc}."]}
+        return {"kwargs" if kwargs else "args": [f"{job_class.name}: {exc}."]}
     try:
         hints = typing.get_type_hints(target)
     except Exception:  # unresolvable annotations: the signature check is all we can do
@@ -475,14 +475,14 @@ class DispatchView(JobGuardAPIView, APIView):
                 f"Job {name!r} is not dispatchable over HTTP; add it to "
                 f"JOBGUARD['API_DISPATCHABLE_JOBS'].", code="not_dispatchable")
         args, kwargs = data["args"], data["kwargs"]
-        errors = check_arguments(job_class, args, kwargs)
-        if errors:
-            raise exceptions.ValidationError(errors)
         for field, values in (("args", args), ("kwargs", kwargs)):
             try:  # JSON input is plain data; this catches reserved keys such as __jobguard__
                 serialization.encode(values, path=field)
             except TypeError as exc:
                 raise exceptions.ValidationError({field: [str(exc)]})
+        errors = check_arguments(job_class, args, kwargs)
+        if errors:
+            raise exceptions.ValidationError(errors)
         try:
             job = job_class(*args, **kwargs)
             dispatched = job.dispatch(delay=data.get("delay"), queue=data.get("queue"),
