@@ -3,10 +3,11 @@ listing is fixed test data (the real listing comes with the limits feature)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+from collections.abc import Iterator
 from typing import ClassVar
 
-import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import override_settings
 from django.utils import timezone
@@ -116,18 +117,27 @@ def reserved(name: str = "tests.jobs.Noop", queue_name: str = "busy", *,
     return row
 
 
-@pytest.fixture
-def static_throttles(store_alias):
-    """The current store, with :func:`throttle_rows` as its throttles."""
+@contextlib.contextmanager
+def static_throttles(alias: str) -> Iterator[list[ThrottleInfo]]:
+    """Make store ``alias`` (the default store) list :func:`throttle_rows` as its throttles."""
     from django_jobguard import stores
 
-    config = {**jobguard_settings.STORES[store_alias], "BACKEND": STATIC_BACKENDS[store_alias]}
-    settings = {**jobguard_settings.user_settings, "STORE": store_alias,
-                "STORES": {**jobguard_settings.user_settings.get("STORES", {}),
-                           store_alias: config}}
-    rows = throttle_rows(store_alias)
-    StaticThrottles.rows = rows
-    with override_settings(JOBGUARD=settings):
-        stores.reset()
-        yield rows
-    StaticThrottles.rows = []
+    config = {**jobguard_settings.STORES[alias], "BACKEND": STATIC_BACKENDS[alias]}
+    settings = {**jobguard_settings.user_settings, "STORE": alias,
+                "STORES": {**jobguard_settings.user_settings.get("STORES", {}), alias: config}}
+    StaticThrottles.rows = throttle_rows(alias)
+    try:
+        with override_settings(JOBGUARD=settings):
+            stores.reset()
+            yield StaticThrottles.rows
+    finally:
+        StaticThrottles.rows = []
+
+
+def failed_job_row(name: str = "tests.jobs.Boom", queue_name: str = "default"):
+    from django_jobguard.models import FailedJob
+
+    return FailedJob.objects.create(
+        name=name, queue=queue_name, payload={"args": ["x"], "kwargs": {}}, attempts=3,
+        exception_class="builtins.RuntimeError", message="boom",
+        traceback="Traceback (most recent call last):\nRuntimeError: boom\n")

@@ -11,16 +11,22 @@ from django.utils import timezone
 
 from django_jobguard import get_store
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.operate_support import (  # noqa: F401  (fixture)
+from tests import operate_support
+from tests.operate_support import (
     UniqueReport,
     delayed,
     reserved,
-    static_throttles,
     user_with,
     waiting,
 )
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def static_throttles(store_alias):
+    with operate_support.static_throttles(store_alias) as rows:
+        yield rows
 
 QUEUED = "/admin/django_jobguard/queuedjob/"
 FAILED = "/admin/django_jobguard/failedjob/"

@@ -16,17 +16,22 @@ from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.worker import Worker, WorkerOptions
-from tests.operate_support import (  # noqa: F401  (fixture)
-    Typed,
+from tests import operate_support
+from tests.operate_support import (
     UniqueReport,
     delayed,
     reserved,
-    static_throttles,
     user_with,
     waiting,
 )
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def static_throttles(store_alias):
+    with operate_support.static_throttles(store_alias) as rows:
+        yield rows
 
 API = "/jobguard/api/"
 DISPATCHABLE = ["demo.jobs.SyncProfile", "demo.jobs.send_welcome_email",
@@ -461,9 +466,9 @@ def test_openapi_schema_is_served_valid_and_complete(api):
 
 
 def test_schema_generation_has_no_warnings(capsys):
+    from django.urls import include, path
     from drf_spectacular.drainage import GENERATOR_STATS
     from drf_spectacular.generators import SchemaGenerator
-    from django.urls import include, path
 
     from django_jobguard.api import urls
 

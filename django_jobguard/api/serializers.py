@@ -11,6 +11,22 @@ from django_jobguard import operations
 from django_jobguard.models import FailedJob, QueuedJob
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
+#: Lock and throttle keys: printable text, at most as long as the ``Lock.key`` column.
+KEY_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+
+
+class TextField(serializers.CharField):
+    """A ``CharField`` that takes only JSON strings as they are: DRF would turn ``0`` into
+    ``"0"`` and strip whitespace (a queue named ``" a"`` is not queue ``"a"``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -40,9 +56,10 @@ class QueuedJobSerializer(serializers.ModelSerializer):
 class JobFilterSerializer(serializers.Serializer):
     """Query parameters of ``GET jobs/``."""
 
-    queue = serializers.CharField(required=False, max_length=100)
-    state = serializers.ChoiceField(choices=operations.STATES, required=False)
-    name = serializers.CharField(required=False, max_length=255)
+    queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
+    state = serializers.ChoiceField(choices=operations.STATES, required=False,
+                                    allow_blank=True)
+    name = serializers.CharField(required=False, allow_blank=True, max_length=255)
 
 
 class FailedJobSerializer(serializers.ModelSerializer):
@@ -62,14 +79,14 @@ class FailedJobDetailSerializer(FailedJobSerializer):
 class FailedJobFilterSerializer(serializers.Serializer):
     """Query parameters of ``GET failed-jobs/``."""
 
-    queue = serializers.CharField(required=False, max_length=100)
-    name = serializers.CharField(required=False, max_length=255)
+    queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
+    name = serializers.CharField(required=False, allow_blank=True, max_length=255)
 
 
 class RetryAllSerializer(serializers.Serializer):
     """Body of ``POST failed-jobs/retry-all/``: optionally only one queue."""
 
-    queue = serializers.CharField(required=False, max_length=100)
+    queue = TextField(required=False, max_length=100)
 
 
 class RetriedSerializer(serializers.Serializer):
@@ -83,7 +100,7 @@ class RetriedSerializer(serializers.Serializer):
 class StoreQuerySerializer(serializers.Serializer):
     """``?store=<alias>``: which store to read (default ``JOBGUARD['STORE']``)."""
 
-    store = serializers.CharField(required=False, max_length=100)
+    store = serializers.CharField(required=False, allow_blank=True, max_length=100)
 
 
 class KeySerializer(serializers.Serializer):
@@ -169,13 +186,12 @@ def check_json_text(value: Any, *, path: str, depth: int = 0) -> None:
 class DispatchSerializer(serializers.Serializer):
     """Body of ``POST dispatch/``."""
 
-    job = serializers.CharField(max_length=255, help_text="Registered job name.")
+    job = TextField(max_length=255, help_text="Registered job name.")
     args = serializers.ListField(child=serializers.JSONField(allow_null=True), required=False,
                                  default=list)
     kwargs = serializers.DictField(child=serializers.JSONField(allow_null=True),
                                    required=False, default=dict)
-    queue = serializers.CharField(required=False, max_length=100,
-                                  help_text="Default: the job's queue.")
+    queue = TextField(required=False, max_length=100, help_text="Default: the job's queue.")
     delay = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS,
                                    help_text="Seconds before the job may run.")
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)

@@ -4,7 +4,7 @@ Lock and throttle keys contain ``:`` and ``.`` (``jobguard:unique:demo.jobs.Sync
 their routes use the ``path`` converter, which takes any non-empty text.
 """
 
-from django.urls import path
+from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from django_jobguard.api import views
@@ -28,3 +28,5 @@ endpoint_patterns = [
 urlpatterns = list(endpoint_patterns)
 if views.SchemaView is not None:
     urlpatterns.append(path("schema/", views.SchemaView.as_view(), name="schema"))
+# Anything else (also paths the converters refuse, such as keys with a newline): JSON 404.
+urlpatterns.append(re_path(r"^[\s\S]*$", views.NotFoundView.as_view(), name="not-found"))

@@ -32,7 +32,7 @@ from django_jobguard.models import FailedJob, QueuedJob
 
 try:
     from drf_spectacular.openapi import AutoSchema
-    from drf_spectacular.utils import OpenApiResponse
+    from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
     from drf_spectacular.utils import extend_schema as _extend_schema
 
     def extend_schema(**kwargs: Any):
@@ -111,20 +111,52 @@ def _flatten(errors: dict) -> dict[str, list[str]]:
 
 
 def _errors(*codes: int) -> dict[int, Any]:
-    return {code: s.ErrorSerializer for code in codes}
+    """Error responses to document; 400 is on every operation (a malformed ``Host`` header
+    is refused by Django before the view runs)."""
+    return {code: s.ErrorSerializer for code in sorted({400, *codes})}
 
 
 READ_ERRORS = (400, 401, 403)
-ONE_ERRORS = (401, 403, 404)
+ONE_ERRORS = (400, 401, 403, 404)
 
 
 # -- the shared base ---------------------------------------------------------------------
 
 
 class Pagination(PageNumberPagination):
+    """``?page=N&page_size=M`` (1 to 500, default 50); a bad ``page_size`` is a 400."""
+
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def get_page_size(self, request: Any) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        try:
+            size = int(raw)
+        except ValueError:
+            size = 0
+        if not 1 <= size <= self.max_page_size:
+            raise exceptions.ValidationError({self.page_size_query_param: [
+                f"A whole number from 1 to {self.max_page_size} is required."]})
+        return size
+
+    def get_page_number(self, request: Any, paginator: Any) -> Any:
+        number = request.query_params.get(self.page_query_param)
+        if number == "":
+            raise exceptions.NotFound("Invalid page: a page number is required.")
+        return super().get_page_number(request, paginator)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"].update(minimum=1, maximum=self.max_page_size)
+            if parameter["name"] == self.page_query_param:
+                parameter["schema"].update(minimum=1)
+        return parameters
 
 
 class JobGuardAPIView:
@@ -165,6 +197,11 @@ def _key(key: str) -> str:
 
 
 STORE_PARAM = [s.StoreQuerySerializer]
+KEY_PARAMS = STORE_PARAM
+if AutoSchema is not None:
+    KEY_PARAMS = [s.StoreQuerySerializer, OpenApiParameter(
+        "key", str, OpenApiParameter.PATH, required=True, pattern=s.KEY_PATTERN,
+        description="The lock or throttle key, e.g. jobguard:overlap:demo.jobs.Charge:7.")]
 
 
 # -- queued jobs -------------------------------------------------------------------------
@@ -188,7 +225,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
                 qs = qs.filter(queue=filters["queue"])
             if "name" in filters:
                 qs = qs.filter(name=filters["name"])
-            if "state" in filters:
+            if filters.get("state"):  # blank = any state
                 qs = qs.filter(operations.state_q(filters["state"]))
         return qs
 
@@ -273,7 +310,7 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     @action(detail=False, methods=["post"], url_path="retry-all")
     def retry_all(self, request, *args, **kwargs):
         """Queue every failed job (or every one of ``queue``) again."""
-        body = s.RetryAllSerializer(data=request.data if request.data is not None else {})
+        body = s.RetryAllSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         qs = FailedJob.objects.order_by("failed_at")
         if "queue" in body.validated_data:
@@ -311,13 +348,13 @@ class LockDetailView(JobGuardAPIView, GenericAPIView):
                 return row
         raise Http404(f"No lock {key!r} is held in store {store.alias!r}.")
 
-    @extend_schema(parameters=STORE_PARAM, responses={200: s.LockSerializer,
+    @extend_schema(parameters=KEY_PARAMS, responses={200: s.LockSerializer,
                                                       **_errors(400, *ONE_ERRORS)})
     def get(self, request, key: str):
         key, store = _key(key), _store(request)
         return Response(s.LockSerializer(self._find(store, key)).data)
 
-    @extend_schema(parameters=STORE_PARAM, responses={204: None, **_errors(400, *ONE_ERRORS)})
+    @extend_schema(parameters=KEY_PARAMS, responses={204: None, **_errors(400, *ONE_ERRORS)})
     def delete(self, request, key: str):
         key, store = _key(key), _store(request)
         if not operations.force_release(store, key, actor=request.user.get_username()):
@@ -353,7 +390,7 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
     serializer_class = s.ThrottleSerializer
     model_permissions = {"GET": ["view_throttle"], "DELETE": ["change_throttle"]}
 
-    @extend_schema(parameters=STORE_PARAM, responses={200: s.ThrottleSerializer,
+    @extend_schema(parameters=KEY_PARAMS, responses={200: s.ThrottleSerializer,
                                                       **_errors(400, *ONE_ERRORS, 501)})
     def get(self, request, key: str):
         key, store = _key(key), _store(request)
@@ -362,7 +399,7 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
                 return Response(s.ThrottleSerializer(row).data)
         raise Http404(f"No throttle {key!r} in store {store.alias!r}.")
 
-    @extend_schema(parameters=STORE_PARAM, responses={204: None,
+    @extend_schema(parameters=KEY_PARAMS, responses={204: None,
                                                       **_errors(400, *ONE_ERRORS, 501)})
     def delete(self, request, key: str):
         key, store = _key(key), _store(request)
@@ -494,6 +531,14 @@ class DispatchView(JobGuardAPIView, APIView):
                             status=status.HTTP_200_OK)
         return Response({"id": dispatched.id, "job": name, "queue": dispatched.queue},
                         status=status.HTTP_201_CREATED)
+
+
+class NotFoundView(JobGuardAPIView, APIView):
+    """Any other path under the API: a JSON 404 like every other error here."""
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        raise Http404("No such endpoint.")
 
 
 # -- the schema --------------------------------------------------------------------------
