@@ -195,12 +195,12 @@ def _stale_reason(info: LockInfo, expires_in: float | None, jobs: dict, alive: s
         return ""
     job = jobs.get(str(_job_uuid(info.job_id)))
     if job is None:
-        return f"job {info.job_id} is no longer queued"
+        return "its job is no longer queued"
     running = job["jobguard_state"] == "reserved"
     if running and job["reserved_by"] not in alive:
         return f"worker {job['reserved_by']} is gone"
     if info.kind != "unique" and not running:
-        return f"job {info.job_id} is not running"
+        return "its job is not running"
     return ""
 
 

@@ -233,6 +233,8 @@ def test_locks_page_lists_store_locks_with_stale_flags(admin_client, store_alias
     orphan = reserved(worker_id="host:2:dead", live=False)
     store.acquire("jobguard:overlap:dead:1", "o3", job_id=str(orphan.id))
     store.acquire("jobguard:overlap:plain", "o4")
+    idle = waiting()
+    store.acquire("jobguard:overlap:idle:1", "o5", job_id=str(idle.id))
 
     response = admin_client.get(LOCKS)
     assert response.status_code == 200
@@ -247,6 +249,7 @@ def test_locks_page_lists_store_locks_with_stale_flags(admin_client, store_alias
     assert not rows["jobguard:overlap:ok:1"]["stale"]
     assert re.fullmatch(r"[45] min \d+ s", rows["jobguard:overlap:ok:1"]["expires"])
     assert rows["jobguard:overlap:dead:1"]["stale_reason"] == "worker host:2:dead is gone"
+    assert rows["jobguard:overlap:idle:1"]["stale_reason"] == "its job is not running"
     assert rows["jobguard:overlap:plain"]["expires"] == "never"
     assert not rows["jobguard:overlap:plain"]["stale"]
     body = response.content.decode()

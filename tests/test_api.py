@@ -476,3 +476,12 @@ def test_schema_generation_has_no_warnings(capsys):
     SchemaGenerator(patterns=[path("api/", include(urls.endpoint_patterns))]).get_schema(
         request=None, public=True)
     assert not GENERATOR_STATS, capsys.readouterr().err
+
+
+def test_unimportable_permission_class_is_a_system_check_error():
+    from django_jobguard.checks import check_settings
+
+    with override_settings(JOBGUARD={"API_PERMISSION_CLASSES": ["no.such.Permission"]}):
+        errors = check_settings()
+    assert [e.id for e in errors] == ["jobguard.E006"]
+    assert "no.such.Permission" in errors[0].msg

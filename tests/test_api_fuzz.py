@@ -28,8 +28,9 @@ schema = schemathesis.openapi.from_dict(SCHEMA)
 
 
 @pytest.fixture
-def wsgi_app(settings):
-    """The test project as a WSGI app, a staff user for Basic auth, and one row of each kind."""
+def wsgi_app(settings, store_alias):
+    """The test project as a WSGI app (once per store), a staff user for Basic auth, and one
+    row of each kind."""
     from django.contrib.auth.models import User
     from django.core.signals import request_finished, request_started
     from django.core.wsgi import get_wsgi_application
