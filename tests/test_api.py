@@ -485,3 +485,10 @@ def test_unimportable_permission_class_is_a_system_check_error():
         errors = check_settings()
     assert [e.id for e in errors] == ["jobguard.E006"]
     assert "no.such.Permission" in errors[0].msg
+
+
+def test_schema_as_yaml_and_method_not_allowed(api):
+    response = api.get(API + "schema/", {"format": "yaml"})
+    assert response.status_code == 200 and response.content.startswith(b"openapi: 3")
+    assert_error(api.put(API + "stats/"), 405, "method_not_allowed")
+    assert_error(api.get(API + "no/such/thing/"), 404, "not_found")
