@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import Count, F, Q, Value
+from django.db.models import Count, F, Min, Q, Value
 from django.db.models.functions import Now
 
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import FailedJob, JobResult, QueuedJob
 
 NOTIFY_CHANNEL = "jobguard"
 
@@ -147,6 +147,12 @@ def _claim_one_queue(queue: str, *, worker_id: str, limit: int, lease: float,
         return list(QueuedJob.objects.using(using).filter(id__in=ids, reserved_by=worker_id))
 
 
+def next_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> datetime.datetime | None:
+    """When the earliest row of ``queues`` becomes claimable (``None`` if they are empty)."""
+    return QueuedJob.objects.using(using).filter(queue__in=queues).aggregate(
+        due=Min("available_at"))["due"]
+
+
 def extend_leases(worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Push back the lease of every row ``worker_id`` holds (the worker's heartbeat)."""
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
@@ -247,6 +253,9 @@ def retry_failed(failed: Iterable[FailedJob], *, using: str = DEFAULT_DB_ALIAS) 
                 id=item.id, name=item.name, queue=item.queue, payload=payload,
                 priority=item.priority,
             )
+            # A kept result (django.tasks) is waiting again.
+            JobResult.objects.using(using).filter(id=item.id).update(status="READY",
+                                                                     finished_at=None)
             ids.append(str(item.id))  # before delete(), which clears the pk
             item.delete()
         notify({item.queue for item in failed} if ids else (), using=using)

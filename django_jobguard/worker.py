@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
+from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobguard import queue, registry, signals, unique
+from django_jobguard import queue, registry, results, signals, unique
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import (
     JobTimeoutError,
@@ -38,7 +39,7 @@ from django_jobguard.exceptions import (
     PayloadError,
 )
 from django_jobguard.jobs import Job
-from django_jobguard.models import JobResult, QueuedJob
+from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.serialization import MissingModelError
 
@@ -126,6 +127,7 @@ class Worker:
         self.jobs_processed = 0
         self._stop = threading.Event()
         self._in_job = False
+        self._current_job = ""
         self._listener: queue.Listener | None = None
         self._heartbeat: threading.Thread | None = None
         self._recent = RecentOutcomes()
@@ -187,8 +189,9 @@ class Worker:
             return []
 
     def _wait(self) -> None:
-        """Idle until ``--sleep`` passes, a NOTIFY arrives (PostgreSQL) or a stop signal."""
-        deadline = time.monotonic() + self.options.sleep
+        """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
+        (PostgreSQL) or a stop signal."""
+        deadline = time.monotonic() + min(self.options.sleep, self._until_next_due())
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -205,11 +208,22 @@ class Worker:
             else:
                 self._stop.wait(chunk)
 
+    def _until_next_due(self) -> float:
+        """Seconds until the earliest delayed or leased job in our queues becomes due."""
+        try:
+            due = queue.next_due(self.options.queues, using=self.options.using)
+        except (DatabaseError, InterfaceError):
+            return self.options.sleep
+        if due is None:
+            return self.options.sleep
+        return max((due - timezone.now()).total_seconds(), 0.01)
+
     # -- one job -----------------------------------------------------------------------
 
     def _process_safely(self, row: QueuedJob) -> None:
         """Run :meth:`process`; a database error leaves the row to lease recovery."""
         self._in_job = True
+        self._current_job = str(row.id)
         try:
             self._recent.record(self.process(row))
         except (DatabaseError, InterfaceError) as exc:
@@ -217,6 +231,7 @@ class Worker:
                              "it will be retried.", row, exc_info=exc)
         finally:
             self._in_job = False
+            self._current_job = ""
             self.jobs_processed += 1
             self._reset_connections()
 
@@ -266,7 +281,8 @@ class Worker:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         unique.release(row.payload)
         if job.keep_result:
-            self._store_result(row, "SUCCESSFUL", job_started_at, return_value=result)
+            self._store_result(row, "SUCCESSFUL", job_started_at, ran=job._handled,
+                               return_value=result)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id, result=result)
         return self._log(row, "DONE" if job._handled else "SKIPPED", started)
 
@@ -327,6 +343,9 @@ class Worker:
         if not queue.release(row, delay=delay, count_attempt=count_attempt, exception=exception,
                              using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
+        if job.keep_result:
+            results.mark_ready(row, worker_id=self.id, ran=job._handled, exception=exception,
+                               using=self.options.using)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=reason, exception=exception)
         return self._log(row, "RELEASED", started, f"{reason}, retry in {delay:g} s")
@@ -335,9 +354,10 @@ class Worker:
         if queue.fail(row, exc, using=self.options.using) is None:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         unique.release(row.payload)
+        if job is None or job.keep_result:  # no job: a result row may exist (django.tasks)
+            self._store_result(row, "FAILED", None, exception=exc,
+                               ran=job is not None and job._handled, only_existing=job is None)
         if job is not None:
-            if job.keep_result:
-                self._store_result(row, "FAILED", None, exception=exc)
             try:
                 job.failed(exc)
             except Exception:
@@ -348,24 +368,14 @@ class Worker:
                      exc_info=(type(exc), exc, exc.__traceback__))
         return self._log(row, "FAILED", started, queue.describe(exc))
 
-    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *,
-                      return_value: Any = None, exception: BaseException | None = None) -> None:
-        errors = []
-        if exception is not None:
-            import traceback
-
-            errors.append({
-                "exception_class_path": f"{type(exception).__module__}."
-                                        f"{type(exception).__qualname__}",
-                "traceback": "".join(traceback.format_exception(exception)),
-            })
-        JobResult.objects.using(self.options.using).update_or_create(
-            id=row.id,
-            defaults={"name": row.name, "queue": row.queue, "status": status,
-                      "return_value": return_value, "errors": errors, "worker_ids": [self.id],
-                      "attempts": row.attempts, "enqueued_at": row.created_at,
-                      "started_at": started_at or row.reserved_at, "finished_at": Now()},
-        )
+    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *, ran: bool,
+                      return_value: Any = None, exception: BaseException | None = None,
+                      only_existing: bool = False) -> None:
+        """Record the outcome in the job's result row (jobs with ``keep_result``)."""
+        results.mark_finished(row, status=status, worker_id=self.id, ran=ran,
+                              started_at=started_at, return_value=return_value,
+                              exception=exception, only_existing=only_existing,
+                              using=self.options.using)
 
     # -- timeouts, signals, logging ----------------------------------------------------
 
@@ -444,15 +454,14 @@ class Worker:
     def _beat(self) -> None:
         """Every few seconds: renew the leases this worker holds and say it is alive."""
         interval = max(0.5, min(float(jobguard_settings.RETRY_AFTER) / 3, 15.0))
+        using = self.options.using
         last_clean = time.monotonic()
         try:
             while not self._stop.wait(interval):
                 try:
                     self.heartbeat()
                     if time.monotonic() - last_clean > 60:
-                        from django_jobguard.stores import get_store
-
-                        get_store().clean_expired()
+                        self._clean_up(using)
                         last_clean = time.monotonic()
                 except Exception as exc:
                     logger.warning("Heartbeat failed (%s); retrying.", exc)
@@ -467,7 +476,20 @@ class Worker:
         done, failed = self._recent.counts()
         WorkerRow.objects.using(using).filter(id=self.id).update(
             last_seen_at=Now(), jobs_processed=self.jobs_processed,
-            done_last_minute=done, failed_last_minute=failed)
+            current_job=self._current_job, done_last_minute=done,
+            failed_last_minute=failed)
+
+    @staticmethod
+    def _clean_up(using: str) -> None:
+        """Housekeeping any live worker may do: expired locks, workers that stopped beating."""
+        from django_jobguard.stores import get_store
+
+        get_store().clean_expired()
+        if jobguard_settings.RESULT_RETENTION_DAYS:
+            results.prune(older_than=datetime.timedelta(
+                days=float(jobguard_settings.RESULT_RETENTION_DAYS)), using=using)
+        gone = Now() - Value(datetime.timedelta(seconds=10 * float(jobguard_settings.RETRY_AFTER)))
+        WorkerRow.objects.using(using).filter(last_seen_at__lt=gone).delete()
 
     def _shutdown(self) -> None:
         self._stop.set()

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobguard', '0001_initial'),
+        ('django_jobguard', '0002_jobresult_payload'),
     ]
 
     operations = [
