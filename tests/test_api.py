@@ -124,6 +124,7 @@ def test_model_permissions_class_checks_each_method(store_alias):
         assert client.get(API + "locks/").status_code == 200
         assert client.delete(API + "locks/jobguard:overlap:k/").status_code == 403
         assert client.get(API + "jobs/").status_code == 403
+        assert client.get(API + "schema/").status_code == 403
         client.force_authenticate(user_with("ops2", "view_lock", "change_lock", staff=False))
         assert client.delete(API + "locks/jobguard:overlap:k/").status_code == 204
 

@@ -551,6 +551,7 @@ if AutoSchema is not None:
         """The OpenAPI 3 document of this API, with paths under wherever it is mounted."""
 
         renderer_classes = [OpenApiJsonRenderer, OpenApiYamlRenderer]
+        model_permissions = {"GET": ["view_queuedjob"]}
         custom_settings = {
             "TITLE": "django-jobguard API",
             "DESCRIPTION": "Queued and failed jobs, locks, throttles, stats and dispatch.",
