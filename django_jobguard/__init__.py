@@ -21,7 +21,6 @@ _EXPORTS = {
     "unique_until_processing": "django_jobguard.unique",
     "WithoutOverlapping": "django_jobguard.middleware.without_overlapping",
     "without_overlapping": "django_jobguard.middleware.without_overlapping",
-    "lock_statuses": "django_jobguard.locks",
     "MaxAttemptsExceededError": "django_jobguard.exceptions",
     "JobTimeoutError": "django_jobguard.exceptions",
     "ManuallyFailedError": "django_jobguard.exceptions",

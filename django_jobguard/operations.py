@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -156,12 +158,24 @@ def _job_uuid(job_id: str) -> uuid.UUID | None:
         return None
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def live_workers(ids: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> set[str]:
-    """Workers among ``ids`` that sent a heartbeat within ``RETRY_AFTER`` seconds."""
+    """Workers among ``ids`` that sent a heartbeat within ``RETRY_AFTER`` seconds, less those
+    on this host whose process is gone (a ``kill -9`` shows at once, not a heartbeat later)."""
     grace = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
-    return set(Worker.objects.using(using).filter(
+    here = socket.gethostname()
+    return {worker_id for worker_id, hostname, pid in Worker.objects.using(using).filter(
         id__in=list(ids), last_seen_at__gte=Now() - Value(grace)
-    ).values_list("id", flat=True))
+    ).values_list("id", "hostname", "pid") if hostname != here or _pid_alive(pid)}
 
 
 def inspect_locks(store: Store, *, using: str = DEFAULT_DB_ALIAS) -> list[LockRow]:
@@ -169,14 +183,15 @@ def inspect_locks(store: Store, *, using: str = DEFAULT_DB_ALIAS) -> list[LockRo
 
     Stale means: expired; or its job is no longer queued; or (unique lock) its job is reserved
     by a worker without a recent heartbeat; or (overlap lock) its job is not running on a live
-    worker. A lock without a job id is only judged by its expiry.
+    worker, or runs again after a crash (reserved since the lock was taken). A lock without a
+    job id is only judged by its expiry.
     """
     infos = store.locks(include_expired=True)
     now = store.now()
     ids = {u for u in (_job_uuid(i.job_id) for i in infos if i.job_id) if u}
     jobs = {str(row["id"]): row for row in with_state(
         QueuedJob.objects.using(using).filter(id__in=ids)).values(
-        "id", "reserved_by", "jobguard_state")}
+        "id", "reserved_by", "reserved_at", "jobguard_state")}
     alive = live_workers({row["reserved_by"] for row in jobs.values() if row["reserved_by"]},
                          using=using)
     rows = []
@@ -201,7 +216,14 @@ def _stale_reason(info: LockInfo, expires_in: float | None, jobs: dict, alive: s
         return f"worker {job['reserved_by']} is gone"
     if info.kind != "unique" and not running:
         return "its job is not running"
+    if (info.kind == "overlap" and info.acquired_at and job["reserved_at"]
+            and job["reserved_at"] > info.acquired_at + _CLOCK_SLACK):
+        return "its job was taken again since the lock was acquired"
     return ""
+
+
+# A Redis store's clock and the database's may differ a little.
+_CLOCK_SLACK = datetime.timedelta(seconds=1)
 
 
 def force_release(store: Store, key: str, *, actor: str = "") -> bool:

@@ -39,6 +39,7 @@ def expire(store: Store, key: str) -> None:
 def work(queues=("default",), **options) -> list[str]:
     """Run an in-process worker until the queue is empty; returns the states it logged."""
     states: list[str] = []
+    options.setdefault("memory", 0)  # pytest's own RSS is not a worker's
     worker = Worker(WorkerOptions(queues=list(queues), stop_when_empty=True, sleep=0, **options),
                     log=lambda line, state: states.append(state))
     assert worker.run() == 0

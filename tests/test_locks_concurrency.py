@@ -159,7 +159,7 @@ def test_killed_holder_without_expiry_blocks_until_force_release(store_alias, wo
     listing = run_command("jobs_locks")
     assert listing.returncode == 0, listing.stderr
     line = next(x for x in listing.stdout.splitlines() if key in x)
-    assert "never" in line and "STALE: worker" in line and "is dead" in line
+    assert "never" in line and "STALE: worker" in line and "is gone" in line
     released = run_command("jobs_locks", "--release", key)
     assert released.returncode == 0 and f"Released {key}." in released.stdout
     wait_for(lambda: JobRun.objects.filter(label="after", ended_at__isnull=False).exists(),

@@ -9,8 +9,8 @@ from django.db import transaction
 
 from django_jobguard import dispatch_many, signals
 from django_jobguard import queue as job_queue
-from django_jobguard.locks import lock_statuses
 from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.operations import inspect_locks
 from django_jobguard.stores import get_store
 from django_jobguard.unique import lock_key
 from tests import lock_jobs
@@ -248,9 +248,9 @@ def test_rollback_of_the_dispatch_releases_a_database_lock(store_alias):
             QueuedJob.objects.all().delete()
             get_store().force_release(lock_key(UniqueRecord("a")))
         else:  # Redis cannot take part: the lock stays, shown as stale (documented)
-            (status,) = lock_statuses()
-            assert status.stale and "no longer queued" in status.reason
-            get_store().force_release(status.lock.key)
+            (status,) = inspect_locks(get_store())
+            assert status.stale and "no longer queued" in status.stale_reason
+            get_store().force_release(status.key)
 
 
 def test_unique_via_puts_the_lock_in_another_store(store_alias):

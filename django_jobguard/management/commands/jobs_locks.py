@@ -8,11 +8,20 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard.locks import LockStatus, lock_statuses
+from django_jobguard.operations import LockRow, inspect_locks
 from django_jobguard.stores import get_store
 
 
-def _expires(status: LockStatus) -> str:
+def _as_dict(row: LockRow) -> dict:
+    info = row.info
+    return {"key": info.key, "kind": info.kind, "owner": info.owner, "token": info.token,
+            "job_id": info.job_id, "store": info.store,
+            "acquired_at": info.acquired_at.isoformat() if info.acquired_at else None,
+            "expires_at": info.expires_at.isoformat() if info.expires_at else None,
+            "expires_in": row.expires_in, "stale": row.stale, "reason": row.stale_reason}
+
+
+def _expires(status: LockRow) -> str:
     if status.expires_in is None:
         return "never"
     if status.expires_in <= 0:
@@ -56,18 +65,20 @@ class Command(BaseCommand):
             if missing:
                 raise CommandError(f"Not held: {', '.join(missing)}.")
             return
-        statuses = lock_statuses(store, prefix=opts["prefix"], using=opts["database"])
+        statuses = [row for row in inspect_locks(store, using=opts["database"])
+                    if row.key.startswith(opts["prefix"])]
+        statuses.sort(key=lambda row: row.key)
         if opts["stale"]:
             statuses = [s for s in statuses if s.stale]
         if opts["json"]:
-            self.stdout.write(json.dumps([s.as_dict() for s in statuses], indent=2))
+            self.stdout.write(json.dumps([_as_dict(s) for s in statuses], indent=2))
             return
         if not statuses:
             self.stdout.write(f"No locks in store {store.alias!r}.")
             return
-        rows = [[s.lock.key, s.lock.kind, s.lock.owner, str(s.lock.token),
-                 s.lock.acquired_at.strftime("%Y-%m-%d %H:%M:%S") if s.lock.acquired_at else "",
-                 _expires(s), f"STALE: {s.reason}" if s.stale else ""] for s in statuses]
+        rows = [[s.info.key, s.info.kind, s.info.owner, str(s.info.token),
+                 s.info.acquired_at.strftime("%Y-%m-%d %H:%M:%S") if s.info.acquired_at else "",
+                 _expires(s), f"STALE: {s.stale_reason}" if s.stale else ""] for s in statuses]
         header = ["KEY", "KIND", "OWNER", "TOKEN", "ACQUIRED (UTC)", "EXPIRES", ""]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
         for index, row in enumerate([header, *rows]):
