@@ -6,6 +6,7 @@ Ids:
 - jobguard.E003 ``RETRY_AFTER`` is not larger than a job's (or the default) ``timeout``.
 - jobguard.E004 ``STORE`` names no entry in ``STORES``, or a store's ``BACKEND`` cannot load.
 - jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
+- jobguard.E006 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
 - jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
   fail with "database is locked".
 """
@@ -65,7 +66,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
             errors.append(Error(f"JOBGUARD['{key}'] must not be negative.", id="jobguard.E002"))
     if errors:
         return errors
-    return errors + _check_timeouts() + _check_stores() + _check_dispatchable()
+    return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
+            + _check_limiters())
 
 
 def _check_timeouts() -> list:
@@ -123,6 +125,12 @@ def _check_dispatchable() -> list:
               id="jobguard.E005")
         for name in jobguard_settings.API_DISPATCHABLE_JOBS if name not in known
     ]
+
+
+def _check_limiters() -> list:
+    from django_jobguard.limits import check_limiters
+
+    return check_limiters()
 
 
 @register(Tags.compatibility)

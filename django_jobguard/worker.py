@@ -456,6 +456,7 @@ class Worker:
         from django_jobguard.stores import get_store
 
         get_store().clean_expired()
+        get_store().clean_expired_throttles()
         gone = Now() - Value(datetime.timedelta(seconds=10 * float(jobguard_settings.RETRY_AFTER)))
         WorkerRow.objects.using(using).filter(last_seen_at__lt=gone).delete()
 

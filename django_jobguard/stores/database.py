@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest, Now
 
-from django_jobguard.models import Lock
-from django_jobguard.stores.base import LockInfo, Store
+from django_jobguard.models import Lock, Throttle
+from django_jobguard.stores import counters
+from django_jobguard.stores.base import (
+    CircuitDecision,
+    LockInfo,
+    RateDecision,
+    RateWindow,
+    Store,
+    ThrottleInfo,
+)
 
 
 # Tokens never go below the current time in microseconds, so they keep increasing per key
@@ -106,3 +115,139 @@ class DatabaseStore(Store):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.UTC)
         return value
+
+    # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
+    # Each write runs in one transaction that first INSERTs the missing rows (so SQLite takes
+    # its write lock at once, even without IMMEDIATE mode), then locks every row with SELECT
+    # ... FOR UPDATE in key order (no deadlocks), reads the database clock, applies the rules
+    # and writes back. Reads that change nothing skip the transaction.
+
+    def _throttles(self):
+        return Throttle.objects.using(self.using)
+
+    def _now_us(self) -> int:
+        return _to_us(self.now())
+
+    def _locked(self, keys: list[str], kind: str) -> dict[str, Throttle]:
+        self._throttles().bulk_create([Throttle(key=key, kind=kind) for key in keys],
+                                      ignore_conflicts=True)
+        rows = self._throttles().select_for_update().filter(key__in=keys).order_by("key")
+        return {row.key: row for row in rows}
+
+    def hit_rate_limits(self, windows: Sequence[RateWindow], *,
+                        _at: int | None = None) -> RateDecision:
+        merged = counters.merge_windows(
+            (w.key, w.limit, counters.us(w.decay)) for w in windows)
+        keys = sorted(merged)
+        with transaction.atomic(using=self.using):
+            rows = self._locked(keys, "rate")
+            now = self._now_us() if _at is None else _at
+            logs = {key: counters.decode_log(rows[key].data) for key in keys}
+            outcome = counters.hit_windows(logs, merged, now)
+            if outcome.allowed:
+                for key in keys:
+                    limit, decay = merged[key]
+                    log = outcome.logs[key]
+                    self._throttles().filter(key=key).update(
+                        kind="rate", hits=sum(b[2] for b in log), limit=limit, state="",
+                        value=decay / 1_000_000, data=counters.encode_log(log),
+                        resets_at=_from_us(log[0][1] + decay),
+                        expires_at=_from_us(log[-1][1] + decay), updated_at=Now())
+        return RateDecision(allowed=outcome.allowed, now=_from_us(outcome.now),
+                            retry_after=outcome.wait / 1_000_000, blocked=outcome.blocked)
+
+    def _circuit(self, row: Throttle | None, now: int) -> counters.Circuit:
+        if row is None or not row.data:
+            return counters.Circuit()
+        return counters.load_circuit(counters.decode_circuit(row.data), now,
+                                     counters.us(row.value))
+
+    def _save_circuit(self, key: str, c: counters.Circuit, max_attempts: int,
+                      decay: int) -> None:
+        expires = counters.circuit_expiry(c, decay)
+        if expires is None:
+            self._throttles().filter(key=key).delete()
+            return
+        self._throttles().filter(key=key).update(
+            kind="circuit", hits=c.failures, limit=max_attempts, state=c.state,
+            value=decay / 1_000_000, data=counters.encode_circuit(c),
+            resets_at=_from_us(c.until), expires_at=_from_us(expires), updated_at=Now())
+
+    def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
+                      probe_lease: float, _at: int | None = None) -> CircuitDecision:
+        if _at is None:  # fast path: a closed circuit admits without a write
+            row = self._throttles().filter(key=key).first()
+            if row is None or row.state == counters.CLOSED:
+                now = self._now_us()
+                c = self._circuit(row, now)
+                if c.state == counters.CLOSED:
+                    return _circuit_decision(key, counters.enter(c, now, owner=owner,
+                                                                 probe_lease=0))
+        with transaction.atomic(using=self.using):
+            row = self._locked([key], "circuit")[key]
+            now = self._now_us() if _at is None else _at
+            entry = counters.enter(self._circuit(row, now), now, owner=owner,
+                                   probe_lease=counters.us(probe_lease))
+            if entry.changed:
+                self._save_circuit(key, entry.circuit, max_attempts, counters.us(decay))
+            elif entry.circuit.is_fresh:
+                row.delete()
+        return _circuit_decision(key, entry)
+
+    def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
+                      decay: float, _at: int | None = None) -> CircuitDecision:
+        if _at is None and outcome != counters.FAILURE:
+            row = self._throttles().filter(key=key).first()
+            if row is None:  # fast path: nothing to reset or hand back
+                return _circuit_decision(key, counters.Entry(counters.Circuit(), True))
+        with transaction.atomic(using=self.using):
+            row = self._locked([key], "circuit")[key]
+            now = self._now_us() if _at is None else _at
+            c = counters.leave(self._circuit(row, now), now, owner=owner, outcome=outcome,
+                               max_attempts=max_attempts, decay=counters.us(decay))
+            self._save_circuit(key, c, max_attempts, counters.us(decay))
+        return _circuit_decision(key, counters.Entry(c, True))
+
+    def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
+        now = self._now_us()
+        out = []
+        for row in self._throttles().filter(key__startswith=prefix).order_by("key"):
+            if row.kind == "rate":
+                decay = counters.us(row.value)
+                seen = counters.describe_rate(counters.decode_log(row.data), now, decay)
+                if seen is not None:
+                    out.append(ThrottleInfo(key=row.key, kind="rate", hits=seen[0],
+                                            limit=row.limit, resets_at=_from_us(seen[1]),
+                                            store=self.alias))
+            elif row.kind == "circuit":
+                c = counters.describe_circuit(counters.decode_circuit(row.data), now,
+                                              counters.us(row.value))
+                if c is not None:
+                    out.append(ThrottleInfo(key=row.key, kind="circuit", hits=c.failures,
+                                            limit=row.limit, state=c.state,
+                                            resets_at=_from_us(c.until), store=self.alias))
+        return out
+
+    def reset_throttle(self, key: str) -> bool:
+        return bool(self._throttles().filter(key=key).delete()[0])
+
+    def clean_expired_throttles(self) -> int:
+        return self._throttles().filter(expires_at__lte=Now()).delete()[0]
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def _to_us(value: datetime.datetime) -> int:
+    return (value - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def _from_us(value: int) -> datetime.datetime:
+    return _EPOCH + datetime.timedelta(microseconds=value)
+
+
+def _circuit_decision(key: str, entry: counters.Entry) -> CircuitDecision:
+    c = entry.circuit
+    return CircuitDecision(key=key, state=c.state, failures=c.failures, admitted=entry.admitted,
+                           probe=entry.probe, retry_after=entry.wait / 1_000_000,
+                           until=_from_us(c.until) if c.until else None)
