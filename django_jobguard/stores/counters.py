@@ -18,7 +18,8 @@ BUCKETS)`` after it happened, and the state is at most ``BUCKETS + 1`` buckets.
 lasts ``decay``; ``max_attempts`` failures open it for ``decay``. After that the first job to
 arrive becomes the only probe (``half-open``, with a lease); its real success closes the
 circuit, its failure opens it again, and anything else (released, deferred, dropped) hands the
-probe to the next job. Any real success closes the circuit and forgets the failures.
+probe to the next job. Any real success closes the circuit and forgets the failures. An open
+circuit nobody probes is forgotten a day (``KEEP_OPEN``) after its decay ended.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ BUCKETS = 60
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 SUCCESS, FAILURE, NEUTRAL = "success", "failure", "neutral"
+
+KEEP_OPEN = 86_400_000_000  # µs an idle open circuit is remembered past its decay (a day)
 
 Bucket = tuple[int, int, int]  # (first hit, last hit, hits) in microseconds
 
@@ -211,12 +214,13 @@ def effective_state(c: Circuit, now: int) -> str:
 
 def circuit_expiry(c: Circuit, decay: int) -> int | None:
     """When the stored state may be forgotten (``None`` = delete it now): a closed window at its
-    end; open / half-open one ``decay`` after it could have closed."""
+    end; an open / half-open circuit ``KEEP_OPEN`` (or ``decay``, if longer) after it could have
+    closed, so that a probe still goes first when jobs come back hours later."""
     if c.is_fresh:
         return None
     if c.state == CLOSED:
         return c.until
-    return c.until + decay
+    return c.until + max(decay, KEEP_OPEN)
 
 
 def encode_circuit(c: Circuit) -> str:

@@ -308,7 +308,7 @@ if raw then
   local d, s, f, u, p = string.match(raw, '^circuit|[^|]*|(%d+)|([^;]*);(%d+);(%d+);(.*)$')
   if s then
     local expires = tonumber(u)
-    if s ~= 'closed' then expires = expires + tonumber(d) end
+    if s ~= 'closed' then expires = expires + math.max(tonumber(d), KEEP_OPEN) end
     if (s ~= 'closed' or tonumber(f) > 0) and now < expires then
       state, failures, untl, probe = s, tonumber(f), tonumber(u), p
     end
@@ -321,11 +321,11 @@ end
 local function save()
   if state == 'closed' and failures == 0 then redis.call('DEL', KEYS[1]); return end
   local expires = untl
-  if state ~= 'closed' then expires = untl + decay end
+  if state ~= 'closed' then expires = untl + math.max(decay, KEEP_OPEN) end
   redis.call('SET', KEYS[1], string.format('circuit|%d|%d|%s;%d;%d;%s', max_attempts, decay,
              state, failures, untl, probe), 'PX', math.max(1, math.ceil((expires - now) / 1000)))
 end
-"""
+""".replace("KEEP_OPEN", str(counters.KEEP_OPEN))
 
 _CIRCUIT_ENTER = """
 local lease = tonumber(ARGV[5])
