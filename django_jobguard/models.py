@@ -162,7 +162,11 @@ class Worker(models.Model):
 
 
 class JobResult(models.Model):
-    """The outcome of a job that keeps results (django.tasks tasks do), pruned by retention."""
+    """The state and outcome of a job that keeps results (django.tasks tasks do).
+
+    ``status`` goes READY (queued) → RUNNING → SUCCESSFUL or FAILED, back to READY when a
+    retry is queued. Finished rows are pruned after ``JOBGUARD['RESULT_RETENTION_DAYS']``.
+    """
 
     id = models.UUIDField(primary_key=True, editable=False)
     name = models.CharField(_("job name"), max_length=255)
@@ -172,8 +176,11 @@ class JobResult(models.Model):
     errors = models.JSONField(_("errors"), default=list, blank=True)
     worker_ids = models.JSONField(_("worker ids"), default=list, blank=True)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    #: What ran: for django.tasks, the task's path, backend, arguments, priority and run_after.
+    payload = models.JSONField(_("payload"), default=dict, blank=True)
     enqueued_at = models.DateTimeField(_("enqueued at"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    last_attempted_at = models.DateTimeField(_("last attempted at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     class Meta:

@@ -30,7 +30,7 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobguard import queue, registry, signals, unique
+from django_jobguard import queue, registry, results, signals, unique
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import (
     JobTimeoutError,
@@ -38,7 +38,7 @@ from django_jobguard.exceptions import (
     PayloadError,
 )
 from django_jobguard.jobs import Job
-from django_jobguard.models import JobResult, QueuedJob
+from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.serialization import MissingModelError
 
@@ -254,7 +254,8 @@ class Worker:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         unique.release(row.payload)
         if job.keep_result:
-            self._store_result(row, "SUCCESSFUL", job_started_at, return_value=result)
+            self._store_result(row, "SUCCESSFUL", job_started_at, ran=job._handled,
+                               return_value=result)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id, result=result)
         return self._log(row, "DONE" if job._handled else "SKIPPED", started)
 
@@ -315,6 +316,9 @@ class Worker:
         if not queue.release(row, delay=delay, count_attempt=count_attempt, exception=exception,
                              using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
+        if job.keep_result:
+            results.mark_ready(row, worker_id=self.id, ran=job._handled, exception=exception,
+                               using=self.options.using)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=reason, exception=exception)
         return self._log(row, "RELEASED", started, f"{reason}, retry in {delay:g} s")
@@ -323,9 +327,10 @@ class Worker:
         if queue.fail(row, exc, using=self.options.using) is None:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         unique.release(row.payload)
+        if job is None or job.keep_result:  # no job: a result row may exist (django.tasks)
+            self._store_result(row, "FAILED", None, exception=exc,
+                               ran=job is not None and job._handled, only_existing=job is None)
         if job is not None:
-            if job.keep_result:
-                self._store_result(row, "FAILED", None, exception=exc)
             try:
                 job.failed(exc)
             except Exception:
@@ -336,24 +341,14 @@ class Worker:
                      exc_info=(type(exc), exc, exc.__traceback__))
         return self._log(row, "FAILED", started, queue.describe(exc))
 
-    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *,
-                      return_value: Any = None, exception: BaseException | None = None) -> None:
-        errors = []
-        if exception is not None:
-            import traceback
-
-            errors.append({
-                "exception_class_path": f"{type(exception).__module__}."
-                                        f"{type(exception).__qualname__}",
-                "traceback": "".join(traceback.format_exception(exception)),
-            })
-        JobResult.objects.using(self.options.using).update_or_create(
-            id=row.id,
-            defaults={"name": row.name, "queue": row.queue, "status": status,
-                      "return_value": return_value, "errors": errors, "worker_ids": [self.id],
-                      "attempts": row.attempts, "enqueued_at": row.created_at,
-                      "started_at": started_at or row.reserved_at, "finished_at": Now()},
-        )
+    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *, ran: bool,
+                      return_value: Any = None, exception: BaseException | None = None,
+                      only_existing: bool = False) -> None:
+        """Record the outcome in the job's result row (jobs with ``keep_result``)."""
+        results.mark_finished(row, status=status, worker_id=self.id, ran=ran,
+                              started_at=started_at, return_value=return_value,
+                              exception=exception, only_existing=only_existing,
+                              using=self.options.using)
 
     # -- timeouts, signals, logging ----------------------------------------------------
 
@@ -457,6 +452,9 @@ class Worker:
 
         get_store().clean_expired()
         get_store().clean_expired_throttles()
+        if jobguard_settings.RESULT_RETENTION_DAYS:
+            results.prune(older_than=datetime.timedelta(
+                days=float(jobguard_settings.RESULT_RETENTION_DAYS)), using=using)
         gone = Now() - Value(datetime.timedelta(seconds=10 * float(jobguard_settings.RETRY_AFTER)))
         WorkerRow.objects.using(using).filter(last_seen_at__lt=gone).delete()
 
