@@ -318,12 +318,13 @@ local function reply(admitted, is_probe, wait)
   return {admitted, is_probe, state, string.format('%d', failures), string.format('%d', untl),
           string.format('%d', wait)}
 end
+-- The state knows when it expires (see above); the TTL only collects it, a minute late.
 local function save()
   if state == 'closed' and failures == 0 then redis.call('DEL', KEYS[1]); return end
   local expires = untl
   if state ~= 'closed' then expires = untl + math.max(decay, KEEP_OPEN) end
   redis.call('SET', KEYS[1], string.format('circuit|%d|%d|%s;%d;%d;%s', max_attempts, decay,
-             state, failures, untl, probe), 'PX', math.max(1, math.ceil((expires - now) / 1000)))
+             state, failures, untl, probe), 'PX', math.ceil((expires - now) / 1000) + 60000)
 end
 """.replace("KEEP_OPEN", str(counters.KEEP_OPEN))
 
