@@ -270,3 +270,19 @@ def test_skip_when_and_unless(mode, flag, runs):
 def test_skip_rejects_other_conditions():
     with pytest.raises(TypeError, match="bool or a callable"):
         Skip.when("yes")
+
+
+def test_an_unknown_limiter_inside_is_a_configuration_error_not_a_failure(store_alias):
+    """GenerateReport's order puts RateLimited inside ThrottlesExceptions."""
+    from django_jobguard import RateLimited
+
+    class Misconfigured(limit_jobs.Flaky):
+        name = "tests.Misconfigured"
+
+        def middleware(self):
+            return [ThrottlesExceptions(3, 60), RateLimited("no-such-limiter")]
+
+    Misconfigured().dispatch()
+    assert work() == ["RELEASED"]  # the worker's own retry, with the error recorded
+    assert "UnknownLimiterError" in QueuedJob.objects.get().last_error
+    assert get_store().throttles() == []

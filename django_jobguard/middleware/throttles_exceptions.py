@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import JobTimeoutError
+from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import counters, get_store
 
@@ -161,6 +162,8 @@ class ThrottlesExceptions(JobMiddleware):
         return result
 
     def _counts(self, exc: BaseException) -> bool:
+        if isinstance(exc, UnknownLimiterError):  # a configuration error, not a failing service
+            return False
         if self.delete_when is not None and self.delete_when(exc):
             return False
         return self.when is None or self.when(exc)

@@ -177,7 +177,9 @@ class DatabaseStore(Store):
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
         if _at is None:  # fast path: a closed circuit admits without a write
             row = self._throttles().filter(key=key).first()
-            if row is None or row.state == counters.CLOSED:
+            if row is None:
+                return _circuit_decision(key, counters.Entry(counters.Circuit(), True))
+            if row.state == counters.CLOSED:
                 now = self._now_us()
                 c = self._circuit(row, now)
                 if c.state == counters.CLOSED:
