@@ -16,7 +16,7 @@ from django_jobguard.stores import get_store
 from tests import limit_jobs
 from tests.limit_jobs import Flaky
 from tests.test_concurrency import wait_for
-from tests.test_limits_rate import make_due, work
+from tests.test_limits_rate import make_due, scratch_jobs, work  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -272,6 +272,7 @@ def test_skip_rejects_other_conditions():
         Skip.when("yes")
 
 
+@pytest.mark.usefixtures("scratch_jobs")
 def test_an_unknown_limiter_inside_is_a_configuration_error_not_a_failure(store_alias):
     """GenerateReport's order puts RateLimited inside ThrottlesExceptions."""
     from django_jobguard import RateLimited

@@ -7,10 +7,18 @@ unique index on ``key`` makes atomic. Expiry compares with the database's ``now(
 from __future__ import annotations
 
 import datetime
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    IntegrityError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest, Now
 
@@ -117,10 +125,11 @@ class DatabaseStore(Store):
         return value
 
     # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
-    # Each write runs in one transaction that first INSERTs the missing rows (so SQLite takes
-    # its write lock at once, even without IMMEDIATE mode), then locks every row with SELECT
-    # ... FOR UPDATE in key order (no deadlocks), reads the database clock, applies the rules
-    # and writes back. Reads that change nothing skip the transaction.
+    # Each write is one transaction: lock every row with SELECT ... FOR UPDATE in key order,
+    # INSERTing the missing ones first (on SQLite always first, so that it takes its write lock
+    # at once even without IMMEDIATE mode), read the database clock, apply the rules, write
+    # back. A deadlock or "database is locked" retries the transaction (unless the caller's own
+    # transaction surrounds it). Reads that change nothing skip the transaction.
 
     def _throttles(self):
         return Throttle.objects.using(self.using)
@@ -129,17 +138,38 @@ class DatabaseStore(Store):
         return _to_us(self.now())
 
     def _locked(self, keys: list[str], kind: str) -> dict[str, Throttle]:
+        def lock() -> dict[str, Throttle]:
+            rows = self._throttles().select_for_update().filter(key__in=keys).order_by("key")
+            return {row.key: row for row in rows}
+
+        if connections[self.using].vendor != "sqlite":
+            rows = lock()
+            if len(rows) == len(keys):
+                return rows
         self._throttles().bulk_create([Throttle(key=key, kind=kind) for key in keys],
                                       ignore_conflicts=True)
-        rows = self._throttles().select_for_update().filter(key__in=keys).order_by("key")
-        return {row.key: row for row in rows}
+        return lock()
+
+    def _serialized(self, work: Callable[[], Any]) -> Any:
+        """Run ``work`` in a transaction, retried on deadlocks and busy databases."""
+        tries = 1 if connections[self.using].in_atomic_block else 4
+        for attempt in range(1, tries + 1):
+            try:
+                with transaction.atomic(using=self.using):
+                    return work()
+            except OperationalError:
+                if attempt == tries:
+                    raise
+                time.sleep(0.01 * attempt + random.random() * 0.02)
+        raise AssertionError("unreachable")
 
     def hit_rate_limits(self, windows: Sequence[RateWindow], *,
                         _at: int | None = None) -> RateDecision:
         merged = counters.merge_windows(
             (w.key, w.limit, counters.us(w.decay)) for w in windows)
         keys = sorted(merged)
-        with transaction.atomic(using=self.using):
+
+        def hit() -> counters.RateOutcome:
             rows = self._locked(keys, "rate")
             now = self._now_us() if _at is None else _at
             logs = {key: counters.decode_log(rows[key].data) for key in keys}
@@ -153,6 +183,9 @@ class DatabaseStore(Store):
                         value=decay / 1_000_000, data=counters.encode_log(log),
                         resets_at=_from_us(log[0][1] + decay),
                         expires_at=_from_us(log[-1][1] + decay), updated_at=Now())
+            return outcome
+
+        outcome = self._serialized(hit)
         return RateDecision(allowed=outcome.allowed, now=_from_us(outcome.now),
                             retry_after=outcome.wait / 1_000_000, blocked=outcome.blocked)
 
@@ -185,7 +218,7 @@ class DatabaseStore(Store):
                 if c.state == counters.CLOSED:
                     return _circuit_decision(key, counters.enter(c, now, owner=owner,
                                                                  probe_lease=0))
-        with transaction.atomic(using=self.using):
+        def enter() -> counters.Entry:
             row = self._locked([key], "circuit")[key]
             now = self._now_us() if _at is None else _at
             entry = counters.enter(self._circuit(row, now), now, owner=owner,
@@ -193,8 +226,10 @@ class DatabaseStore(Store):
             if entry.changed:
                 self._save_circuit(key, entry.circuit, max_attempts, counters.us(decay))
             elif entry.circuit.is_fresh:
-                row.delete()
-        return _circuit_decision(key, entry)
+                self._throttles().filter(key=key).delete()
+            return entry
+
+        return _circuit_decision(key, self._serialized(enter))
 
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
                       decay: float, _at: int | None = None) -> CircuitDecision:
@@ -202,13 +237,15 @@ class DatabaseStore(Store):
             row = self._throttles().filter(key=key).first()
             if row is None:  # fast path: nothing to reset or hand back
                 return _circuit_decision(key, counters.Entry(counters.Circuit(), True))
-        with transaction.atomic(using=self.using):
+        def leave() -> counters.Circuit:
             row = self._locked([key], "circuit")[key]
             now = self._now_us() if _at is None else _at
             c = counters.leave(self._circuit(row, now), now, owner=owner, outcome=outcome,
                                max_attempts=max_attempts, decay=counters.us(decay))
             self._save_circuit(key, c, max_attempts, counters.us(decay))
-        return _circuit_decision(key, counters.Entry(c, True))
+            return c
+
+        return _circuit_decision(key, counters.Entry(self._serialized(leave), True))
 
     def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
         now = self._now_us()
