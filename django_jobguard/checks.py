@@ -6,7 +6,9 @@ Ids:
 - jobguard.E003 ``RETRY_AFTER`` is not larger than a job's (or the default) ``timeout``.
 - jobguard.E004 ``STORE`` names no entry in ``STORES``, or a store's ``BACKEND`` cannot load.
 - jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
-- jobguard.E006 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
+- jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
+  djangorestframework is installed).
+- jobguard.E007 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
 - jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
   fail with "database is locked".
 """
@@ -67,7 +69,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     if errors:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
-            + _check_limiters())
+            + _check_api_permissions() + _check_limiters())
 
 
 def _check_timeouts() -> list:
@@ -131,6 +133,23 @@ def _check_limiters() -> list:
     from django_jobguard.limits import check_limiters
 
     return check_limiters()
+
+
+def _check_api_permissions() -> list:
+    from importlib.util import find_spec
+
+    if find_spec("rest_framework") is None:
+        return []
+    errors = []
+    for entry in jobguard_settings.API_PERMISSION_CLASSES:
+        if not isinstance(entry, str):
+            continue
+        try:
+            import_string(entry)
+        except ImportError as exc:
+            errors.append(Error(f"JOBGUARD['API_PERMISSION_CLASSES'] names {entry!r}, which "
+                                f"cannot be imported: {exc}", id="jobguard.E006"))
+    return errors
 
 
 @register(Tags.compatibility)

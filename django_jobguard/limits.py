@@ -204,7 +204,7 @@ def window_key(name: str, limit: Limit) -> str:
     return key
 
 
-# -- the system check (jobguard.E006) --------------------------------------------------------
+# -- the system check (jobguard.E007) --------------------------------------------------------
 
 
 def referenced_limiters(job_class: type) -> set[str]:
@@ -244,7 +244,7 @@ def _literal_names(func: Any) -> set[str]:
 
 
 def check_limiters() -> list:
-    """jobguard.E006: a registered job uses ``RateLimited("name")`` for an undefined limiter."""
+    """jobguard.E007: a registered job uses ``RateLimited("name")`` for an undefined limiter."""
     from django.core.checks import Error
 
     from django_jobguard import registry
@@ -257,6 +257,6 @@ def check_limiters() -> list:
                 f"defined.",
                 hint=f"Define it with @rate_limiter({name!r}) in <app>/jobs.py or a module in "
                      f"JOBGUARD['JOB_MODULES'], or fix the name.",
-                id="jobguard.E006",
+                id="jobguard.E007",
             ))
     return errors

@@ -152,6 +152,9 @@ class Worker(models.Model):
     last_seen_at = models.DateTimeField(_("last seen at"), db_default=Now())
     current_job = models.CharField(_("current job"), max_length=64, blank=True, default="")
     jobs_processed = models.PositiveIntegerField(_("jobs processed"), default=0)
+    # Jobs this worker finished in the 60 s before its last heartbeat (for the stats API).
+    done_last_minute = models.PositiveIntegerField(_("done in the last minute"), default=0)
+    failed_last_minute = models.PositiveIntegerField(_("failed in the last minute"), default=0)
 
     class Meta:
         verbose_name = _("worker")

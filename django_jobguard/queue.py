@@ -256,8 +256,8 @@ def retry_failed(failed: Iterable[FailedJob], *, using: str = DEFAULT_DB_ALIAS) 
             # A kept result (django.tasks) is waiting again.
             JobResult.objects.using(using).filter(id=item.id).update(status="READY",
                                                                      finished_at=None)
+            ids.append(str(item.id))  # before delete(), which clears the pk
             item.delete()
-            ids.append(str(item.id))
         notify({item.queue for item in failed} if ids else (), using=using)
     return ids
 

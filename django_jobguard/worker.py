@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -90,6 +91,31 @@ def _seconds(delay: Any) -> float:
     return float(delay or 0)
 
 
+class RecentOutcomes:
+    """Finished and failed jobs of the last ``window`` seconds (written at each heartbeat)."""
+
+    DONE = frozenset({"DONE", "SKIPPED", "DELETED"})
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._events: deque[tuple[float, bool]] = deque()
+        self._lock = threading.Lock()
+
+    def record(self, state: str) -> None:
+        if state in self.DONE or state == "FAILED":
+            with self._lock:
+                self._events.append((time.monotonic(), state != "FAILED"))
+
+    def counts(self) -> tuple[int, int]:
+        """``(done, failed)`` within the window."""
+        cutoff = time.monotonic() - self.window
+        with self._lock:
+            while self._events and self._events[0][0] < cutoff:
+                self._events.popleft()
+            done = sum(1 for _, ok in self._events if ok)
+            return done, len(self._events) - done
+
+
 class Worker:
     """Runs jobs from ``options.queues`` until told to stop."""
 
@@ -104,6 +130,7 @@ class Worker:
         self._current_job = ""
         self._listener: queue.Listener | None = None
         self._heartbeat: threading.Thread | None = None
+        self._recent = RecentOutcomes()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -198,7 +225,7 @@ class Worker:
         self._in_job = True
         self._current_job = str(row.id)
         try:
-            self.process(row)
+            self._recent.record(self.process(row))
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
@@ -432,10 +459,7 @@ class Worker:
         try:
             while not self._stop.wait(interval):
                 try:
-                    queue.extend_leases(self.id, using=using)
-                    WorkerRow.objects.using(using).filter(id=self.id).update(
-                        last_seen_at=Now(), jobs_processed=self.jobs_processed,
-                        current_job=self._current_job)
+                    self.heartbeat()
                     if time.monotonic() - last_clean > 60:
                         self._clean_up(using)
                         last_clean = time.monotonic()
@@ -444,6 +468,16 @@ class Worker:
                     self._reset_connections(force=True)
         finally:
             connections.close_all()
+
+    def heartbeat(self) -> None:
+        """Renew this worker's leases and write its liveness and last-minute counts."""
+        using = self.options.using
+        queue.extend_leases(self.id, using=using)
+        done, failed = self._recent.counts()
+        WorkerRow.objects.using(using).filter(id=self.id).update(
+            last_seen_at=Now(), jobs_processed=self.jobs_processed,
+            current_job=self._current_job, done_last_minute=done,
+            failed_last_minute=failed)
 
     @staticmethod
     def _clean_up(using: str) -> None:

@@ -302,7 +302,7 @@ def test_check_finds_literal_limiter_names_in_middleware(scratch_jobs):
             return [RateLimited("missing-limiter"), RateLimited("per-user", dont_release=True)]
 
     assert referenced_limiters(UsesMissing) == {"missing-limiter", "per-user"}
-    errors = [e for e in check_settings() if e.id == "jobguard.E006"]
+    errors = [e for e in check_settings() if e.id == "jobguard.E007"]
     assert len(errors) == 1
     assert "'tests.UsesMissing' uses RateLimited('missing-limiter')" in errors[0].msg
 
@@ -314,4 +314,25 @@ def test_check_passes_when_every_limiter_is_defined(scratch_jobs):
         def middleware(self):
             return [RateLimited("per-user")]
 
-    assert [e for e in check_settings() if e.id == "jobguard.E006"] == []
+    assert [e for e in check_settings() if e.id == "jobguard.E007"] == []
+
+
+def test_real_windows_and_circuits_reach_the_operator_views(store_alias):
+    """What the admin and the API list (operations.inspect_throttles) from real counters."""
+    from django_jobguard import operations
+
+    store = get_store()
+    window = window_key("per-user", Limit.per_minute(2).by("ops"))
+    store.hit_rate_limits([RateWindow(window, 2, 60)])
+    store.circuit_leave("jobguard:circuit:ops", owner="x", outcome="failure", max_attempts=1,
+                        decay=30)
+    rows = {row.key: row for row in operations.inspect_throttles(store)}
+    assert set(rows) == {window, "jobguard:circuit:ops"}
+    assert (rows[window].info.kind, rows[window].info.hits, rows[window].info.limit) == (
+        "rate", 1, 2)
+    assert 55 < rows[window].resets_in <= 60
+    circuit = rows["jobguard:circuit:ops"].info
+    assert (circuit.kind, circuit.state, circuit.hits) == ("circuit", "open", 1)
+    assert 25 < rows["jobguard:circuit:ops"].resets_in <= 30
+    assert operations.reset_throttle(store, window) and not store.reset_throttle(window)
+    assert [t.key for t in store.throttles()] == ["jobguard:circuit:ops"]

@@ -48,7 +48,8 @@ class NotJsonResult(Job):
 
 
 def work() -> None:
-    assert Worker(WorkerOptions(queues=["default"], stop_when_empty=True, sleep=0)).run() == 0
+    assert Worker(WorkerOptions(queues=["default"], stop_when_empty=True, sleep=0,
+                                memory=0)).run() == 0
 
 
 def test_a_retried_job_keeps_both_runs_and_the_error():

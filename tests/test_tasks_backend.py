@@ -45,7 +45,8 @@ QUEUES = ["default", "tasks"]
 def work(**options) -> list[str]:
     """Run an in-process jobguard worker on the task queues until they are empty."""
     states: list[str] = []
-    options = {"stop_when_empty": True, "sleep": 0, **options}
+    # memory=0: the 128 MB limit is for worker processes, not for pytest running every module.
+    options = {"stop_when_empty": True, "sleep": 0, "memory": 0, **options}
     worker = Worker(WorkerOptions(queues=QUEUES, **options),
                     log=lambda line, state: states.append(state))
     assert worker.run() == 0
