@@ -25,6 +25,13 @@ _EXPORTS = {
     "JobTimeoutError": "django_jobguard.exceptions",
     "ManuallyFailedError": "django_jobguard.exceptions",
     "get_store": "django_jobguard.stores",
+    # limits
+    "Limit": "django_jobguard.limits",
+    "rate_limiter": "django_jobguard.limits",
+    "UnknownLimiterError": "django_jobguard.limits",
+    "RateLimited": "django_jobguard.middleware.rate_limited",
+    "ThrottlesExceptions": "django_jobguard.middleware.throttles_exceptions",
+    "Skip": "django_jobguard.middleware.skip",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -8,6 +8,7 @@ Ids:
 - jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
 - jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
   djangorestframework is installed).
+- jobguard.E007 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
 - jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
   fail with "database is locked".
 - jobguard.W002 a job uses ``WithoutOverlapping`` without ``expire_after``: a killed worker
@@ -71,7 +72,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     if errors:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
-            + _check_api_permissions())
+            + _check_api_permissions() + _check_limiters())
 
 
 def _check_timeouts() -> list:
@@ -129,6 +130,12 @@ def _check_dispatchable() -> list:
               id="jobguard.E005")
         for name in jobguard_settings.API_DISPATCHABLE_JOBS if name not in known
     ]
+
+
+def _check_limiters() -> list:
+    from django_jobguard.limits import check_limiters
+
+    return check_limiters()
 
 
 def _check_api_permissions() -> list:

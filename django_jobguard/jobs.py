@@ -68,6 +68,8 @@ class Job:
     # Set on the instance while a worker runs it.
     job_id: str | None = None
     lock_token: int | None = None
+    #: Store time at which ``RateLimited`` let this run start.
+    rate_limit_admitted_at: datetime.datetime | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

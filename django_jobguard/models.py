@@ -125,6 +125,9 @@ class Throttle(models.Model):
     limit = models.IntegerField(_("limit"), default=0)
     state = models.CharField(_("state"), max_length=20, blank=True, default="")
     value = models.FloatField(_("value"), default=0.0)
+    #: The exact state both stores keep (see stores/counters.py): a rate window's hit log, or
+    #: a circuit's state, failures, deadline and probe. The other columns mirror it for people.
+    data = models.TextField(_("data"), blank=True, default="")
     resets_at = models.DateTimeField(_("resets at"), null=True, blank=True)
     expires_at = models.DateTimeField(_("expires at"), null=True, blank=True)
     updated_at = models.DateTimeField(_("updated at"), db_default=Now())

@@ -484,6 +484,7 @@ class Worker:
         from django_jobguard.stores import get_store
 
         get_store().clean_expired()
+        get_store().clean_expired_throttles()
         if jobguard_settings.RESULT_RETENTION_DAYS:
             results.prune(older_than=datetime.timedelta(
                 days=float(jobguard_settings.RESULT_RETENTION_DAYS)), using=using)

@@ -7,6 +7,7 @@ Expiry always uses the store's own clock, never the calling process's.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Longest lock key every store accepts (the ``Lock.key`` column).
@@ -129,3 +130,61 @@ class Store:
     def now(self) -> datetime.datetime:
         """The store's clock."""
         raise NotImplementedError
+
+    # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
+    # Each primitive is atomic across processes: one transaction with row locks (database) or
+    # one Lua script (Redis). ``_at`` (store time in microseconds) is for the property tests.
+
+    def hit_rate_limits(self, windows: Sequence[RateWindow], *,
+                        _at: int | None = None) -> RateDecision:
+        """Admit one start if every window has a slot and count it in all of them; otherwise
+        count nothing (all-or-nothing) and say how long until all have a slot."""
+        raise NotImplementedError
+
+    def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
+                      probe_lease: float, _at: int | None = None) -> CircuitDecision:
+        """May a job on circuit ``key`` run now? Open → no; after the decay exactly one caller
+        is admitted as the probe (``owner`` holds it for ``probe_lease`` seconds)."""
+        raise NotImplementedError
+
+    def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
+                      decay: float, _at: int | None = None) -> CircuitDecision:
+        """Record a job's outcome on circuit ``key``: ``success`` (a real one: closes and
+        resets), ``failure`` (counts; may open) or ``neutral`` (frees the probe if it was)."""
+        raise NotImplementedError
+
+    def clean_expired_throttles(self) -> int:
+        """Remove rate windows and circuits that no longer hold anything; returns how many."""
+        return 0
+
+
+@dataclass(frozen=True)
+class RateWindow:
+    """One limit to check: at most ``limit`` starts in any ``decay`` seconds on ``key``."""
+
+    key: str
+    limit: int
+    decay: float
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    """What :meth:`Store.hit_rate_limits` decided, at store time ``now``."""
+
+    allowed: bool
+    now: datetime.datetime
+    retry_after: float = 0.0  # seconds until every blocking window has a slot
+    blocked: tuple[str, ...] = ()  # keys of the windows that were full
+
+
+@dataclass(frozen=True)
+class CircuitDecision:
+    """A circuit's state after :meth:`Store.circuit_enter` / :meth:`Store.circuit_leave`."""
+
+    key: str
+    state: str  # "closed", "open" or "half-open"
+    failures: int
+    admitted: bool = True
+    probe: bool = False  # the caller is the half-open circuit's single probe
+    retry_after: float = 0.0  # seconds until it is worth asking again (when not admitted)
+    until: datetime.datetime | None = None  # window end / open until / probe lease end

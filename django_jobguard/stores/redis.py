@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import Error
 
-from django_jobguard.stores.base import LockInfo, Store, check_key, check_owner, check_ttl
+from django_jobguard.stores import counters
+from django_jobguard.stores.base import (
+    CircuitDecision,
+    LockInfo,
+    RateDecision,
+    RateWindow,
+    Store,
+    ThrottleInfo,
+    check_key,
+    check_owner,
+    check_ttl,
+)
 
 _ACQUIRE = """
 local key, fence = KEYS[1], KEYS[2]
@@ -164,3 +176,222 @@ class RedisStore(Store):
     def now(self) -> datetime.datetime:
         seconds, micros = self.client.time()
         return datetime.datetime.fromtimestamp(seconds + micros / 1_000_000, tz=datetime.UTC)
+
+    # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
+    # One Lua script per primitive mirrors counters.py with the server's clock (TIME). State
+    # is a plain string (``rate|limit|decay|log`` / ``circuit|max|decay|state``) so that lock
+    # listings, which look at hashes, never mistake it for a lock.
+
+    def _counter(self, source: str, keys: list[str], args: list[Any]) -> list[str]:
+        return [_text(v) for v in self._script(source)(keys=keys, args=args)]
+
+    def hit_rate_limits(self, windows: Sequence[RateWindow], *,
+                        _at: int | None = None) -> RateDecision:
+        merged = counters.merge_windows(
+            (w.key, w.limit, counters.us(w.decay)) for w in windows)
+        keys = sorted(merged)
+        args: list[Any] = ["" if _at is None else _at]
+        for key in keys:
+            args += list(merged[key])
+        reply = self._counter(_RATE_HIT, keys, args)
+        return RateDecision(allowed=reply[0] == "1", now=_from_us(reply[1]),
+                            retry_after=int(reply[2]) / 1_000_000, blocked=tuple(reply[3:]))
+
+    def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
+                      probe_lease: float, _at: int | None = None) -> CircuitDecision:
+        reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [key], [
+            "" if _at is None else _at, owner, max_attempts, counters.us(decay),
+            counters.us(probe_lease)])
+        return _circuit_decision(key, reply)
+
+    def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
+                      decay: float, _at: int | None = None) -> CircuitDecision:
+        if outcome not in (counters.SUCCESS, counters.FAILURE, counters.NEUTRAL):
+            raise ValueError(f"unknown circuit outcome {outcome!r}")
+        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [key], [
+            "" if _at is None else _at, owner, max_attempts, counters.us(decay), outcome])
+        return _circuit_decision(key, reply)
+
+    def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
+        keys = sorted(_text(k) for k in self.client.scan_iter(match=f"{prefix}*", count=500,
+                                                               _type="string"))
+        now = counters.us(self.now().timestamp())
+        out = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            for key, raw in zip(chunk, self.client.mget(chunk), strict=True):
+                info = self._throttle_info(key, _text(raw), now)
+                if info is not None:
+                    out.append(info)
+        return out
+
+    def _throttle_info(self, key: str, raw: str, now: int) -> ThrottleInfo | None:
+        kind, _, rest = raw.partition("|")
+        if kind not in ("rate", "circuit") or rest.count("|") < 2:
+            return None
+        limit, decay, body = rest.split("|", 2)
+        if kind == "rate":
+            seen = counters.describe_rate(counters.decode_log(body), now, int(decay))
+            if seen is None:
+                return None
+            return ThrottleInfo(key=key, kind="rate", hits=seen[0], limit=int(limit),
+                                resets_at=_from_us(seen[1]), store=self.alias)
+        c = counters.describe_circuit(counters.decode_circuit(body), now, int(decay))
+        if c is None:
+            return None
+        return ThrottleInfo(key=key, kind="circuit", hits=c.failures, limit=int(limit),
+                            state=c.state, resets_at=_from_us(c.until), store=self.alias)
+
+    def reset_throttle(self, key: str) -> bool:
+        return bool(self._script(_RESET_THROTTLE)(keys=[key]))
+
+
+def _circuit_decision(key: str, reply: list[str]) -> CircuitDecision:
+    admitted, probe, state, failures, until, wait = reply
+    return CircuitDecision(key=key, state=state, failures=int(failures), admitted=admitted == "1",
+                           probe=probe == "1", retry_after=int(wait) / 1_000_000,
+                           until=_from_us(until) if int(until) else None)
+
+
+def _from_us(value: Any) -> datetime.datetime:
+    return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(
+        microseconds=int(value))
+
+
+# Lua for the counters, mirroring stores/counters.py. Numbers are microseconds (exact in
+# Lua's doubles up to 2**53, i.e. until the year 2255) and always leave as '%d' strings.
+
+_RATE_HIT = """
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
+local logs, newest = {}, 0
+for i = 1, #KEYS do
+  local log, raw = {}, redis.call('GET', KEYS[i])
+  local body = raw and string.match(raw, '^rate|[^|]*|[^|]*|(.*)$') or ''
+  for f, l, c in string.gmatch(body, '(%d+),(%d+),(%d+)') do
+    local b = {tonumber(f), tonumber(l), tonumber(c)}
+    log[#log + 1] = b
+    if b[2] > newest then newest = b[2] end
+  end
+  logs[i] = log
+end
+if newest > now then now = newest end
+local wait, blocked = 0, {}
+for i = 1, #KEYS do
+  local limit, decay = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local live, total = {}, 0
+  for _, b in ipairs(logs[i]) do
+    if b[2] > now - decay then live[#live + 1] = b; total = total + b[3] end
+  end
+  logs[i] = live
+  if total >= limit then
+    local need = total - limit + 1
+    for _, b in ipairs(live) do
+      need = need - b[3]
+      if need <= 0 then
+        if b[2] + decay - now > wait then wait = b[2] + decay - now end
+        break
+      end
+    end
+    blocked[#blocked + 1] = KEYS[i]
+  end
+end
+if #blocked > 0 then
+  return {'0', string.format('%d', now), string.format('%d', wait), unpack(blocked)}
+end
+for i = 1, #KEYS do
+  local limit, decay = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local log = logs[i]
+  local newest_bucket = log[#log]
+  if newest_bucket and now < newest_bucket[1] + math.floor(decay / BUCKETS) then
+    newest_bucket[2] = now
+    newest_bucket[3] = newest_bucket[3] + 1
+  else
+    log[#log + 1] = {now, now, 1}
+  end
+  local parts = {}
+  for j, b in ipairs(log) do parts[j] = string.format('%d,%d,%d', b[1], b[2], b[3]) end
+  redis.call('SET', KEYS[i], string.format('rate|%d|%d|', limit, decay) ..
+             table.concat(parts, ';'), 'PX', math.max(1, math.ceil(decay / 1000)))
+end
+return {'1', string.format('%d', now), '0'}
+""".replace("BUCKETS", str(counters.BUCKETS))
+
+# Shared head of both circuit scripts: read the clock and the state (forgotten once expired).
+_CIRCUIT = """
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
+local owner, max_attempts, decay = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local state, failures, untl, probe = 'closed', 0, 0, ''
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local d, s, f, u, p = string.match(raw, '^circuit|[^|]*|(%d+)|([^;]*);(%d+);(%d+);(.*)$')
+  if s then
+    local expires = tonumber(u)
+    if s ~= 'closed' then expires = expires + math.max(tonumber(d), KEEP_OPEN) end
+    if (s ~= 'closed' or tonumber(f) > 0) and now < expires then
+      state, failures, untl, probe = s, tonumber(f), tonumber(u), p
+    end
+  end
+end
+local function reply(admitted, is_probe, wait)
+  return {admitted, is_probe, state, string.format('%d', failures), string.format('%d', untl),
+          string.format('%d', wait)}
+end
+-- The state knows when it expires (see above); the TTL only collects it, a minute late.
+local function save()
+  if state == 'closed' and failures == 0 then redis.call('DEL', KEYS[1]); return end
+  local expires = untl
+  if state ~= 'closed' then expires = untl + math.max(decay, KEEP_OPEN) end
+  redis.call('SET', KEYS[1], string.format('circuit|%d|%d|%s;%d;%d;%s', max_attempts, decay,
+             state, failures, untl, probe), 'PX', math.ceil((expires - now) / 1000) + 60000)
+end
+""".replace("KEEP_OPEN", str(counters.KEEP_OPEN))
+
+_CIRCUIT_ENTER = """
+local lease = tonumber(ARGV[5])
+if state == 'closed' then
+  if failures > 0 and now >= untl then
+    state, failures, untl, probe = 'closed', 0, 0, ''
+    save()
+  end
+  return reply('1', '0', 0)
+end
+if state == 'open' and now < untl then return reply('0', '0', untl - now) end
+if state == 'half-open' and probe ~= '' and probe ~= owner and now < untl then
+  return reply('0', '0', untl - now)
+end
+state, untl, probe = 'half-open', now + lease, owner
+save()
+return reply('1', '1', 0)
+"""
+
+_CIRCUIT_LEAVE = """
+local outcome = ARGV[5]
+local is_probe = state == 'half-open' and probe == owner
+if outcome == 'success' then
+  state, failures, untl, probe = 'closed', 0, 0, ''
+elseif outcome == 'neutral' then
+  if is_probe then untl, probe = now, '' end
+elseif is_probe then
+  state, failures, untl, probe = 'open', failures + 1, now + decay, ''
+elseif state == 'closed' then
+  if failures == 0 or now >= untl then failures, untl = 0, now + decay end
+  failures = failures + 1
+  if failures >= max_attempts then state, untl = 'open', now + decay end
+else
+  failures = failures + 1
+end
+save()
+return reply('1', '0', 0)
+"""
+
+_RESET_THROTTLE = """
+local raw = redis.call('GET', KEYS[1])
+if raw and (string.sub(raw, 1, 5) == 'rate|' or string.sub(raw, 1, 8) == 'circuit|') then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

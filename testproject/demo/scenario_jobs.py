@@ -242,11 +242,13 @@ class GenerateReport(ShouldBeUnique, Job):
     def middleware(self):
         from django_jobguard import RateLimited, ThrottlesExceptions, WithoutOverlapping
 
+        # The documented order (docs/limits.md): lock, then circuit, then rate limit, so that
+        # a job deferred by the lock or an open circuit does not use a rate-limit slot.
         return [
             WithoutOverlapping(f"{self.run}:report:{self.account}", release_after=0.2,
                                expire_after=60),
-            RateLimited("demo-reports"),
             ThrottlesExceptions(max_attempts=5, decay_seconds=30).by(f"{self.run}:renderer"),
+            RateLimited("demo-reports"),
         ]
 
     def handle(self):

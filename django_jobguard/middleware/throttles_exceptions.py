@@ -1,0 +1,190 @@
+"""``ThrottlesExceptions``: a circuit breaker around jobs that call a flaky service.
+
+Exceptions count against a key (default: the job's name). Below ``max_attempts`` a failed job
+goes back to the queue after ``backoff`` seconds (that run counted as one of its tries). At
+``max_attempts`` failures within ``decay_seconds`` the circuit opens: jobs on the key are
+deferred, without using tries, until ``decay_seconds`` have passed. Then exactly one job runs
+as a probe (half-open): its real success closes the circuit, its failure opens it again. Only a
+real success resets the count: a job that was released, deferred or dropped leaves the circuit
+as it was (Laravel clears it then, PR #61293).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.exceptions import JobTimeoutError
+from django_jobguard.limits import UnknownLimiterError
+from django_jobguard.middleware import JobMiddleware, Next
+from django_jobguard.stores import counters, get_store
+
+if TYPE_CHECKING:
+    from django_jobguard.jobs import Job
+
+logger = logging.getLogger("django_jobguard.limits")
+
+ExceptionFilter = type[BaseException] | tuple[type[BaseException], ...] | Callable[
+    [BaseException], Any]
+
+
+def _matcher(value: ExceptionFilter | None, what: str) -> Callable[[BaseException], bool] | None:
+    if value is None:
+        return None
+    if isinstance(value, type) and issubclass(value, BaseException) or (
+            isinstance(value, tuple) and value
+            and all(isinstance(v, type) and issubclass(v, BaseException) for v in value)):
+        return lambda exc: isinstance(exc, value)
+    if callable(value):
+        return lambda exc: bool(value(exc))
+    raise TypeError(f"ThrottlesExceptions({what}=...) takes an exception class, a tuple of "
+                    f"them or a callable(exception), not {value!r}.")
+
+
+def really_succeeded(job: Job) -> bool:
+    """``handle()`` ran and returned, and nothing released, deferred or failed the job."""
+    return job._handled and job._released is None and job._failed is None
+
+
+def is_last_attempt(job: Job) -> bool:
+    """Whether an exception now fails the job for good, as the worker decides: its
+    ``retry_until`` has passed, or (without one) it used all of its ``tries``."""
+    deadline = job._payload.get("retry_until") if isinstance(job._payload, dict) else None
+    if deadline:
+        return timezone.now() >= datetime.datetime.fromisoformat(deadline)
+    worker = getattr(job, "_worker", None)
+    tries = job.tries if job.tries is not None else (worker.options.tries if worker else 1)
+    return 0 < tries <= job.attempts()
+
+
+class ThrottlesExceptions(JobMiddleware):
+    """Open a circuit on ``max_attempts`` exceptions within ``decay_seconds``.
+
+    ``backoff``: seconds before a job whose exception was counted runs again.
+    ``by`` / ``.by(key)``: share the circuit across job classes (a string, or a function of the
+    job). ``by_job``: one circuit per queued job instead of per job class.
+    ``when``: only exceptions it accepts count; others reach the worker untouched (normal
+    retry / failure by ``tries``). ``delete_when``: drop the job on these (deleted, not
+    failed; checked first). Both take an exception class, a tuple of them or a predicate.
+    ``report``: ``True`` logs each counted exception; a callable(exception) reports it (e.g.
+    ``sentry_sdk.capture_exception``).
+    ``store``: the store alias holding the circuit (default ``JOBGUARD['STORE']``).
+    """
+
+    def __init__(self, max_attempts: int = 10, decay_seconds: float = 600, backoff: float = 0,
+                 *, by: str | Callable[[Job], Any] | None = None, by_job: bool = False,
+                 when: ExceptionFilter | None = None,
+                 delete_when: ExceptionFilter | None = None,
+                 report: bool | Callable[[BaseException], Any] | None = None,
+                 store: str | None = None) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
+                or max_attempts < 1:
+            raise ValueError(f"max_attempts must be a whole number of at least 1, not "
+                             f"{max_attempts!r}.")
+        if not isinstance(decay_seconds, (int, float)) or not decay_seconds > 0:
+            raise ValueError(f"decay_seconds must be a positive number, not {decay_seconds!r}.")
+        if not isinstance(backoff, (int, float)) or backoff < 0:
+            raise ValueError(f"backoff must be a number of seconds >= 0, not {backoff!r}.")
+        if by is not None and by_job:
+            raise ValueError("ThrottlesExceptions takes by= or by_job=True, not both.")
+        if report is not None and not isinstance(report, bool) and not callable(report):
+            raise TypeError(f"report must be True or a callable(exception), not {report!r}.")
+        self.max_attempts = max_attempts
+        self.decay_seconds = float(decay_seconds)
+        self.backoff = float(backoff)
+        self.key = by
+        self.by_job = by_job
+        self.when = _matcher(when, "when")
+        self.delete_when = _matcher(delete_when, "delete_when")
+        self.report = report
+        self.store = store
+
+    def by(self, key: str | Callable[[Job], Any]) -> ThrottlesExceptions:
+        """Share one circuit under ``key`` across every job that uses it (chainable)."""
+        if self.by_job:
+            raise ValueError("ThrottlesExceptions takes by= or by_job=True, not both.")
+        self.key = key
+        return self
+
+    def __repr__(self) -> str:
+        return (f"ThrottlesExceptions({self.max_attempts}, {self.decay_seconds:g}"
+                + (f", by={self.key!r}" if self.key is not None else "") + ")")
+
+    def circuit_key(self, job: Job) -> str:
+        if self.key is not None:
+            key = self.key(job) if callable(self.key) else self.key
+            return f"jobguard:circuit:{key}"
+        if self.by_job:
+            return f"jobguard:circuit:{job.name}:{job.job_id or id(job)}"
+        return f"jobguard:circuit:{job.name}"
+
+    def probe_lease(self, job: Job) -> float:
+        """How long the probe holds the half-open circuit before another job may probe: the
+        decay, or the job's timeout if longer (a slow probe is not doubled)."""
+        timeout = job.timeout if job.timeout is not None else jobguard_settings.DEFAULT_TIMEOUT
+        return max(self.decay_seconds, float(timeout or 0))
+
+    def handle(self, job: Job, next: Next) -> Any:
+        store = get_store(self.store)
+        key = self.circuit_key(job)
+        owner = job.job_id or uuid.uuid4().hex
+        settings = {"max_attempts": self.max_attempts, "decay": self.decay_seconds}
+        entry = store.circuit_enter(key, owner=owner, probe_lease=self.probe_lease(job),
+                                    **settings)
+        if not entry.admitted:
+            job.defer(self._wait(entry), reason="circuit_open")
+            return None
+        try:
+            result = next(job)
+        except Exception as exc:
+            counted = self._counts(exc)
+            store.circuit_leave(key, owner=owner, **settings,
+                                outcome=counters.FAILURE if counted else counters.NEUTRAL)
+            if self.delete_when is not None and self.delete_when(exc):
+                logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
+                return None
+            if not counted:
+                raise
+            self._report(job, exc)
+            if isinstance(exc, JobTimeoutError) or is_last_attempt(job):
+                raise  # the worker fails it with the real exception (or applies its timeout rules)
+            job.release(self.backoff)
+            return None
+        outcome = counters.SUCCESS if really_succeeded(job) else counters.NEUTRAL
+        store.circuit_leave(key, owner=owner, outcome=outcome, **settings)
+        return result
+
+    def _counts(self, exc: BaseException) -> bool:
+        if isinstance(exc, UnknownLimiterError):  # a configuration error, not a failing service
+            return False
+        if self.delete_when is not None and self.delete_when(exc):
+            return False
+        return self.when is None or self.when(exc)
+
+    def _wait(self, entry: Any) -> float:
+        """Until the circuit may close; while a probe runs, ask again every tenth of the decay
+        (at least 0.5 s) rather than waiting out the probe's whole lease."""
+        wait = entry.retry_after
+        if entry.state == counters.HALF_OPEN:
+            wait = min(wait, max(0.5, self.decay_seconds / 10))
+        return wait + random.uniform(0, min(1.0, self.decay_seconds / 10))
+
+    def _report(self, job: Job, exc: BaseException) -> None:
+        if not self.report:
+            return
+        if callable(self.report) and not isinstance(self.report, bool):
+            try:
+                self.report(exc)
+            except Exception:
+                logger.exception("The report callback of ThrottlesExceptions raised.")
+            return
+        logger.warning("%s [%s] raised %r (counted by ThrottlesExceptions %s).", job.name,
+                       job.job_id, exc, self.circuit_key(job),
+                       exc_info=(type(exc), exc, exc.__traceback__))
