@@ -193,8 +193,13 @@ class FailedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
                                             "%(n)d jobs are queued again.", len(ids))
                           % {"n": len(ids)}, messages.SUCCESS)
 
-    def get_actions(self, request: HttpRequest) -> dict:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict:
+        # Django 6.1 passes ``action_location`` (and warns about overrides without it);
+        # Django 5.2 and 6.0 do not know the argument.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
         if "delete_selected" in actions:  # "forget", with Django's confirmation page
             func, name, _description = actions["delete_selected"]
             actions["delete_selected"] = (func, name, _("Forget selected failed jobs"))
