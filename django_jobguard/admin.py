@@ -8,6 +8,7 @@ models only to get a place in the admin, the model permissions and the URL names
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -201,8 +202,13 @@ class FailedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
         else:
             actions = super().get_actions(request, action_location=action_location)
         if "delete_selected" in actions:  # "forget", with Django's confirmation page
-            func, name, _description = actions["delete_selected"]
-            actions["delete_selected"] = (func, name, _("Forget selected failed jobs"))
+            action = actions["delete_selected"]
+            label = _("Forget selected failed jobs")
+            if isinstance(action, tuple):  # Django < 6.1
+                actions["delete_selected"] = (action[0], action[1], label)
+            else:  # Django 6.1: an Action dataclass
+                actions["delete_selected"] = dataclasses.replace(
+                    action, description=label, plural_description=label)
         return actions
 
 
