@@ -17,6 +17,9 @@ DATABASE_URL = os.environ.get("JOBGUARD_BENCH_DATABASE_URL",
                               "postgres://127.0.0.1:5432/jobguard_bench")
 REDIS_URL = os.environ.get("JOBGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+# Prepared statements for jobguard's claim/ack (Django turns them off by default for poolers).
+if os.environ.get("JOBGUARD_BENCH_PREPARE", "1") == "1":
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
 
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobguard", "bench"]
 # Peers are optional (pip install -e '.[bench]'); a scenario skips the ones not installed.
