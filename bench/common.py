@@ -301,23 +301,28 @@ class Run:
 def measure_processing(*, tool: str, processes: int, jobs: int,
                        start: Callable[[], list[subprocess.Popen]],
                        ready: Callable[[list[subprocess.Popen]], None],
-                       fill: Callable[[int], None], remaining_sql: str,
+                       fill: Callable[[int], None], remaining_sql: str = "",
+                       remaining: Callable[[], int] | None = None,
                        timeout: float = 600) -> Run:
-    """Start idle workers, make ``jobs`` rows visible at once (``fill`` commits them in one
-    transaction), and time until ``remaining_sql`` counts 0."""
+    """Start idle workers, make ``jobs`` jobs visible at once (``fill`` commits them in one
+    transaction), and time until ``remaining_sql`` (or ``remaining()``) counts 0."""
     procs = start()
-    poller = Poller(remaining_sql)
+    poller = Poller(remaining_sql) if remaining_sql else None
+    left = poller.value if poller else remaining
+    assert left is not None, "give remaining_sql or remaining"
     try:
         ready(procs)
         fill(jobs)
         t0 = time.perf_counter()
-        t1 = poller.wait_zero(timeout=timeout)
+        wait_until(lambda: left() == 0, timeout=timeout, interval=0.01, what=f"{tool} done")
+        t1 = time.perf_counter()
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{tool} worker exited early with {proc.returncode}")
         return Run(tool=tool, processes=processes, jobs=jobs, seconds=t1 - t0)
     finally:
-        poller.close()
+        if poller:
+            poller.close()
         stop(procs)
 
 
