@@ -39,7 +39,7 @@ from django_jobguard.exceptions import (
 from django_jobguard.jobs import Job
 from django_jobguard.models import JobResult, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
-from django_jobguard.serialization import MissingModelError
+from django_jobguard.serialization import MissingModelError, payload_size
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -81,6 +81,16 @@ def _retry_until(row: QueuedJob) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value) if value else None
 
 
+def _release_unique(row: QueuedJob) -> None:
+    """Free the job's unique lock after its ack or failure. The job's outcome is already
+    recorded, so a store that is down only costs the lock its ``unique_for`` expiry."""
+    try:
+        unique.release(row.payload)
+    except Exception as exc:
+        logger.warning("Could not release the unique lock of %s (%s); it ends at its expiry.",
+                       row, exc)
+
+
 def _seconds(delay: Any) -> float:
     if isinstance(delay, datetime.datetime):
         return max((delay - timezone.now()).total_seconds(), 0.0)
@@ -101,6 +111,7 @@ class Worker:
         self._stop = threading.Event()
         self._in_job = False
         self._listener: queue.Listener | None = None
+        self._listener_lost_at: float | None = None
         self._heartbeat: threading.Thread | None = None
 
     # -- the loop ------------------------------------------------------------------------
@@ -162,6 +173,7 @@ class Worker:
     def _wait(self) -> None:
         """Idle until ``--sleep`` passes, a NOTIFY arrives (PostgreSQL) or a stop signal."""
         deadline = time.monotonic() + self.options.sleep
+        self._reopen_listener()
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -172,11 +184,26 @@ class Worker:
                     if self._listener.wait(chunk):
                         return
                 except Exception as exc:  # lost connection: fall back to polling
-                    logger.warning("LISTEN connection lost (%s); polling instead.", exc)
+                    logger.warning("LISTEN connection lost (%s); polling until it is back.",
+                                   exc)
                     self._listener.close()
                     self._listener = None
+                    self._listener_lost_at = time.monotonic()
             else:
                 self._stop.wait(chunk)
+
+    def _reopen_listener(self, retry_every: float = 5.0) -> None:
+        """LISTEN again a while after the listening connection was lost (server restart,
+        ``pg_terminate_backend``), so the worker does not poll for the rest of its life."""
+        lost = self._listener_lost_at
+        if self._listener is not None or lost is None or time.monotonic() - lost < retry_every:
+            return
+        try:
+            self._listener = queue.Listener.open(self.options.using)
+            self._listener_lost_at = None
+        except Exception as exc:
+            logger.warning("LISTEN still unavailable (%s); polling.", exc)
+            self._listener_lost_at = time.monotonic()
 
     # -- one job -----------------------------------------------------------------------
 
@@ -188,6 +215,10 @@ class Worker:
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
+        except Exception as exc:  # a store or signal receiver failed outside the job
+            logger.exception("Error while finishing %s; if it was not acked its lease will "
+                             "expire and it will be retried.", row, exc_info=exc)
+            self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
             self.jobs_processed += 1
@@ -201,7 +232,7 @@ class Worker:
         except MissingModelError as exc:
             if getattr(registry.get(row.name), "delete_when_missing_models", False):
                 queue.ack(row, using=self.options.using)
-                unique.release(row.payload)
+                _release_unique(row)
                 return self._log(row, "DELETED", started, str(exc))
             return self._fail(row, None, exc, started)
         except Exception as exc:
@@ -237,7 +268,7 @@ class Worker:
                                  count_attempt=counts, reason=reason)
         if not queue.ack(row, using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
-        unique.release(row.payload)
+        _release_unique(row)
         if job.keep_result:
             self._store_result(row, "SUCCESSFUL", job_started_at, return_value=result)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id, result=result)
@@ -248,6 +279,10 @@ class Worker:
         if not isinstance(row.payload, dict):
             raise PayloadError(f"Corrupt payload for {row.name}: expected a JSON object, got "
                                f"{type(row.payload).__name__}.")
+        limit = jobguard_settings.MAX_PAYLOAD_BYTES
+        if limit and (size := payload_size(row.payload)) > limit:  # inserted around dispatch()
+            raise PayloadError(f"Payload of {row.name} is {size} bytes, over "
+                               f"JOBGUARD['MAX_PAYLOAD_BYTES'] = {limit}.")
         try:
             job = job_class.from_payload(row.payload)
         except MissingModelError:
@@ -307,7 +342,7 @@ class Worker:
     def _fail(self, row: QueuedJob, job: Job | None, exc: BaseException, started: float) -> str:
         if queue.fail(row, exc, using=self.options.using) is None:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
-        unique.release(row.payload)
+        _release_unique(row)
         if job is not None:
             if job.keep_result:
                 self._store_result(row, "FAILED", None, exception=exc)
