@@ -245,12 +245,15 @@ def _load_payload(text: str) -> Any:
         return text
 
 
-def extend_leases(worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> int:
-    """Push back the lease of every row ``worker_id`` holds (the worker's heartbeat)."""
+def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
+                  using: str = DEFAULT_DB_ALIAS) -> int:
+    """Push back the lease of the rows ``worker_id`` holds (the worker's heartbeat); only of
+    ``ids`` among them when given (the jobs it is still working on)."""
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
-    return QueuedJob.objects.using(using).filter(
-        reserved_by=worker_id, reserved_at__isnull=False
-    ).update(available_at=Now() + Value(lease))
+    rows = QueuedJob.objects.using(using).filter(reserved_by=worker_id, reserved_at__isnull=False)
+    if ids is not None:
+        rows = rows.filter(id__in=list(ids))
+    return rows.update(available_at=Now() + Value(lease))
 
 
 # -- finishing -----------------------------------------------------------------------------

@@ -112,6 +112,10 @@ class Worker:
         self._in_job = False
         self._listener: queue.Listener | None = None
         self._listener_lost_at: float | None = None
+        # Rows claimed and not yet finished: the only leases the heartbeat renews. A row whose
+        # ack or release failed (database error) drops out, so its lease runs out and another
+        # worker retries it, instead of this worker renewing it for the rest of its life.
+        self._held: frozenset[Any] = frozenset()
         self._heartbeat: threading.Thread | None = None
 
     # -- the loop ------------------------------------------------------------------------
@@ -124,12 +128,15 @@ class Worker:
         try:
             while not self._stop.is_set():
                 rows = self._claim()
+                self._held = frozenset(row.id for row in rows)
                 for index, row in enumerate(rows):
                     if self._stop.is_set():  # asked to stop: give back what we did not start
                         for left in rows[index:]:
                             queue.release(left, count_attempt=False, using=self.options.using)
+                        self._held = frozenset()
                         break
                     self._process_safely(row)
+                    self._held = self._held - {row.id}
                     if self.options.rest:
                         time.sleep(self.options.rest)
                 code = self._stop_code(found=bool(rows), started=started)
@@ -457,7 +464,9 @@ class Worker:
         try:
             while not self._stop.wait(interval):
                 try:
-                    queue.extend_leases(self.id, using=using)
+                    held = self._held
+                    if held:
+                        queue.extend_leases(self.id, ids=held, using=using)
                     WorkerRow.objects.using(using).filter(id=self.id).update(
                         last_seen_at=Now(), jobs_processed=self.jobs_processed)
                     if time.monotonic() - last_clean > 60:
