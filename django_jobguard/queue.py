@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import Count, F, Q, Value
+from django.db.models import Count, F, Min, Q, Value
 from django.db.models.functions import Now
 
 from django_jobguard.conf import jobguard_settings
@@ -243,6 +243,12 @@ def _load_payload(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def next_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> datetime.datetime | None:
+    """When the earliest row of ``queues`` becomes claimable (``None`` if they are empty)."""
+    return QueuedJob.objects.using(using).filter(queue__in=queues).aggregate(
+        due=Min("available_at"))["due"]
 
 
 def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
+from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -110,6 +111,7 @@ class Worker:
         self.jobs_processed = 0
         self._stop = threading.Event()
         self._in_job = False
+        self._current_job = ""
         self._listener: queue.Listener | None = None
         self._listener_lost_at: float | None = None
         # Rows claimed and not yet finished: the only leases the heartbeat renews. A row whose
@@ -178,8 +180,9 @@ class Worker:
             return []
 
     def _wait(self) -> None:
-        """Idle until ``--sleep`` passes, a NOTIFY arrives (PostgreSQL) or a stop signal."""
-        deadline = time.monotonic() + self.options.sleep
+        """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
+        (PostgreSQL) or a stop signal."""
+        deadline = time.monotonic() + min(self.options.sleep, self._until_next_due())
         self._reopen_listener()
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
@@ -212,11 +215,22 @@ class Worker:
             logger.warning("LISTEN still unavailable (%s); polling.", exc)
             self._listener_lost_at = time.monotonic()
 
+    def _until_next_due(self) -> float:
+        """Seconds until the earliest delayed or leased job in our queues becomes due."""
+        try:
+            due = queue.next_due(self.options.queues, using=self.options.using)
+        except (DatabaseError, InterfaceError):
+            return self.options.sleep
+        if due is None:
+            return self.options.sleep
+        return max((due - timezone.now()).total_seconds(), 0.01)
+
     # -- one job -----------------------------------------------------------------------
 
     def _process_safely(self, row: QueuedJob) -> None:
         """Run :meth:`process`; a database error leaves the row to lease recovery."""
         self._in_job = True
+        self._current_job = str(row.id)
         try:
             self.process(row)
         except (DatabaseError, InterfaceError) as exc:
@@ -228,6 +242,7 @@ class Worker:
             self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
+            self._current_job = ""
             self.jobs_processed += 1
             self._reset_connections()
 
@@ -468,17 +483,25 @@ class Worker:
                     if held:
                         queue.extend_leases(self.id, ids=held, using=using)
                     WorkerRow.objects.using(using).filter(id=self.id).update(
-                        last_seen_at=Now(), jobs_processed=self.jobs_processed)
+                        last_seen_at=Now(), jobs_processed=self.jobs_processed,
+                        current_job=self._current_job)
                     if time.monotonic() - last_clean > 60:
-                        from django_jobguard.stores import get_store
-
-                        get_store().clean_expired()
+                        self._clean_up(using)
                         last_clean = time.monotonic()
                 except Exception as exc:
                     logger.warning("Heartbeat failed (%s); retrying.", exc)
                     self._reset_connections(force=True)
         finally:
             connections.close_all()
+
+    @staticmethod
+    def _clean_up(using: str) -> None:
+        """Housekeeping any live worker may do: expired locks, workers that stopped beating."""
+        from django_jobguard.stores import get_store
+
+        get_store().clean_expired()
+        gone = Now() - Value(datetime.timedelta(seconds=10 * float(jobguard_settings.RETRY_AFTER)))
+        WorkerRow.objects.using(using).filter(last_seen_at__lt=gone).delete()
 
     def _shutdown(self) -> None:
         self._stop.set()

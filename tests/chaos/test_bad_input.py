@@ -44,10 +44,10 @@ def _insert(name: str, payload) -> str:
 
 
 def test_bad_rows_fail_with_a_reason_and_workers_keep_going(workers):
-    with override_settings(JOBGUARD={**jobguard_settings.user_settings,
-                                     "MAX_PAYLOAD_BYTES": LIMIT}):
-        with pytest.raises(ValueError, match="MAX_PAYLOAD_BYTES"):  # dispatch() refuses it
-            jobs.Record("x" * (LIMIT * 2)).dispatch()
+    small_limit = {**jobguard_settings.user_settings, "MAX_PAYLOAD_BYTES": LIMIT}
+    with override_settings(JOBGUARD=small_limit), pytest.raises(ValueError,
+                                                                 match="MAX_PAYLOAD_BYTES"):
+        jobs.Record("x" * (LIMIT * 2)).dispatch()  # dispatch() refuses it
     good = [h.id for h in dispatch_many([jobs.Record("good", key=str(i)) for i in range(30)])]
     bad = {_insert(name, payload): (what, words) for what, name, payload, words in BAD_ROWS}
     if connection.vendor == "sqlite":  # SQLite stores JSON as text: it can be broken too
