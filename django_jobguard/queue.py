@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import Count, F, Min, Q, Value
+from django.db.models import Count, F, Max, Min, Q, Value
 from django.db.models.functions import Now
 
 from django_jobguard.conf import jobguard_settings
@@ -249,6 +249,16 @@ def next_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> datetim
     """When the earliest row of ``queues`` becomes claimable (``None`` if they are empty)."""
     return QueuedJob.objects.using(using).filter(queue__in=queues).aggregate(
         due=Min("available_at"))["due"]
+
+
+def seconds_until_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> float | None:
+    """Seconds until the earliest row of ``queues`` becomes claimable, measured with the
+    database clock in the same query (``None`` if the queues are empty)."""
+    found = QueuedJob.objects.using(using).filter(queue__in=queues).aggregate(
+        due=Min("available_at"), now=Max(Now()))
+    if found["due"] is None:
+        return None
+    return (found["due"] - found["now"]).total_seconds()
 
 
 def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,

@@ -216,14 +216,15 @@ class Worker:
             self._listener_lost_at = time.monotonic()
 
     def _until_next_due(self) -> float:
-        """Seconds until the earliest delayed or leased job in our queues becomes due."""
+        """Seconds until the earliest delayed or leased job in our queues becomes due, by the
+        database clock (a worker whose own clock runs ahead would otherwise poll in a loop)."""
         try:
-            due = queue.next_due(self.options.queues, using=self.options.using)
+            wait = queue.seconds_until_due(self.options.queues, using=self.options.using)
         except (DatabaseError, InterfaceError):
             return self.options.sleep
-        if due is None:
+        if wait is None:
             return self.options.sleep
-        return max((due - timezone.now()).total_seconds(), 0.01)
+        return max(wait, 0.01)
 
     # -- one job -----------------------------------------------------------------------
 
