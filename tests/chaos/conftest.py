@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,12 +33,16 @@ class Fleet:
     env: dict[str, str]
     procs: list[subprocess.Popen] = field(default_factory=list)
     killed: set[int] = field(default_factory=set)
+    logs: list = field(default_factory=list)  # stderr of each process (a file: never blocks)
 
     def start(self, n: int = 1) -> list[subprocess.Popen]:
-        new = [subprocess.Popen([sys.executable, str(MANAGE), "jobworker", *self.args],
-                                env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-               for _ in range(n)]
+        new = []
+        for _ in range(n):
+            log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (closed in cleanup())
+            new.append(subprocess.Popen([sys.executable, str(MANAGE), "jobworker", *self.args],
+                                        env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                        stderr=log, text=True))
+            self.logs.append(log)
         self.procs += new
         return new
 
@@ -66,16 +71,20 @@ class Fleet:
         return codes
 
     def errors(self) -> str:
-        return "\n".join((p.stderr.read() or "")[-2000:] for p in self.procs
-                         if p.stderr and p.poll() is not None)
+        """Everything the workers logged (warnings and errors go to stderr)."""
+        out = []
+        for log in self.logs:
+            log.seek(0)
+            out.append(log.read())
+        return "\n".join(out)
 
     def cleanup(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            if proc.stderr:
-                proc.stderr.close()
+        for log in self.logs:
+            log.close()
 
 
 @pytest.fixture
