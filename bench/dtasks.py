@@ -1,6 +1,9 @@
 """django-tasks' no-op task, run by django-tasks-db's ``db_worker`` (a peer in bench/peers.py)."""
 
-from django_tasks import task
+try:
+    from django.tasks import task  # Django >= 6.0
+except ImportError:
+    from django_tasks import task  # the backport
 
 
 @task()

@@ -7,6 +7,7 @@
 import importlib.util
 import os
 
+import django
 from testproject.settings import database_from_url
 
 SECRET_KEY = "jobguard-bench-not-secret"
@@ -24,7 +25,9 @@ if os.environ.get("JOBGUARD_BENCH_PREPARE", "1") == "1":
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobguard", "bench"]
 # Peers are optional (pip install -e '.[bench]'); a scenario skips the ones not installed.
 if importlib.util.find_spec("django_tasks_db"):
-    INSTALLED_APPS += ["django_tasks", "django_tasks_db"]
+    if django.VERSION < (6, 0):  # the django-tasks backport; Django 6 has django.tasks
+        INSTALLED_APPS += ["django_tasks"]
+    INSTALLED_APPS += ["django_tasks_db"]
     TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
 JOBGUARD = {
