@@ -20,13 +20,15 @@ CREATE = f"CREATE TABLE IF NOT EXISTS {TABLE} (LIKE django_jobguard_queuedjob IN
 INSERT = (f"INSERT INTO {TABLE} (id, queue, name, payload, attempts, exceptions, priority, "
           f"reserved_by, last_error) VALUES (%s, 'bench', 'bench.Noop', %s, 0, 0, 0, '', '')")
 CLAIM = f"""
-    UPDATE {TABLE} SET attempts = attempts + 1, reserved_at = statement_timestamp(),
-           reserved_by = %s, available_at = statement_timestamp() + interval '90 seconds'
-     WHERE id IN (SELECT id FROM {TABLE}
-                   WHERE queue = 'bench' AND available_at <= statement_timestamp()
-                   ORDER BY priority DESC, available_at
-                   LIMIT %s FOR UPDATE SKIP LOCKED)
-    RETURNING id, name, payload"""
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM {TABLE}
+         WHERE queue = 'bench' AND available_at <= statement_timestamp()
+         ORDER BY priority DESC, available_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    UPDATE {TABLE} AS q SET attempts = q.attempts + 1, reserved_at = statement_timestamp(),
+           reserved_by = %(worker)s, available_at = statement_timestamp() + interval '90 seconds'
+      FROM picked WHERE q.id = picked.id
+    RETURNING q.id, q.name, q.payload"""
 DELETE = f"DELETE FROM {TABLE} WHERE id = %s AND reserved_by = %s"
 PAYLOAD = json.dumps({"args": [], "kwargs": {}})
 
@@ -54,7 +56,10 @@ def work(url: str, batch: int) -> None:
     worker_id = f"floor:{os.getpid()}"
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
-            rows = conn.execute(CLAIM, [worker_id, batch]).fetchall()
+            # not prepared, like jobguard's: a generic plan cached while the table was empty
+            # re-runs the pick for every row of a burst (that stalled the floor for minutes)
+            rows = conn.execute(CLAIM, {"worker": worker_id, "limit": batch},
+                                prepare=False).fetchall()
             if not rows:
                 time.sleep(0.002)
                 continue
