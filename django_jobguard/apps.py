@@ -12,3 +12,11 @@ class JobGuardConfig(AppConfig):
         from django_jobguard import checks, registry  # noqa: F401  (registers the checks)
 
         registry.autodiscover()
+        from django.conf import settings
+
+        tasks = getattr(settings, "TASKS", {})
+        if isinstance(tasks, dict) and any(
+            str(config.get("BACKEND", "")).startswith("django_jobguard.")
+            for config in tasks.values() if isinstance(config, dict)
+        ):
+            import django_jobguard.tasks_backend  # noqa: F401  (registers the task adapter jobs)

@@ -6,6 +6,8 @@ Ids:
 - jobguard.E003 ``RETRY_AFTER`` is not larger than a job's (or the default) ``timeout``.
 - jobguard.E004 ``STORE`` names no entry in ``STORES``, or a store's ``BACKEND`` cannot load.
 - jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
+- jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
+  djangorestframework is installed).
 - jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
   fail with "database is locked".
 """
@@ -65,7 +67,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
             errors.append(Error(f"JOBGUARD['{key}'] must not be negative.", id="jobguard.E002"))
     if errors:
         return errors
-    return errors + _check_timeouts() + _check_stores() + _check_dispatchable()
+    return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
+            + _check_api_permissions())
 
 
 def _check_timeouts() -> list:
@@ -123,6 +126,23 @@ def _check_dispatchable() -> list:
               id="jobguard.E005")
         for name in jobguard_settings.API_DISPATCHABLE_JOBS if name not in known
     ]
+
+
+def _check_api_permissions() -> list:
+    from importlib.util import find_spec
+
+    if find_spec("rest_framework") is None:
+        return []
+    errors = []
+    for entry in jobguard_settings.API_PERMISSION_CLASSES:
+        if not isinstance(entry, str):
+            continue
+        try:
+            import_string(entry)
+        except ImportError as exc:
+            errors.append(Error(f"JOBGUARD['API_PERMISSION_CLASSES'] names {entry!r}, which "
+                                f"cannot be imported: {exc}", id="jobguard.E006"))
+    return errors
 
 
 @register(Tags.compatibility)

@@ -149,6 +149,9 @@ class Worker(models.Model):
     last_seen_at = models.DateTimeField(_("last seen at"), db_default=Now())
     current_job = models.CharField(_("current job"), max_length=64, blank=True, default="")
     jobs_processed = models.PositiveIntegerField(_("jobs processed"), default=0)
+    # Jobs this worker finished in the 60 s before its last heartbeat (for the stats API).
+    done_last_minute = models.PositiveIntegerField(_("done in the last minute"), default=0)
+    failed_last_minute = models.PositiveIntegerField(_("failed in the last minute"), default=0)
 
     class Meta:
         verbose_name = _("worker")
@@ -159,7 +162,11 @@ class Worker(models.Model):
 
 
 class JobResult(models.Model):
-    """The outcome of a job that keeps results (django.tasks tasks do), pruned by retention."""
+    """The state and outcome of a job that keeps results (django.tasks tasks do).
+
+    ``status`` goes READY (queued) → RUNNING → SUCCESSFUL or FAILED, back to READY when a
+    retry is queued. Finished rows are pruned after ``JOBGUARD['RESULT_RETENTION_DAYS']``.
+    """
 
     id = models.UUIDField(primary_key=True, editable=False)
     name = models.CharField(_("job name"), max_length=255)
@@ -169,8 +176,11 @@ class JobResult(models.Model):
     errors = models.JSONField(_("errors"), default=list, blank=True)
     worker_ids = models.JSONField(_("worker ids"), default=list, blank=True)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    #: What ran: for django.tasks, the task's path, backend, arguments, priority and run_after.
+    payload = models.JSONField(_("payload"), default=dict, blank=True)
     enqueued_at = models.DateTimeField(_("enqueued at"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    last_attempted_at = models.DateTimeField(_("last attempted at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     class Meta:

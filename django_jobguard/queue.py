@@ -24,7 +24,7 @@ from django.db.models import Count, F, Max, Min, Q, Value
 from django.db.models.functions import Now
 
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import FailedJob, JobResult, QueuedJob
 
 NOTIFY_CHANNEL = "jobguard"
 
@@ -381,8 +381,11 @@ def retry_failed(failed: Iterable[FailedJob], *, using: str = DEFAULT_DB_ALIAS) 
                 id=item.id, name=item.name, queue=item.queue, payload=payload,
                 priority=item.priority,
             )
+            # A kept result (django.tasks) is waiting again.
+            JobResult.objects.using(using).filter(id=item.id).update(status="READY",
+                                                                     finished_at=None)
+            ids.append(str(item.id))  # before delete(), which clears the pk
             item.delete()
-            ids.append(str(item.id))
         notify({item.queue for item in failed} if ids else (), using=using)
     return ids
 

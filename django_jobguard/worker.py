@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobguard import queue, registry, signals, unique
+from django_jobguard import queue, registry, results, signals, unique
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import (
     JobTimeoutError,
@@ -38,7 +39,7 @@ from django_jobguard.exceptions import (
     PayloadError,
 )
 from django_jobguard.jobs import Job
-from django_jobguard.models import JobResult, QueuedJob
+from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.serialization import MissingModelError, payload_size
 
@@ -100,6 +101,31 @@ def _seconds(delay: Any) -> float:
     return float(delay or 0)
 
 
+class RecentOutcomes:
+    """Finished and failed jobs of the last ``window`` seconds (written at each heartbeat)."""
+
+    DONE = frozenset({"DONE", "SKIPPED", "DELETED"})
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._events: deque[tuple[float, bool]] = deque()
+        self._lock = threading.Lock()
+
+    def record(self, state: str) -> None:
+        if state in self.DONE or state == "FAILED":
+            with self._lock:
+                self._events.append((time.monotonic(), state != "FAILED"))
+
+    def counts(self) -> tuple[int, int]:
+        """``(done, failed)`` within the window."""
+        cutoff = time.monotonic() - self.window
+        with self._lock:
+            while self._events and self._events[0][0] < cutoff:
+                self._events.popleft()
+            done = sum(1 for _, ok in self._events if ok)
+            return done, len(self._events) - done
+
+
 class Worker:
     """Runs jobs from ``options.queues`` until told to stop."""
 
@@ -119,6 +145,7 @@ class Worker:
         # worker retries it, instead of this worker renewing it for the rest of its life.
         self._held: frozenset[Any] = frozenset()
         self._heartbeat: threading.Thread | None = None
+        self._recent = RecentOutcomes()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -233,7 +260,7 @@ class Worker:
         self._in_job = True
         self._current_job = str(row.id)
         try:
-            self.process(row)
+            self._recent.record(self.process(row))
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
@@ -293,7 +320,8 @@ class Worker:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         _release_unique(row)
         if job.keep_result:
-            self._store_result(row, "SUCCESSFUL", job_started_at, return_value=result)
+            self._store_result(row, "SUCCESSFUL", job_started_at, ran=job._handled,
+                               return_value=result)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id, result=result)
         return self._log(row, "DONE" if job._handled else "SKIPPED", started)
 
@@ -358,6 +386,9 @@ class Worker:
         if not queue.release(row, delay=delay, count_attempt=count_attempt, exception=exception,
                              using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
+        if job.keep_result:
+            results.mark_ready(row, worker_id=self.id, ran=job._handled, exception=exception,
+                               using=self.options.using)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=reason, exception=exception)
         return self._log(row, "RELEASED", started, f"{reason}, retry in {delay:g} s")
@@ -366,9 +397,10 @@ class Worker:
         if queue.fail(row, exc, using=self.options.using) is None:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
         _release_unique(row)
+        if job is None or job.keep_result:  # no job: a result row may exist (django.tasks)
+            self._store_result(row, "FAILED", None, exception=exc,
+                               ran=job is not None and job._handled, only_existing=job is None)
         if job is not None:
-            if job.keep_result:
-                self._store_result(row, "FAILED", None, exception=exc)
             try:
                 job.failed(exc)
             except Exception:
@@ -379,24 +411,14 @@ class Worker:
                      exc_info=(type(exc), exc, exc.__traceback__))
         return self._log(row, "FAILED", started, queue.describe(exc))
 
-    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *,
-                      return_value: Any = None, exception: BaseException | None = None) -> None:
-        errors = []
-        if exception is not None:
-            import traceback
-
-            errors.append({
-                "exception_class_path": f"{type(exception).__module__}."
-                                        f"{type(exception).__qualname__}",
-                "traceback": "".join(traceback.format_exception(exception)),
-            })
-        JobResult.objects.using(self.options.using).update_or_create(
-            id=row.id,
-            defaults={"name": row.name, "queue": row.queue, "status": status,
-                      "return_value": return_value, "errors": errors, "worker_ids": [self.id],
-                      "attempts": row.attempts, "enqueued_at": row.created_at,
-                      "started_at": started_at or row.reserved_at, "finished_at": Now()},
-        )
+    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *, ran: bool,
+                      return_value: Any = None, exception: BaseException | None = None,
+                      only_existing: bool = False) -> None:
+        """Record the outcome in the job's result row (jobs with ``keep_result``)."""
+        results.mark_finished(row, status=status, worker_id=self.id, ran=ran,
+                              started_at=started_at, return_value=return_value,
+                              exception=exception, only_existing=only_existing,
+                              using=self.options.using)
 
     # -- timeouts, signals, logging ----------------------------------------------------
 
@@ -480,12 +502,7 @@ class Worker:
         try:
             while not self._stop.wait(interval):
                 try:
-                    held = self._held
-                    if held:
-                        queue.extend_leases(self.id, ids=held, using=using)
-                    WorkerRow.objects.using(using).filter(id=self.id).update(
-                        last_seen_at=Now(), jobs_processed=self.jobs_processed,
-                        current_job=self._current_job)
+                    self.heartbeat()
                     if time.monotonic() - last_clean > 60:
                         self._clean_up(using)
                         last_clean = time.monotonic()
@@ -495,12 +512,27 @@ class Worker:
         finally:
             connections.close_all()
 
+    def heartbeat(self) -> None:
+        """Renew this worker's leases and write its liveness and last-minute counts."""
+        using = self.options.using
+        held = self._held
+        if held:
+            queue.extend_leases(self.id, ids=held, using=using)
+        done, failed = self._recent.counts()
+        WorkerRow.objects.using(using).filter(id=self.id).update(
+            last_seen_at=Now(), jobs_processed=self.jobs_processed,
+            current_job=self._current_job, done_last_minute=done,
+            failed_last_minute=failed)
+
     @staticmethod
     def _clean_up(using: str) -> None:
         """Housekeeping any live worker may do: expired locks, workers that stopped beating."""
         from django_jobguard.stores import get_store
 
         get_store().clean_expired()
+        if jobguard_settings.RESULT_RETENTION_DAYS:
+            results.prune(older_than=datetime.timedelta(
+                days=float(jobguard_settings.RESULT_RETENTION_DAYS)), using=using)
         gone = Now() - Value(datetime.timedelta(seconds=10 * float(jobguard_settings.RETRY_AFTER)))
         WorkerRow.objects.using(using).filter(last_seen_at__lt=gone).delete()
 

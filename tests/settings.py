@@ -3,4 +3,4 @@
 from testproject.settings import *  # noqa: F401,F403
 from testproject.settings import JOBGUARD
 
-JOBGUARD = {**JOBGUARD, "JOB_MODULES": ["tests.jobs", *JOBGUARD["JOB_MODULES"]]}
+JOBGUARD = {**JOBGUARD, "JOB_MODULES": ["tests.jobs", "tests.tasks", *JOBGUARD["JOB_MODULES"]]}

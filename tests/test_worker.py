@@ -25,6 +25,8 @@ def _clear_calls():
 def work(queues=("default",), **options) -> list[str]:
     """Run a worker until the queue is empty; returns the states it logged."""
     states: list[str] = []
+    # memory=0: the 128 MB limit is for worker processes, not for pytest running every module.
+    options = {"memory": 0, **options}
     worker = Worker(WorkerOptions(queues=list(queues), stop_when_empty=True, sleep=0, **options),
                     log=lambda line, state: states.append(state))
     assert worker.run() == 0

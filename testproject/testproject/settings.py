@@ -38,6 +38,23 @@ try:
 except ImportError:
     pass
 
+# django.tasks (Django >= 6.0) or its backport (django-jobguard[tasks] on Django 5.2): @task
+# functions run on jobguard's queue. Without either, the project runs without TASKS.
+try:
+    import django.tasks  # noqa: F401
+    HAS_TASKS = True
+except ImportError:
+    try:
+        import django_tasks  # noqa: F401
+    except ImportError:
+        HAS_TASKS = False
+    else:
+        HAS_TASKS = True
+        INSTALLED_APPS += ["django_tasks"]
+if HAS_TASKS:
+    TASKS = {"default": {"BACKEND": "django_jobguard.tasks_backend.JobGuardBackend",
+                         "QUEUES": ["default", "tasks"]}}
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

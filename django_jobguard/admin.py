@@ -1,0 +1,359 @@
+"""The Django admin for jobguard: queued and failed jobs, locks, throttles and workers.
+
+Queued and failed jobs are ordinary model admins (read-only detail pages, actions for what
+operators do). Locks and throttles may live in Redis, so their pages are views over the store
+API (``Store.locks()`` / ``Store.throttles()``), registered on the ``Lock`` and ``Throttle``
+models only to get a place in the admin, the model permissions and the URL names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected as django_delete_selected
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from django_jobguard import operations
+from django_jobguard.models import FailedJob, JobResult, Lock, QueuedJob, Throttle, Worker
+
+logger = logging.getLogger("django_jobguard.admin")
+
+
+def _seconds_label(seconds: float | None, *, none: str) -> str:
+    """``never`` / ``42 s`` / ``3 min 5 s`` / ``2 h 10 min`` / ``expired 4 s ago``."""
+    if seconds is None:
+        return none
+    if seconds <= 0:
+        return f"expired {_duration(-seconds)} ago"
+    return _duration(seconds)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _pretty_json(value: Any) -> str:
+    return format_html('<pre class="jobguard-json">{}</pre>',
+                       json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+class ReadOnlyDetailMixin:
+    """Rows are written by workers, not by hand: no add form, detail pages are read-only
+    (object-level change permission is off), while list actions still need change."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [(state, _(state)) for state in operations.STATES]
+
+    def queryset(self, request, queryset):
+        if self.value() in operations.STATES:
+            return queryset.filter(operations.state_q(self.value()))
+        return queryset
+
+
+@admin.register(QueuedJob)
+class QueuedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    list_display = ["name", "queue", "state_display", "attempts", "priority", "available_at",
+                    "created_at", "id"]
+    list_filter = ["queue", StateFilter, "name"]
+    search_fields = ["id", "name"]
+    ordering = ["queue", "-priority", "available_at"]
+    actions = ["run_now", "delete_selected"]
+    fields = ["id", "name", "queue", "state_display", "attempts", "exceptions", "priority",
+              "available_at", "reserved_at", "reserved_by", "created_at", "last_error",
+              "payload_pretty"]
+    readonly_fields = fields
+    list_per_page = 50
+
+    def get_queryset(self, request):
+        return operations.with_state(super().get_queryset(request))
+
+    @admin.display(description=_("state"), ordering="jobguard_state")
+    def state_display(self, obj: QueuedJob) -> str:
+        state = getattr(obj, "jobguard_state", obj.state)
+        if state == "reserved":
+            since = timezone.localtime(obj.reserved_at).strftime("%Y-%m-%d %H:%M:%S")
+            return format_html("reserved by <code>{}</code> since {}", obj.reserved_by, since)
+        if state == "delayed":
+            return format_html("delayed until {}", timezone.localtime(obj.available_at)
+                               .strftime("%Y-%m-%d %H:%M:%S"))
+        return "waiting"
+
+    @admin.display(description=_("payload"))
+    def payload_pretty(self, obj: QueuedJob) -> str:
+        return _pretty_json(obj.payload)
+
+    @admin.action(description=_("Run selected jobs now"), permissions=["change"])
+    def run_now(self, request: HttpRequest, queryset) -> None:
+        selected = queryset.count()
+        moved = operations.run_now(queryset)
+        self.message_user(request, ngettext("%(n)d job is due now.", "%(n)d jobs are due now.",
+                                            moved) % {"n": moved}, messages.SUCCESS)
+        if moved < selected:
+            self.message_user(request, ngettext(
+                "%(n)d job is reserved by a worker and was left alone.",
+                "%(n)d jobs are reserved by a worker and were left alone.",
+                selected - moved) % {"n": selected - moved}, messages.WARNING)
+
+    @admin.action(description=_("Delete selected queued jobs"), permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset):
+        """Django's confirm-then-delete, minus jobs a worker is running right now."""
+        reserved = queryset.filter(operations.state_q("reserved")).count()
+        if reserved and not request.POST.get("post"):
+            self.message_user(request, ngettext(
+                "%(n)d selected job is reserved by a worker and will not be deleted.",
+                "%(n)d selected jobs are reserved by a worker and will not be deleted.",
+                reserved) % {"n": reserved}, messages.WARNING)
+        deletable = queryset.exclude(operations.state_q("reserved"))
+        if not deletable.exists():
+            return None
+        return django_delete_selected(self, request, deletable)
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        result = operations.cancel(list(queryset), using=queryset.db)
+        if result.reserved:
+            self.message_user(request, ngettext(
+                "%(n)d job was claimed by a worker meanwhile and was not deleted.",
+                "%(n)d jobs were claimed by a worker meanwhile and were not deleted.",
+                len(result.reserved)) % {"n": len(result.reserved)}, messages.WARNING)
+
+    def has_delete_permission(self, request: HttpRequest, obj: QueuedJob | None = None) -> bool:
+        if obj is not None and obj.state == "reserved":
+            return False  # a worker is running it; it finishes, fails or its lease runs out
+        return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: QueuedJob) -> None:
+        if operations.cancel([obj]).reserved:
+            self.message_user(request, _("The job was claimed by a worker meanwhile and was "
+                                         "not deleted."), messages.WARNING)
+
+
+@admin.register(FailedJob)
+class FailedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    list_display = ["name", "queue", "exception_short", "message_short", "attempts", "failed_at",
+                    "id"]
+    list_filter = ["queue", "name", "failed_at"]
+    search_fields = ["id", "name", "exception_class", "message"]
+    date_hierarchy = "failed_at"
+    actions = ["retry", "delete_selected"]
+    fields = ["id", "name", "queue", "attempts", "priority", "failed_at", "exception_class",
+              "message", "traceback_pretty", "last_error", "payload_pretty"]
+    readonly_fields = fields
+    list_per_page = 50
+
+    @admin.display(description=_("exception"), ordering="exception_class")
+    def exception_short(self, obj: FailedJob) -> str:
+        return obj.exception_class.rsplit(".", 1)[-1]
+
+    @admin.display(description=_("message"))
+    def message_short(self, obj: FailedJob) -> str:
+        return Truncator(obj.message).chars(120)
+
+    @admin.display(description=_("traceback"))
+    def traceback_pretty(self, obj: FailedJob) -> str:
+        return format_html('<pre class="jobguard-traceback">{}</pre>', obj.traceback)
+
+    @admin.display(description=_("payload"))
+    def payload_pretty(self, obj: FailedJob) -> str:
+        return _pretty_json(obj.payload)
+
+    @admin.action(description=_("Retry selected failed jobs"), permissions=["change"])
+    def retry(self, request: HttpRequest, queryset) -> None:
+        ids = operations.retry(queryset, using=queryset.db)
+        self.message_user(request, ngettext("%(n)d job is queued again.",
+                                            "%(n)d jobs are queued again.", len(ids))
+                          % {"n": len(ids)}, messages.SUCCESS)
+
+    def get_actions(self, request: HttpRequest) -> dict:
+        actions = super().get_actions(request)
+        if "delete_selected" in actions:  # "forget", with Django's confirmation page
+            func, name, _description = actions["delete_selected"]
+            actions["delete_selected"] = (func, name, _("Forget selected failed jobs"))
+        return actions
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    list_display = ["id", "hostname", "pid", "queues", "current_job", "jobs_processed",
+                    "done_last_minute", "failed_last_minute", "started_at", "last_seen_at"]
+    readonly_fields = [f.name for f in Worker._meta.fields]
+
+
+@admin.register(JobResult)
+class JobResultAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    list_display = ["name", "queue", "status", "attempts", "finished_at", "id"]
+    list_filter = ["status", "queue", "name"]
+    search_fields = ["id", "name"]
+    readonly_fields = [f.name for f in JobResult._meta.fields]
+
+
+# -- locks and throttles: views over the store -------------------------------------------
+
+
+class StoreViewAdmin(admin.ModelAdmin):
+    """Base for admin pages that show a store's contents instead of model rows.
+
+    ``GET <changelist>?store=<alias>`` lists; ``POST <changelist>/<action>/`` with ``key``
+    and ``store`` acts on one entry and needs the model's change permission.
+    """
+
+    template_name: str
+    action_name: str  # the URL segment and view name of the POST action
+    action_done: str  # message after a successful action, with {key}
+    action_missing: str  # message when the key was not found
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self):
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", self.admin_site.admin_view(self.store_view), name=f"{prefix}_changelist"),
+            path(f"{self.action_name}/", self.admin_site.admin_view(self.action_view),
+                 name=f"{prefix}_{self.action_name}"),
+        ]
+
+    def rows(self, store) -> list:
+        raise NotImplementedError
+
+    def act(self, store, key: str, request: HttpRequest) -> bool:
+        raise NotImplementedError
+
+    def _changelist_url(self, alias: str) -> str:
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                      current_app=self.admin_site.name)
+        return f"{url}?{urlencode({'store': alias})}"
+
+    def store_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        aliases = operations.usable_stores()
+        alias = request.GET.get("store") or (aliases[0] if aliases else "")
+        rows, error = [], ""
+        try:
+            store = operations.store_for(alias)
+            rows = self.rows(store)
+        except operations.UnknownStoreError as exc:
+            error = str(exc)
+        except NotImplementedError:
+            error = _("The store %(alias)s cannot list these entries yet.") % {"alias": alias}
+        except Exception as exc:  # a store that is down must not take the admin page with it
+            logger.exception("Listing store %s failed.", alias)
+            error = _("Could not read the store %(alias)s: %(error)s") % {
+                "alias": alias, "error": exc}
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": self.opts.verbose_name_plural.capitalize(),
+            "stores": aliases,
+            "store": alias,
+            "rows": rows,
+            "error": error,
+            "can_change": self.has_change_permission(request),
+            "action_url": reverse(
+                f"admin:{self.opts.app_label}_{self.opts.model_name}_{self.action_name}",
+                current_app=self.admin_site.name),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.template_name, context)
+
+    def action_view(self, request: HttpRequest) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        alias, key = request.POST.get("store", ""), request.POST.get("key", "")
+        try:
+            store = operations.store_for(alias)
+        except operations.UnknownStoreError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(self._changelist_url(""))
+        try:
+            done = bool(key) and self.act(store, key, request)
+        except NotImplementedError:
+            self.message_user(request, _("The store %(alias)s cannot do this yet.")
+                              % {"alias": alias}, messages.ERROR)
+        else:
+            if done:
+                self.message_user(request, self.action_done.format(key=key), messages.SUCCESS)
+            else:
+                self.message_user(request, self.action_missing.format(key=key),
+                                  messages.WARNING)
+        return HttpResponseRedirect(self._changelist_url(store.alias))
+
+
+@admin.register(Lock)
+class LockAdmin(StoreViewAdmin):
+    template_name = "admin/django_jobguard/locks.html"
+    action_name = "release"
+    action_done = "Released lock {key}."
+    action_missing = "Lock {key} was not held (it may have been released meanwhile)."
+
+    def rows(self, store) -> list:
+        return [{
+            "key": row.key, "kind": row.info.kind, "owner": row.info.owner,
+            "token": row.info.token, "acquired_at": row.info.acquired_at,
+            "expires": _seconds_label(row.expires_in, none="never"),
+            "job_id": row.info.job_id, "stale": row.stale, "stale_reason": row.stale_reason,
+        } for row in operations.inspect_locks(store)]
+
+    def act(self, store, key: str, request: HttpRequest) -> bool:
+        return operations.force_release(store, key, actor=request.user.get_username())
+
+
+@admin.register(Throttle)
+class ThrottleAdmin(StoreViewAdmin):
+    template_name = "admin/django_jobguard/throttles.html"
+    action_name = "reset"
+    action_done = "Reset {key}."
+    action_missing = "{key} had no state to reset."
+
+    def rows(self, store) -> list:
+        return [{
+            "key": row.key, "kind": row.info.kind, "hits": row.info.hits,
+            "limit": row.info.limit, "state": row.info.state or "closed",
+            "resets_at": row.info.resets_at,
+            "resets_in": "-" if row.resets_in is None else _duration(row.resets_in),
+        } for row in operations.inspect_throttles(store)]
+
+    def store_view(self, request: HttpRequest) -> HttpResponse:
+        response = super().store_view(request)
+        rows = response.context_data["rows"]
+        response.context_data["windows"] = [r for r in rows if r["kind"] != "circuit"]
+        response.context_data["circuits"] = [r for r in rows if r["kind"] == "circuit"]
+        return response
+
+    def act(self, store, key: str, request: HttpRequest) -> bool:
+        return operations.reset_throttle(store, key, actor=request.user.get_username())

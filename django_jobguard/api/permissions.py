@@ -1,0 +1,50 @@
+"""Who may use the API: ``JOBGUARD['API_PERMISSION_CLASSES']`` (default ``IsAdminUser``).
+
+The dotted paths are resolved on each request, so ``override_settings`` and settings loaded
+after import both work. :class:`JobGuardModelPermissions` is an alternative that asks for the
+model permissions the admin uses instead of staff status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+from rest_framework.permissions import BasePermission
+
+from django_jobguard.conf import jobguard_settings
+
+
+def api_permission_classes() -> list[type[BasePermission]]:
+    """The configured permission classes, imported."""
+    classes = []
+    for entry in jobguard_settings.API_PERMISSION_CLASSES:
+        if not isinstance(entry, str):
+            classes.append(entry)
+            continue
+        try:
+            classes.append(import_string(entry))
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"JOBGUARD['API_PERMISSION_CLASSES'] names {entry!r}, which cannot be "
+                f"imported: {exc}") from exc
+    return classes
+
+
+class JobGuardModelPermissions(BasePermission):
+    """Allow a request when the user has the model permissions its view declares.
+
+    Each view has ``model_permissions``: HTTP method → permission codenames, e.g.
+    ``{"GET": ["view_lock"], "DELETE": ["change_lock"]}``; a method not listed is refused.
+    """
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        method = "GET" if request.method in ("HEAD", "OPTIONS") else request.method
+        needed = getattr(view, "model_permissions", {}).get(method)
+        if needed is None:
+            return False
+        return user.has_perms([f"django_jobguard.{codename}" for codename in needed])

@@ -1,0 +1,572 @@
+"""REST endpoints for operators: queued and failed jobs, locks, throttles, stats, dispatch.
+
+Every view uses ``JOBGUARD['API_PERMISSION_CLASSES']`` (default ``IsAdminUser``), JSON in and
+out, page-number pagination, and one error body: ``{"detail", "code"[, "errors"]}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from typing import Any
+
+from django.db import IntegrityError
+from django.http import Http404
+from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.generics import GenericAPIView, ListAPIView
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from django_jobguard import operations, registry, serialization
+from django_jobguard.api import serializers as s
+from django_jobguard.api.permissions import api_permission_classes
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.jobs import FunctionJob, Job
+from django_jobguard.models import FailedJob, QueuedJob
+
+try:
+    from drf_spectacular.openapi import AutoSchema
+    from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+    from drf_spectacular.utils import extend_schema as _extend_schema
+
+    def extend_schema(**kwargs: Any):
+        """drf-spectacular's decorator, based on its AutoSchema even when the project's
+        ``REST_FRAMEWORK['DEFAULT_SCHEMA_CLASS']`` is DRF's own."""
+
+        def decorate(method: Any) -> Any:
+            method.schema = AutoSchema
+            return _extend_schema(**kwargs)(method)
+
+        return decorate
+except ImportError:  # the API works without drf-spectacular; only the schema is missing
+    AutoSchema = None
+
+    def extend_schema(*args: Any, **kwargs: Any):
+        return lambda view: view
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The request conflicts with the current state."
+    default_code = "conflict"
+
+
+class NotSupported(exceptions.APIException):
+    status_code = status.HTTP_501_NOT_IMPLEMENTED
+    default_detail = "The store does not support this operation."
+    default_code = "not_supported"
+
+
+def _code(exc: Exception) -> str:
+    if isinstance(exc, Http404):
+        return "not_found"
+    if isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        return codes if isinstance(codes, str) else exc.default_code
+    return "permission_denied"
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    """DRF's handler, reshaped so every error has ``detail`` and ``code``, and validation
+    errors list their fields under ``errors``."""
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        response.data = {"detail": "Invalid input.", "code": "invalid",
+                         "errors": _flatten(errors)}
+    else:
+        detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
+        response.data = {"detail": str(detail or response.status_text), "code": _code(exc)}
+    return response
+
+
+def _flatten(errors: dict) -> dict[str, list[str]]:
+    """Nested serializer errors as ``{"field": ["message", ...]}`` with dotted field paths."""
+    out: dict[str, list[str]] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
+            for index, item in enumerate(value):
+                walk(f"{prefix}.{index}", item)
+        else:
+            out.setdefault(prefix, []).extend(str(v) for v in (value if isinstance(value, list)
+                                                               else [value]))
+
+    walk("", errors)
+    return out
+
+
+def _errors(*codes: int) -> dict[int, Any]:
+    """Error responses to document; 400 is on every operation (a malformed ``Host`` header
+    is refused by Django before the view runs)."""
+    return {code: s.ErrorSerializer for code in sorted({400, *codes})}
+
+
+READ_ERRORS = (400, 401, 403)
+ONE_ERRORS = (400, 401, 403, 404)
+
+
+# -- the shared base ---------------------------------------------------------------------
+
+
+class Pagination(PageNumberPagination):
+    """``?page=N&page_size=M`` (1 to 500, default 50); a bad ``page_size`` is a 400."""
+
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+    def get_page_size(self, request: Any) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        try:
+            size = int(raw)
+        except ValueError:
+            size = 0
+        if not 1 <= size <= self.max_page_size:
+            raise exceptions.ValidationError({self.page_size_query_param: [
+                f"A whole number from 1 to {self.max_page_size} is required."]})
+        return size
+
+    def get_page_number(self, request: Any, paginator: Any) -> Any:
+        number = request.query_params.get(self.page_query_param)
+        if number == "":
+            raise exceptions.NotFound("Invalid page: a page number is required.")
+        return super().get_page_number(request, paginator)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"].update(minimum=1, maximum=self.max_page_size)
+            if parameter["name"] == self.page_query_param:
+                parameter["schema"].update(minimum=1)
+        return parameters
+
+
+class JobGuardAPIView:
+    """Mixin for every endpoint: permissions from settings, JSON only, one error shape."""
+
+    renderer_classes = [JSONRenderer]
+    parser_classes = [JSONParser]
+    pagination_class = Pagination
+    if AutoSchema is not None:
+        schema = AutoSchema()
+    model_permissions: dict[str, list[str]] = {}
+
+    def get_permissions(self) -> list:
+        return [permission() for permission in api_permission_classes()]
+
+    def get_exception_handler(self):
+        return exception_handler
+
+
+def _query(serializer_class: type, request: Any) -> dict:
+    serializer = serializer_class(data=request.query_params)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _store(request: Any):
+    alias = _query(s.StoreQuerySerializer, request).get("store")
+    try:
+        return operations.store_for(alias)
+    except operations.UnknownStoreError as exc:
+        raise exceptions.ValidationError({"store": [str(exc)]})
+
+
+def _key(key: str) -> str:
+    serializer = s.KeySerializer(data={"key": key})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data["key"]
+
+
+STORE_PARAM = [s.StoreQuerySerializer]
+KEY_PARAMS = STORE_PARAM
+if AutoSchema is not None:
+    KEY_PARAMS = [s.StoreQuerySerializer, OpenApiParameter(
+        "key", str, OpenApiParameter.PATH, required=True, pattern=s.KEY_PATTERN,
+        description="The lock or throttle key, e.g. jobguard:overlap:demo.jobs.Charge:7.")]
+
+
+# -- queued jobs -------------------------------------------------------------------------
+
+
+class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       viewsets.GenericViewSet):
+    """Jobs waiting, delayed or reserved. ``DELETE`` cancels a job no worker holds."""
+
+    serializer_class = s.QueuedJobSerializer
+    queryset = QueuedJob.objects.all()
+    lookup_value_regex = "[^/]+"
+    model_permissions = {"GET": ["view_queuedjob"], "DELETE": ["delete_queuedjob"]}
+
+    def get_queryset(self):
+        qs = operations.with_state(QueuedJob.objects.all()).order_by(
+            "queue", "-priority", "available_at", "id")
+        if self.action == "list":
+            filters = _query(s.JobFilterSerializer, self.request)
+            if "queue" in filters:
+                qs = qs.filter(queue=filters["queue"])
+            if "name" in filters:
+                qs = qs.filter(name=filters["name"])
+            if filters.get("state"):  # blank = any state
+                qs = qs.filter(operations.state_q(filters["state"]))
+        return qs
+
+    @extend_schema(parameters=[s.JobFilterSerializer], responses={
+        200: s.QueuedJobSerializer(many=True), **_errors(*READ_ERRORS, 404)})
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: s.QueuedJobSerializer, **_errors(*ONE_ERRORS)})
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    @extend_schema(responses={204: None, **_errors(*ONE_ERRORS, 409)})
+    def destroy(self, request, *args, **kwargs):
+        job = self.get_object()
+        if operations.cancel([job]).reserved:
+            raise Conflict(f"Job {job.id} is reserved by worker {job.reserved_by or '?'}; it "
+                           f"cannot be cancelled while it runs.", code="reserved")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# -- failed jobs -------------------------------------------------------------------------
+
+
+class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       viewsets.GenericViewSet):
+    """Failed jobs: inspect, retry (one or all) and forget."""
+
+    queryset = FailedJob.objects.all()
+    lookup_value_regex = "[^/]+"
+    model_permissions = {"GET": ["view_failedjob"], "POST": ["change_failedjob"],
+                         "DELETE": ["delete_failedjob"]}
+
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return s.FailedJobDetailSerializer
+        if self.action in ("retry", "retry_all"):
+            return s.RetryAllSerializer
+        return s.FailedJobSerializer
+
+    def get_queryset(self):
+        qs = FailedJob.objects.order_by("-failed_at", "id")
+        if self.action == "list":
+            filters = _query(s.FailedJobFilterSerializer, self.request)
+            if "queue" in filters:
+                qs = qs.filter(queue=filters["queue"])
+            if "name" in filters:
+                qs = qs.filter(name=filters["name"])
+        return qs
+
+    @extend_schema(parameters=[s.FailedJobFilterSerializer], responses={
+        200: s.FailedJobSerializer(many=True), **_errors(*READ_ERRORS, 404)})
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: s.FailedJobDetailSerializer, **_errors(*ONE_ERRORS)})
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    @extend_schema(responses={204: None, **_errors(*ONE_ERRORS)})
+    def destroy(self, request, *args, **kwargs):
+        failed = self.get_object()
+        operations.forget(FailedJob.objects.filter(id=failed.id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def _retry(self, failed: list[FailedJob]) -> Response:
+        try:
+            ids = operations.retry(failed)
+        except IntegrityError:
+            raise Conflict("A queued job with the same id exists already.", code="duplicate")
+        return Response({"retried": len(ids), "ids": ids})
+
+    @extend_schema(request=None, responses={200: s.RetriedSerializer,
+                                            **_errors(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def retry(self, request, *args, **kwargs):
+        """Queue the failed job again with fresh attempts."""
+        return self._retry([self.get_object()])
+
+    @extend_schema(request=s.RetryAllSerializer, responses={
+        200: s.RetriedSerializer, **_errors(400, 401, 403, 409, 415)})
+    @action(detail=False, methods=["post"], url_path="retry-all")
+    def retry_all(self, request, *args, **kwargs):
+        """Queue every failed job (or every one of ``queue``) again."""
+        body = s.RetryAllSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        qs = FailedJob.objects.order_by("failed_at")
+        if "queue" in body.validated_data:
+            qs = qs.filter(queue=body.validated_data["queue"])
+        return self._retry(list(qs))
+
+
+# -- locks and throttles -----------------------------------------------------------------
+
+
+class LockListView(JobGuardAPIView, ListAPIView):
+    """Locks held in a store (expired ones too), each with a stale verdict."""
+
+    serializer_class = s.LockSerializer
+    model_permissions = {"GET": ["view_lock"]}
+
+    def get_queryset(self):
+        return operations.inspect_locks(_store(self.request))
+
+    @extend_schema(parameters=STORE_PARAM, responses={200: s.LockSerializer(many=True),
+                                                      **_errors(*READ_ERRORS, 404)})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+
+class LockDetailView(JobGuardAPIView, GenericAPIView):
+    """One lock; ``DELETE`` force-releases it whoever holds it."""
+
+    serializer_class = s.LockSerializer
+    model_permissions = {"GET": ["view_lock"], "DELETE": ["change_lock"]}
+
+    def _find(self, store: Any, key: str) -> operations.LockRow:
+        for row in operations.inspect_locks(store):
+            if row.key == key:
+                return row
+        raise Http404(f"No lock {key!r} is held in store {store.alias!r}.")
+
+    @extend_schema(parameters=KEY_PARAMS, responses={200: s.LockSerializer,
+                                                      **_errors(400, *ONE_ERRORS)})
+    def get(self, request, key: str):
+        key, store = _key(key), _store(request)
+        return Response(s.LockSerializer(self._find(store, key)).data)
+
+    @extend_schema(parameters=KEY_PARAMS, responses={204: None, **_errors(400, *ONE_ERRORS)})
+    def delete(self, request, key: str):
+        key, store = _key(key), _store(request)
+        if not operations.force_release(store, key, actor=request.user.get_username()):
+            raise Http404(f"No lock {key!r} is held in store {store.alias!r}.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _throttles(store: Any) -> list[operations.ThrottleRow]:
+    try:
+        return operations.inspect_throttles(store)
+    except NotImplementedError:
+        raise NotSupported(f"Store {store.alias!r} cannot list throttles.")
+
+
+class ThrottleListView(JobGuardAPIView, ListAPIView):
+    """Rate-limit windows and exception circuits in a store."""
+
+    serializer_class = s.ThrottleSerializer
+    model_permissions = {"GET": ["view_throttle"]}
+
+    def get_queryset(self):
+        return _throttles(_store(self.request))
+
+    @extend_schema(parameters=STORE_PARAM, responses={200: s.ThrottleSerializer(many=True),
+                                                      **_errors(*READ_ERRORS, 404, 501)})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+
+class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
+    """One window or circuit; ``DELETE`` resets it."""
+
+    serializer_class = s.ThrottleSerializer
+    model_permissions = {"GET": ["view_throttle"], "DELETE": ["change_throttle"]}
+
+    @extend_schema(parameters=KEY_PARAMS, responses={200: s.ThrottleSerializer,
+                                                      **_errors(400, *ONE_ERRORS, 501)})
+    def get(self, request, key: str):
+        key, store = _key(key), _store(request)
+        for row in _throttles(store):
+            if row.key == key:
+                return Response(s.ThrottleSerializer(row).data)
+        raise Http404(f"No throttle {key!r} in store {store.alias!r}.")
+
+    @extend_schema(parameters=KEY_PARAMS, responses={204: None,
+                                                      **_errors(400, *ONE_ERRORS, 501)})
+    def delete(self, request, key: str):
+        key, store = _key(key), _store(request)
+        try:
+            reset = operations.reset_throttle(store, key, actor=request.user.get_username())
+        except NotImplementedError:
+            raise NotSupported(f"Store {store.alias!r} cannot reset throttles.")
+        if not reset:
+            raise Http404(f"No throttle {key!r} in store {store.alias!r}.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# -- stats -------------------------------------------------------------------------------
+
+
+class StatsView(JobGuardAPIView, APIView):
+    """Per-queue counts and the jobs live workers finished in the last minute."""
+
+    model_permissions = {"GET": ["view_queuedjob"]}
+
+    @extend_schema(responses={200: s.StatsSerializer, **_errors(401, 403)})
+    def get(self, request):
+        return Response(s.StatsSerializer(operations.stats()).data)
+
+
+# -- dispatch ----------------------------------------------------------------------------
+
+_SIMPLE_TYPES = {int, float, str, bool, list, dict}
+
+
+def _accepts(annotation: Any, value: Any) -> bool | None:
+    """Whether ``value`` fits a plain annotation; ``None`` when the annotation is not one
+    of int/float/str/bool/list/dict (optionally ``| None``), so it is not checked."""
+    if annotation is None or annotation is type(None):
+        return value is None
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_accepts(arg, value) for arg in typing.get_args(annotation)]
+        if None in verdicts:
+            return None
+        return any(verdicts)
+    if origin in (list, dict):
+        annotation = origin
+    if annotation not in _SIMPLE_TYPES:
+        return None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _signature(job_class: type[Job]) -> tuple[inspect.Signature, Any]:
+    """The call signature a dispatch must match, and the callable it belongs to."""
+    if issubclass(job_class, FunctionJob):
+        return inspect.signature(job_class.func), job_class.func
+    init = job_class.__init__
+    signature = inspect.signature(init)
+    return signature.replace(parameters=list(signature.parameters.values())[1:]), init
+
+
+def check_arguments(job_class: type[Job], args: list, kwargs: dict) -> dict[str, list[str]]:
+    """Field errors when ``args``/``kwargs`` do not fit the job's signature or plain
+    annotations; empty when they do."""
+    signature, target = _signature(job_class)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return {"kwargs" if kwargs else "args": [f"{job_class.name}: {exc}."]}
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # unresolvable annotations: the signature check is all we can do
+        hints = {}
+    errors: dict[str, list[str]] = {}
+    positional = {name: i for i, name in enumerate(signature.parameters)}
+    for name, value in bound.arguments.items():
+        param = signature.parameters[name]
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name not in hints:
+            continue
+        if _accepts(hints[name], value) is False:
+            field = "kwargs" if name in kwargs else "args"
+            where = name if field == "kwargs" else f"args[{positional[name]}] ({name})"
+            expected = getattr(hints[name], "__name__", str(hints[name]))
+            errors.setdefault(field, []).append(
+                f"{where} must be {expected}, not {type(value).__name__}.")
+    return errors
+
+
+class DispatchView(JobGuardAPIView, APIView):
+    """Queue a job by name. Only names in ``JOBGUARD['API_DISPATCHABLE_JOBS']`` are accepted."""
+
+    model_permissions = {"POST": ["add_queuedjob"]}
+
+    @extend_schema(request=s.DispatchSerializer, responses={
+        201: s.DispatchedSerializer,
+        200: OpenApiResponse(s.SkippedSerializer, description="A unique job's copy is queued.")
+        if AutoSchema else s.SkippedSerializer,
+        **_errors(400, 401, 403, 415)})
+    def post(self, request):
+        body = s.DispatchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        name = data["job"]
+        try:
+            job_class = registry.get(name)
+        except registry.UnknownJobError as exc:
+            raise exceptions.ValidationError({"job": [str(exc)]})
+        if name not in jobguard_settings.API_DISPATCHABLE_JOBS:
+            raise exceptions.PermissionDenied(
+                f"Job {name!r} is not dispatchable over HTTP; add it to "
+                f"JOBGUARD['API_DISPATCHABLE_JOBS'].", code="not_dispatchable")
+        args, kwargs = data["args"], data["kwargs"]
+        for field, values in (("args", args), ("kwargs", kwargs)):
+            try:  # JSON input is plain data; this catches reserved keys such as __jobguard__
+                serialization.encode(values, path=field)
+            except TypeError as exc:
+                raise exceptions.ValidationError({field: [str(exc)]})
+        errors = check_arguments(job_class, args, kwargs)
+        if errors:
+            raise exceptions.ValidationError(errors)
+        try:
+            job = job_class(*args, **kwargs)
+            dispatched = job.dispatch(delay=data.get("delay"), queue=data.get("queue"),
+                                      priority=data.get("priority"))
+        except (TypeError, ValueError) as exc:
+            raise exceptions.ValidationError({"non_field_errors": [str(exc)]})
+        if not dispatched:
+            return Response({"skipped": dispatched.skipped, "job": name},
+                            status=status.HTTP_200_OK)
+        return Response({"id": dispatched.id, "job": name, "queue": dispatched.queue},
+                        status=status.HTTP_201_CREATED)
+
+
+class NotFoundView(JobGuardAPIView, APIView):
+    """Any other path under the API: a JSON 404 like every other error here."""
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        raise Http404("No such endpoint.")
+
+
+# -- the schema --------------------------------------------------------------------------
+
+if AutoSchema is not None:
+    from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiYamlRenderer
+    from drf_spectacular.views import SpectacularAPIView
+
+    class SchemaView(JobGuardAPIView, SpectacularAPIView):
+        """The OpenAPI 3 document of this API, with paths under wherever it is mounted."""
+
+        renderer_classes = [OpenApiJsonRenderer, OpenApiYamlRenderer]
+        model_permissions = {"GET": ["view_queuedjob"]}
+        custom_settings = {
+            "TITLE": "django-jobguard API",
+            "DESCRIPTION": "Queued and failed jobs, locks, throttles, stats and dispatch.",
+            "VERSION": "1",
+        }
+
+        @extend_schema(exclude=True)
+        def get(self, request, *args, **kwargs):
+            from django.urls import include, path
+
+            from django_jobguard.api import urls
+
+            route = getattr(request.resolver_match, "route", "") or request.path.lstrip("/")
+            prefix = route[: -len("schema/")] if route.endswith("schema/") else ""
+            self.patterns = [path(prefix, include(urls.endpoint_patterns))]
+            return super().get(request, *args, **kwargs)
+else:  # pragma: no cover - drf-spectacular not installed
+    SchemaView = None

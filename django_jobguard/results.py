@@ -1,0 +1,138 @@
+"""Job results: the :class:`~django_jobguard.models.JobResult` row of a job that keeps one.
+
+A result goes READY (queued) → RUNNING (a worker started it) → SUCCESSFUL or FAILED, and back
+to READY when a retry is queued. Every run appends its worker id and every exception an error,
+so the row tells the whole story. The worker and the django.tasks backend write it only here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import traceback
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from django_jobguard.models import FailedJob, JobResult, QueuedJob
+
+READY, RUNNING, SUCCESSFUL, FAILED = "READY", "RUNNING", "SUCCESSFUL", "FAILED"
+FINISHED = (SUCCESSFUL, FAILED)
+
+
+def error_entry(exception: BaseException) -> dict[str, str]:
+    """An error as django.tasks' ``TaskError`` stores it: class path and traceback."""
+    cls = type(exception)
+    return {
+        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
+        "traceback": "".join(traceback.format_exception(exception))[-50_000:],
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def _locked(job_id: Any, using: str) -> JobResult | None:
+    return JobResult.objects.using(using).select_for_update().filter(id=job_id).first()
+
+
+def create_ready(*, job_id: Any, name: str, queue: str, payload: dict[str, Any],
+                 enqueued_at: datetime.datetime, using: str = DEFAULT_DB_ALIAS) -> JobResult:
+    """The READY row written beside a newly queued job (same transaction)."""
+    return JobResult.objects.using(using).create(
+        id=job_id, name=name, queue=queue, status=READY, payload=payload,
+        enqueued_at=enqueued_at, errors=[], worker_ids=[],
+    )
+
+
+def mark_running(job_id: Any, *, worker_id: str, attempt: int,
+                 defaults: dict[str, Any] | None = None,
+                 using: str = DEFAULT_DB_ALIAS) -> JobResult:
+    """A worker starts running the job: RUNNING, its id appended, start times set.
+
+    ``defaults`` fill a row that does not exist yet (a failed job retried after its result
+    was pruned).
+    """
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        result = _locked(job_id, using)
+        if result is None:
+            result = JobResult(id=job_id, errors=[], worker_ids=[], **(defaults or {}))
+        result.status = RUNNING
+        result.worker_ids = [*result.worker_ids, worker_id]
+        result.attempts = attempt
+        result.started_at = result.started_at or now
+        result.last_attempted_at = now
+        result.finished_at = None
+        result.save(using=using)
+    return result
+
+
+def mark_ready(row: QueuedJob, *, worker_id: str, ran: bool,
+               exception: BaseException | None = None,
+               using: str = DEFAULT_DB_ALIAS) -> JobResult:
+    """The job went back to the queue (a retry or a deferral): READY, the error kept."""
+    return _merge(row, status=READY, worker_id=worker_id, ran=ran, exception=exception,
+                  using=using)
+
+
+def mark_finished(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
+                  started_at: datetime.datetime | None = None, return_value: Any = None,
+                  exception: BaseException | None = None, only_existing: bool = False,
+                  using: str = DEFAULT_DB_ALIAS) -> JobResult | None:
+    """The job ended for good (SUCCESSFUL or FAILED). Earlier workers and errors stay."""
+    return _merge(row, status=status, worker_id=worker_id, ran=ran, started_at=started_at,
+                  return_value=return_value, exception=exception,
+                  only_existing=only_existing, using=using)
+
+
+def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
+           started_at: datetime.datetime | None = None, return_value: Any = None,
+           exception: BaseException | None = None, only_existing: bool = False,
+           using: str = DEFAULT_DB_ALIAS) -> JobResult | None:
+    """Fold one outcome into the job's result row, creating it if needed.
+
+    ``ran`` says whether ``handle()`` ran this time, so the worker id counts as an attempt
+    unless :func:`mark_running` recorded it already.
+    """
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        result = _locked(row.id, using)
+        if result is None:
+            if only_existing:
+                return None
+            result = JobResult(id=row.id, name=row.name, queue=row.queue, errors=[],
+                               worker_ids=[], enqueued_at=row.created_at)
+        if ran and result.attempts < row.attempts:  # nobody recorded this run yet
+            result.worker_ids = [*result.worker_ids, worker_id]
+            result.last_attempted_at = started_at or row.reserved_at or now
+        if ran:
+            result.started_at = result.started_at or started_at or row.reserved_at or now
+        result.status = status
+        result.attempts = max(result.attempts, row.attempts if ran else 0)
+        result.return_value = _jsonable(return_value) if status == SUCCESSFUL else None
+        if exception is not None:
+            result.errors = [*result.errors, error_entry(exception)]
+        result.finished_at = now if status in FINISHED else None
+        result.save(using=using)
+    return result
+
+
+def prune(*, older_than: datetime.timedelta, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Delete finished results older than ``older_than``, and results of jobs that no longer
+    exist anywhere (cleared from the queue) enqueued before then. Returns how many."""
+    cutoff = timezone.now() - older_than
+    finished = JobResult.objects.using(using).filter(status__in=FINISHED, finished_at__lt=cutoff)
+    count = finished._raw_delete(using)
+    orphans = JobResult.objects.using(using).filter(
+        ~Q(status__in=FINISHED), enqueued_at__lt=cutoff
+    ).exclude(id__in=QueuedJob.objects.using(using).values("id")).exclude(
+        id__in=FailedJob.objects.using(using).values("id"))
+    return count + orphans._raw_delete(using)
