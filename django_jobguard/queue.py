@@ -12,6 +12,7 @@ which lost its lease cannot ack or release a job another worker now holds.
 from __future__ import annotations
 
 import datetime
+import json
 import traceback as tb_module
 import uuid
 from collections.abc import Iterable, Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import Count, F, Min, Q, Value
+from django.db.models import Count, F, Max, Min, Q, Value
 from django.db.models.functions import Now
 
 from django_jobguard.conf import jobguard_settings
@@ -53,9 +54,51 @@ def _vendor(using: str) -> str:
     return connections[using].vendor
 
 
+# PostgreSQL: one statement per batch, whatever its size: the rows travel as seven arrays
+# (no per-row SQL to compile or quote), delays are added to the database clock, and the
+# NOTIFY rides along in the same round trip (delivered when the caller's transaction commits).
+_PG_PUSH_SQL = """
+    {notify_head}INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
+                             available_at, reserved_by, last_error)
+    SELECT t.id, t.queue, t.name, t.payload::jsonb, 0, 0, t.priority,
+           COALESCE(t.at, statement_timestamp() + make_interval(secs => COALESCE(t.delay, 0))),
+           '', ''
+      FROM unnest(%s::uuid[], %s::varchar[], %s::varchar[], %s::text[], %s::smallint[],
+                  %s::timestamptz[], %s::float8[])
+           AS t(id, queue, name, payload, priority, at, delay){notify_tail}"""
+_PG_NOTIFY_HEAD = "WITH inserted AS ("
+_PG_NOTIFY_TAIL = f"""
+    RETURNING queue)
+    SELECT pg_notify('{NOTIFY_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM inserted) q"""
+
+
+def _push_postgresql(jobs: Sequence[NewJob], *, using: str, batch_size: int) -> None:
+    wake = jobguard_settings.USE_NOTIFY
+    sql = _PG_PUSH_SQL.format(table=QueuedJob._meta.db_table,
+                              notify_head=_PG_NOTIFY_HEAD if wake else "",
+                              notify_tail=_PG_NOTIFY_TAIL if wake else "")
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    with connections[using].cursor() as cursor:
+        for start in range(0, len(jobs), batch_size):
+            batch = jobs[start:start + batch_size]
+            at, delay = [], []
+            for job in batch:
+                when = job.delay
+                at.append(when if isinstance(when, datetime.datetime) else None)
+                delay.append(when.total_seconds() if isinstance(when, datetime.timedelta)
+                             else None)
+            cursor.execute(sql, [[job.id for job in batch], [job.queue for job in batch],
+                                 [job.name for job in batch],
+                                 [dumps(job.payload) for job in batch],
+                                 [job.priority for job in batch], at, delay])
+
+
 def push(jobs: Sequence[NewJob], *, using: str = DEFAULT_DB_ALIAS, batch_size: int = 500) -> None:
     """Insert ``jobs`` (one INSERT per batch) and wake PostgreSQL workers listening."""
     if not jobs:
+        return
+    if _vendor(using) == "postgresql":
+        _push_postgresql(jobs, using=using, batch_size=max(batch_size, 1))
         return
     rows = [job.to_model() for job in jobs]
     if len(rows) == 1:
@@ -78,14 +121,21 @@ def notify(queues: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> None:
 
 _CLAIM_SQL = {
     # One statement: pick due rows in order, skip rows another worker is taking, lease them.
+    # The candidates are picked and locked ONCE, in a MATERIALIZED CTE. With the older
+    # ``WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`` a plan made while the table
+    # looked empty (a cached generic plan, or statistics from autovacuum on a drained queue)
+    # runs the subquery again for every row of the table: each run sorts the queue and locks
+    # another row, so a burst of 20k jobs stalled 4 claimers for minutes (bench/throughput.py).
     "postgresql": """
-        UPDATE {table} SET attempts = attempts + 1, reserved_at = statement_timestamp(),
-               reserved_by = %s,
-               available_at = statement_timestamp() + make_interval(secs => %s)
-         WHERE id IN (SELECT id FROM {table}
-                       WHERE queue = %s AND available_at <= statement_timestamp()
-                       ORDER BY priority DESC, available_at
-                       LIMIT %s FOR UPDATE SKIP LOCKED)
+        WITH picked AS MATERIALIZED (
+            SELECT id FROM {table}
+             WHERE queue = %(queue)s AND available_at <= statement_timestamp()
+             ORDER BY priority DESC, available_at
+             LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+        UPDATE {table} AS q SET attempts = q.attempts + 1, reserved_at = statement_timestamp(),
+               reserved_by = %(worker)s,
+               available_at = statement_timestamp() + make_interval(secs => %(lease)s)
+          FROM picked WHERE q.id = picked.id
         RETURNING {columns}""",
     # SQLite takes the write lock when the UPDATE starts, so concurrent claims serialize.
     "sqlite": """
@@ -121,6 +171,9 @@ def claim(
 def _claim_one_queue(queue: str, *, worker_id: str, limit: int, lease: float,
                      using: str) -> list[QueuedJob]:
     vendor = _vendor(using)
+    if vendor == "postgresql":
+        return _claim_postgresql(queue, worker_id=worker_id, limit=limit, lease=lease,
+                                 using=using)
     if vendor in _CLAIM_SQL:
         meta = QueuedJob._meta
         columns = ", ".join(f.column for f in meta.concrete_fields)
@@ -147,18 +200,87 @@ def _claim_one_queue(queue: str, *, worker_id: str, limit: int, lease: float,
         return list(QueuedJob.objects.using(using).filter(id__in=ids, reserved_by=worker_id))
 
 
+def _claim_postgresql(queue: str, *, worker_id: str, limit: int, lease: float,
+                      using: str) -> list[QueuedJob]:
+    """The claim statement with rows built straight from the cursor (no RawQuerySet): this
+    runs once per job or batch, and the ORM's per-query work was a third of a no-op job."""
+    meta = QueuedJob._meta
+    fields = meta.concrete_fields
+    sql = _CLAIM_SQL["postgresql"].format(table=meta.db_table,
+                                          columns=", ".join(f"q.{f.column}" for f in fields))
+    payload_index = [f.name for f in fields].index("payload")
+    # Never prepared: its best plan depends on how full the queue is, and a generic plan
+    # cached while the queue was empty would seq-scan and sort a burst on every claim.
+    fetched = _hot_execute(using, sql, {"queue": queue, "limit": limit, "worker": worker_id,
+                                        "lease": lease}, fetch=True, prepare=False)
+    rows = []
+    for values in fetched:
+        values = list(values)
+        if isinstance(values[payload_index], str):  # Django loads jsonb as text
+            values[payload_index] = _load_payload(values[payload_index])
+        rows.append(QueuedJob.from_db(using, None, values))
+    return rows
+
+
+def _hot_execute(using: str, sql: str, params: Sequence[Any] | dict[str, Any], *,
+                 fetch: bool = False, prepare: bool | None = None) -> Any:
+    """Run a statement of the per-job path (claim, ack) on PostgreSQL.
+
+    With psycopg 3 it goes through a server-binding cursor on Django's connection, so when
+    the database ``OPTIONS`` set ``prepare_threshold`` (Django turns prepared statements off
+    by default, for connection poolers) the statement is prepared once per connection instead
+    of parsed and planned per job (``prepare=False`` opts a statement out). Errors still
+    surface as Django's ``DatabaseError``. Returns the fetched rows, or the row count.
+    """
+    wrapper = connections[using]
+    try:
+        import psycopg
+    except ImportError:
+        psycopg = None
+    if psycopg is None or wrapper.queries_logged:
+        with wrapper.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
+    wrapper.ensure_connection()
+    with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cursor:
+        cursor.execute(sql, params, prepare=prepare)
+        return cursor.fetchall() if fetch else cursor.rowcount
+
+
+def _load_payload(text: str) -> Any:
+    """Decode a payload; a corrupt one is kept as text so the worker can fail it with a
+    reason instead of crashing on the claim."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def next_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> datetime.datetime | None:
     """When the earliest row of ``queues`` becomes claimable (``None`` if they are empty)."""
     return QueuedJob.objects.using(using).filter(queue__in=queues).aggregate(
         due=Min("available_at"))["due"]
 
 
-def extend_leases(worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> int:
-    """Push back the lease of every row ``worker_id`` holds (the worker's heartbeat)."""
+def seconds_until_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> float | None:
+    """Seconds until the earliest row of ``queues`` becomes claimable, measured with the
+    database clock in the same query (``None`` if the queues are empty)."""
+    found = QueuedJob.objects.using(using).filter(queue__in=queues).aggregate(
+        due=Min("available_at"), now=Max(Now()))
+    if found["due"] is None:
+        return None
+    return (found["due"] - found["now"]).total_seconds()
+
+
+def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
+                  using: str = DEFAULT_DB_ALIAS) -> int:
+    """Push back the lease of the rows ``worker_id`` holds (the worker's heartbeat); only of
+    ``ids`` among them when given (the jobs it is still working on)."""
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
-    return QueuedJob.objects.using(using).filter(
-        reserved_by=worker_id, reserved_at__isnull=False
-    ).update(available_at=Now() + Value(lease))
+    rows = QueuedJob.objects.using(using).filter(reserved_by=worker_id, reserved_at__isnull=False)
+    if ids is not None:
+        rows = rows.filter(id__in=list(ids))
+    return rows.update(available_at=Now() + Value(lease))
 
 
 # -- finishing -----------------------------------------------------------------------------
@@ -168,8 +290,14 @@ def _held(row: QueuedJob, using: str):
     return QueuedJob.objects.using(using).filter(id=row.id, reserved_by=row.reserved_by)
 
 
+_PG_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s"
+
+
 def ack(row: QueuedJob, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     """Delete a finished job; False if the worker no longer held it (lease lost)."""
+    if _vendor(using) == "postgresql":  # hot path: skip building a QuerySet per job
+        return _hot_execute(using, _PG_ACK_SQL.format(table=QueuedJob._meta.db_table),
+                            [row.id, row.reserved_by]) > 0
     qs = _held(row, using)
     return bool(qs._raw_delete(using))
 

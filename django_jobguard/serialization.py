@@ -110,5 +110,9 @@ def decode_arguments(payload: dict[str, Any]) -> tuple[list, dict]:
     return decode(args), decode(kwargs)
 
 
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def payload_size(payload: dict[str, Any]) -> int:
-    return len(json.dumps(payload, separators=(",", ":")))
+    """Bytes of ``payload`` as compact JSON (what ``MAX_PAYLOAD_BYTES`` limits)."""
+    return len(_compact(payload).encode())

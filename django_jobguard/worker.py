@@ -41,7 +41,7 @@ from django_jobguard.exceptions import (
 from django_jobguard.jobs import Job
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
-from django_jobguard.serialization import MissingModelError
+from django_jobguard.serialization import MissingModelError, payload_size
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -81,6 +81,16 @@ def _rss_mb() -> float:
 def _retry_until(row: QueuedJob) -> datetime.datetime | None:
     value = row.payload.get("retry_until") if isinstance(row.payload, dict) else None
     return datetime.datetime.fromisoformat(value) if value else None
+
+
+def _release_unique(row: QueuedJob) -> None:
+    """Free the job's unique lock after its ack or failure. The job's outcome is already
+    recorded, so a store that is down only costs the lock its ``unique_for`` expiry."""
+    try:
+        unique.release(row.payload)
+    except Exception as exc:
+        logger.warning("Could not release the unique lock of %s (%s); it ends at its expiry.",
+                       row, exc)
 
 
 def _seconds(delay: Any) -> float:
@@ -129,6 +139,11 @@ class Worker:
         self._in_job = False
         self._current_job = ""
         self._listener: queue.Listener | None = None
+        self._listener_lost_at: float | None = None
+        # Rows claimed and not yet finished: the only leases the heartbeat renews. A row whose
+        # ack or release failed (database error) drops out, so its lease runs out and another
+        # worker retries it, instead of this worker renewing it for the rest of its life.
+        self._held: frozenset[Any] = frozenset()
         self._heartbeat: threading.Thread | None = None
         self._recent = RecentOutcomes()
 
@@ -142,12 +157,15 @@ class Worker:
         try:
             while not self._stop.is_set():
                 rows = self._claim()
+                self._held = frozenset(row.id for row in rows)
                 for index, row in enumerate(rows):
                     if self._stop.is_set():  # asked to stop: give back what we did not start
                         for left in rows[index:]:
                             queue.release(left, count_attempt=False, using=self.options.using)
+                        self._held = frozenset()
                         break
                     self._process_safely(row)
+                    self._held = self._held - {row.id}
                     if self.options.rest:
                         time.sleep(self.options.rest)
                 code = self._stop_code(found=bool(rows), started=started)
@@ -192,6 +210,7 @@ class Worker:
         """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
         (PostgreSQL) or a stop signal."""
         deadline = time.monotonic() + min(self.options.sleep, self._until_next_due())
+        self._reopen_listener()
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -202,21 +221,37 @@ class Worker:
                     if self._listener.wait(chunk):
                         return
                 except Exception as exc:  # lost connection: fall back to polling
-                    logger.warning("LISTEN connection lost (%s); polling instead.", exc)
+                    logger.warning("LISTEN connection lost (%s); polling until it is back.",
+                                   exc)
                     self._listener.close()
                     self._listener = None
+                    self._listener_lost_at = time.monotonic()
             else:
                 self._stop.wait(chunk)
 
-    def _until_next_due(self) -> float:
-        """Seconds until the earliest delayed or leased job in our queues becomes due."""
+    def _reopen_listener(self, retry_every: float = 5.0) -> None:
+        """LISTEN again a while after the listening connection was lost (server restart,
+        ``pg_terminate_backend``), so the worker does not poll for the rest of its life."""
+        lost = self._listener_lost_at
+        if self._listener is not None or lost is None or time.monotonic() - lost < retry_every:
+            return
         try:
-            due = queue.next_due(self.options.queues, using=self.options.using)
+            self._listener = queue.Listener.open(self.options.using)
+            self._listener_lost_at = None
+        except Exception as exc:
+            logger.warning("LISTEN still unavailable (%s); polling.", exc)
+            self._listener_lost_at = time.monotonic()
+
+    def _until_next_due(self) -> float:
+        """Seconds until the earliest delayed or leased job in our queues becomes due, by the
+        database clock (a worker whose own clock runs ahead would otherwise poll in a loop)."""
+        try:
+            wait = queue.seconds_until_due(self.options.queues, using=self.options.using)
         except (DatabaseError, InterfaceError):
             return self.options.sleep
-        if due is None:
+        if wait is None:
             return self.options.sleep
-        return max((due - timezone.now()).total_seconds(), 0.01)
+        return max(wait, 0.01)
 
     # -- one job -----------------------------------------------------------------------
 
@@ -229,6 +264,10 @@ class Worker:
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
+        except Exception as exc:  # a store or signal receiver failed outside the job
+            logger.exception("Error while finishing %s; if it was not acked its lease will "
+                             "expire and it will be retried.", row, exc_info=exc)
+            self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
             self._current_job = ""
@@ -243,7 +282,7 @@ class Worker:
         except MissingModelError as exc:
             if getattr(registry.get(row.name), "delete_when_missing_models", False):
                 queue.ack(row, using=self.options.using)
-                unique.release(row.payload)
+                _release_unique(row)
                 return self._log(row, "DELETED", started, str(exc))
             return self._fail(row, None, exc, started)
         except Exception as exc:
@@ -278,7 +317,7 @@ class Worker:
                                  count_attempt=counts, reason=reason)
         if not queue.ack(row, using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
-        unique.release(row.payload)
+        _release_unique(row)
         if job.keep_result:
             self._store_result(row, "SUCCESSFUL", job_started_at, ran=job._handled,
                                return_value=result)
@@ -290,6 +329,10 @@ class Worker:
         if not isinstance(row.payload, dict):
             raise PayloadError(f"Corrupt payload for {row.name}: expected a JSON object, got "
                                f"{type(row.payload).__name__}.")
+        limit = jobguard_settings.MAX_PAYLOAD_BYTES
+        if limit and (size := payload_size(row.payload)) > limit:  # inserted around dispatch()
+            raise PayloadError(f"Payload of {row.name} is {size} bytes, over "
+                               f"JOBGUARD['MAX_PAYLOAD_BYTES'] = {limit}.")
         try:
             job = job_class.from_payload(row.payload)
         except MissingModelError:
@@ -352,7 +395,7 @@ class Worker:
     def _fail(self, row: QueuedJob, job: Job | None, exc: BaseException, started: float) -> str:
         if queue.fail(row, exc, using=self.options.using) is None:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
-        unique.release(row.payload)
+        _release_unique(row)
         if job is None or job.keep_result:  # no job: a result row may exist (django.tasks)
             self._store_result(row, "FAILED", None, exception=exc,
                                ran=job is not None and job._handled, only_existing=job is None)
@@ -471,7 +514,9 @@ class Worker:
     def heartbeat(self) -> None:
         """Renew this worker's leases and write its liveness and last-minute counts."""
         using = self.options.using
-        queue.extend_leases(self.id, using=using)
+        held = self._held
+        if held:
+            queue.extend_leases(self.id, ids=held, using=using)
         done, failed = self._recent.counts()
         WorkerRow.objects.using(using).filter(id=self.id).update(
             last_seen_at=Now(), jobs_processed=self.jobs_processed,

@@ -3,5 +3,5 @@
 from testproject.settings import *  # noqa: F401,F403
 from testproject.settings import JOBGUARD
 
-JOBGUARD = {**JOBGUARD,
-            "JOB_MODULES": ["tests.jobs", "tests.tasks", "tests.limit_jobs", "tests.lock_jobs"]}
+JOBGUARD = {**JOBGUARD, "JOB_MODULES": ["tests.jobs", "tests.tasks", "tests.limit_jobs",
+                                        "tests.lock_jobs", *JOBGUARD["JOB_MODULES"]]}

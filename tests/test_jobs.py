@@ -111,9 +111,10 @@ def test_on_commit_inserts_after_commit():
 def test_dispatch_many_uses_one_insert():
     with CaptureQueriesContext(connection) as ctx:
         handles = dispatch_many([jobs.Noop(i) for i in range(50)])
-    statements = [q["sql"].split()[0].upper() for q in ctx.captured_queries]
-    assert statements.count("INSERT") == 1
-    assert set(statements) <= {"INSERT", "SELECT"}  # SELECT pg_notify on PostgreSQL
+    statements = [q["sql"].upper() for q in ctx.captured_queries]
+    assert sum("INSERT INTO" in sql for sql in statements) == 1
+    if connection.vendor == "postgresql":  # the NOTIFY rides in the INSERT's round trip
+        assert len(statements) == 1
     assert len(handles) == 50 and all(handles)
     assert QueuedJob.objects.count() == 50
 

@@ -122,6 +122,7 @@ JOBGUARD = {
     "STORE": os.environ.get("JOBGUARD_STORE", "database"),
     "RETRY_AFTER": float(os.environ.get("JOBGUARD_RETRY_AFTER", "90")),
     "DEFAULT_TIMEOUT": float(os.environ.get("JOBGUARD_DEFAULT_TIMEOUT", "60")),
+    "MAX_PAYLOAD_BYTES": int(os.environ.get("JOBGUARD_MAX_PAYLOAD_BYTES", "1048576")),
     "JOB_MODULES": [m for m in os.environ.get("JOBGUARD_EXTRA_JOB_MODULES", "").split(",") if m],
     "API_DISPATCHABLE_JOBS": ["demo.jobs.SyncProfile", "demo.jobs.send_welcome_email"],
 }

@@ -1,0 +1,343 @@
+"""What every scenario needs: Django set up on the bench database, worker processes, timing,
+machine facts, tables and result files.
+
+A scenario is a module in ``bench/`` with ``run(*, smoke: bool) -> Report``; ``bench/run.py``
+prints its tables and writes ``bench/results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+APP_NAME = "jgbench"  # application_name of every worker connection (PGAPPNAME)
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass
+class Goal:
+    goal: str
+    value: str
+    met: bool | None  # None: not measured in this run (smoke, peer missing)
+
+
+@dataclass
+class Report:
+    name: str
+    tables: list[Table] = field(default_factory=list)
+    goals: list[Goal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value >= 100:
+            return f"{value:,.0f}"
+        if value >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    return "" if value is None else str(value)
+
+
+def render(table: Table) -> str:
+    cells = [[fmt(c) for c in row] for row in table.rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+              for i, h in enumerate(table.columns)]
+    line = "  ".join(h.ljust(w) for h, w in zip(table.columns, widths, strict=True))
+    out = [table.title, line, "-" * len(line)]
+    for row in cells:
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    return "\n".join(out)
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value and base else None
+
+
+# -- Django and the database -----------------------------------------------------------------
+
+
+def setup_django() -> None:
+    """Configure Django with ``bench.settings`` in this process (idempotent)."""
+    for path in (str(ROOT), str(ROOT / "testproject")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    import django
+
+    django.setup()
+
+
+def conninfo(dbname: str | None = None) -> str:
+    """libpq connection string of the bench database (or another one on the same server)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    parts = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"],
+             "password": db["PASSWORD"], "dbname": dbname or db["NAME"]}
+    return " ".join(f"{k}={v}" for k, v in parts.items() if v)
+
+
+def raw_connect(*, autocommit: bool = True) -> Any:
+    import psycopg
+
+    return psycopg.connect(conninfo(), autocommit=autocommit)
+
+
+def ensure_database() -> None:
+    """Create the bench database if missing and apply every migration."""
+    import psycopg
+    from django.conf import settings
+    from django.core.management import call_command
+
+    name = settings.DATABASES["default"]["NAME"]
+    with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    call_command("migrate", verbosity=0)
+
+
+def server_versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with raw_connect() as conn:
+            out["postgresql"] = conn.execute("SHOW server_version").fetchone()[0]
+    except Exception as exc:  # the report still says why
+        out["postgresql"] = f"unavailable ({exc})"
+    try:
+        import redis
+        from django.conf import settings
+
+        out["redis"] = redis.Redis.from_url(settings.REDIS_URL).info("server")["redis_version"]
+    except Exception as exc:
+        out["redis"] = f"unavailable ({type(exc).__name__})"
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """The facts a reader needs to compare figures: CPU, RAM, load, service and library versions."""
+    import django
+
+    cpu_model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram_gb = None
+    try:
+        import psutil
+
+        ram_gb = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    versions = {}
+    for dist in ("django-jobguard", "django-tasks", "django-tasks-db", "procrastinate",
+                 "celery", "psycopg", "redis"):
+        try:
+            from importlib.metadata import version
+
+            versions[dist] = version(dist)
+        except Exception:
+            versions[dist] = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "ram_gb": ram_gb,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        **server_versions(),
+        "packages": versions,
+        "taken_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def truncate(*tables: str) -> None:
+    with raw_connect() as conn:
+        existing = [t for t in tables if conn.execute("SELECT to_regclass(%s)", [t]).fetchone()[0]]
+        if existing:
+            conn.execute(f"TRUNCATE {', '.join(existing)}")
+        conn.execute("VACUUM ANALYZE") if existing else None
+
+
+def count(sql: str, params: Sequence[Any] = ()) -> int:
+    with raw_connect() as conn:
+        return conn.execute(sql, params).fetchone()[0]
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "testproject"),
+                                         env.get("PYTHONPATH", "")])
+    env["PGAPPNAME"] = APP_NAME
+    env.update(extra)
+    return env
+
+
+def spawn(argv: Sequence[str], *, count: int = 1, env: dict[str, str] | None = None,
+          capture: bool = False) -> list[subprocess.Popen]:
+    """Start ``count`` copies of ``argv`` (output discarded unless ``capture``)."""
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
+    return [subprocess.Popen(list(argv), env=env or child_env(), cwd=ROOT, stdout=out,
+                             stderr=subprocess.STDOUT if capture else subprocess.DEVNULL,
+                             text=True)
+            for _ in range(count)]
+
+
+def django_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", *args]
+
+
+def stop(procs: Iterable[subprocess.Popen], timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL whatever is still running after ``timeout``."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.01,
+               what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout} s")
+
+
+def worker_connections(min_per_process: int = 1) -> int:
+    return count("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                 [APP_NAME])
+
+
+def wait_for_connections(expected: int, procs: Sequence[subprocess.Popen],
+                         timeout: float = 60) -> None:
+    """Wait until the workers opened ``expected`` connections (they are up and idle)."""
+    def ready() -> bool:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {proc.args} exited with {proc.returncode}")
+        return worker_connections() >= expected
+
+    wait_until(ready, timeout=timeout, interval=0.05, what=f"{expected} worker connections")
+
+
+class Poller:
+    """One open connection that asks the same question until the answer is 0."""
+
+    def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.sql, self.params = sql, params
+        self.conn = raw_connect()
+
+    def value(self) -> int:
+        return self.conn.execute(self.sql, self.params).fetchone()[0]
+
+    def wait_zero(self, *, timeout: float, interval: float = 0.01) -> float:
+        """perf_counter() at the first poll that saw 0."""
+        wait_until(lambda: self.value() == 0, timeout=timeout, interval=interval,
+                   what=f"0 from {self.sql!r}")
+        return time.perf_counter()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@dataclass
+class Run:
+    """One processing measurement: ``jobs`` drained by ``processes`` workers in ``seconds``."""
+
+    tool: str
+    processes: int
+    jobs: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+def measure_processing(*, tool: str, processes: int, jobs: int,
+                       start: Callable[[], list[subprocess.Popen]],
+                       ready: Callable[[list[subprocess.Popen]], None],
+                       fill: Callable[[int], None], remaining_sql: str = "",
+                       remaining: Callable[[], int] | None = None,
+                       timeout: float = 600) -> Run:
+    """Start idle workers, make ``jobs`` jobs visible at once (``fill`` commits them in one
+    transaction), and time until ``remaining_sql`` (or ``remaining()``) counts 0."""
+    procs = start()
+    poller = Poller(remaining_sql) if remaining_sql else None
+    left = poller.value if poller else remaining
+    assert left is not None, "give remaining_sql or remaining"
+    try:
+        ready(procs)
+        fill(jobs)
+        t0 = time.perf_counter()
+        wait_until(lambda: left() == 0, timeout=timeout, interval=0.01, what=f"{tool} done")
+        t1 = time.perf_counter()
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{tool} worker exited early with {proc.returncode}")
+        return Run(tool=tool, processes=processes, jobs=jobs, seconds=t1 - t0)
+    finally:
+        if poller:
+            poller.close()
+        stop(procs)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[int(q) - 1]
+
+
+def save(report: Report, info: dict[str, Any], *, smoke: bool) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{report.name}{'-smoke' if smoke else ''}.json"
+    path.write_text(json.dumps({"machine": info, "smoke": smoke, **report.to_json()},
+                               indent=2, default=str) + "\n")
+    return path

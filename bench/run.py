@@ -1,0 +1,73 @@
+"""Run the benchmarks and print their tables: ``python bench/run.py [--smoke] [--only X,Y]``.
+
+Each scenario is a module of ``bench/`` with ``run(*, smoke) -> Report``; results go to
+``bench/results/<scenario>[-smoke].json`` together with a description of the machine.
+Figures are only worth comparing when taken on a quiet machine (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common  # noqa: E402
+
+SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true",
+                        help="small sizes, a minute or two: checks that every scenario runs")
+    parser.add_argument("--only", default="",
+                        help=f"comma-separated scenarios (default all of {', '.join(SCENARIOS)})")
+    args = parser.parse_args(argv)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or SCENARIOS
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
+
+    common.setup_django()
+    common.ensure_database()
+    info = common.machine()
+    print(f"machine: {info['cpu_count']} x {info['cpu_model']}, {info['ram_gb']} GB RAM, "
+          f"load {info['load_average']}; PostgreSQL {info['postgresql']}, Redis {info['redis']}; "
+          f"Python {info['python']}, Django {info['django']}")
+    failed = []
+    for name in chosen:
+        if importlib.util.find_spec(f"bench.{name}") is None:
+            print(f"\n[{name}] not present, skipped")
+            continue
+        module = importlib.import_module(f"bench.{name}")
+        print(f"\n[{name}]", flush=True)
+        started = time.monotonic()
+        try:
+            report = module.run(smoke=args.smoke)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        for table in report.tables:
+            print("\n" + common.render(table))
+        for note in report.notes:
+            print(f"note: {note}")
+        for goal in report.goals:
+            mark = {True: "met", False: "MISSED", None: "n/a"}[goal.met]
+            print(f"goal: {goal.goal}: {goal.value} [{mark}]")
+        path = common.save(report, info, smoke=args.smoke)
+        print(f"({time.monotonic() - started:.0f} s, written to {path.relative_to(common.ROOT)})")
+    if failed:
+        print(f"\nscenarios that failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Django settings for the benchmarks: one PostgreSQL database shared by jobguard and its peers.
+
+``JOBGUARD_BENCH_DATABASE_URL`` (default ``postgres://127.0.0.1:5432/jobguard_bench``) and
+``JOBGUARD_BENCH_REDIS_URL`` (celery's broker, default ``redis://127.0.0.1:6379/0``).
+"""
+
+import importlib.util
+import os
+
+import django
+from testproject.settings import database_from_url
+
+SECRET_KEY = "jobguard-bench-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASE_URL = os.environ.get("JOBGUARD_BENCH_DATABASE_URL",
+                              "postgres://127.0.0.1:5432/jobguard_bench")
+REDIS_URL = os.environ.get("JOBGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+# Prepared statements for jobguard's claim/ack (Django turns them off by default for poolers).
+if os.environ.get("JOBGUARD_BENCH_PREPARE", "1") == "1":
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
+
+INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobguard", "bench"]
+# Peers are optional (pip install -e '.[bench]'); a scenario skips the ones not installed.
+if importlib.util.find_spec("django_tasks_db"):
+    if django.VERSION < (6, 0):  # the django-tasks backport; Django 6 has django.tasks
+        INSTALLED_APPS += ["django_tasks"]
+    INSTALLED_APPS += ["django_tasks_db"]
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+JOBGUARD = {
+    "USE_NOTIFY": os.environ.get("JOBGUARD_BENCH_NOTIFY", "1") == "1",
+    "CLAIM_BATCH_SIZE": int(os.environ.get("JOBGUARD_BENCH_BATCH", "1")),
+}
+LOGGING = {"version": 1, "disable_existing_loggers": False,
+           "root": {"level": "WARNING", "handlers": []}}

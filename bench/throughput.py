@@ -1,0 +1,177 @@
+"""No-op jobs/s on PostgreSQL: dispatch (one by one and ``dispatch_many``) and processing with
+1, 2 and 4 ``jobworker`` processes, each beside the raw-SQL floor (``bench/floor.py``: plain
+psycopg INSERT / claim / DELETE on a copy of the same table) as a ratio.
+
+Processing is timed from the commit that makes N jobs visible to idle workers until the queue
+is empty, so start-up costs are left out for every tool alike.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from bench import floor
+from bench.common import (
+    Goal,
+    Report,
+    Run,
+    Table,
+    conninfo,
+    django_command,
+    measure_processing,
+    ratio,
+    raw_connect,
+    spawn,
+    truncate,
+    wait_for_connections,
+)
+
+JOBGUARD_TABLES = ("django_jobguard_queuedjob", "django_jobguard_failedjob",
+                   "django_jobguard_worker")
+REMAINING = "SELECT count(*) FROM django_jobguard_queuedjob WHERE queue = 'bench'"
+FLOOR_REMAINING = f"SELECT count(*) FROM {floor.TABLE}"
+
+
+def sizes(smoke: bool) -> dict[str, int]:
+    if smoke:
+        return {"single": 300, "bulk": 5_000, "process": 1_000}
+    return {"single": 5_000, "bulk": 100_000, "process": 20_000}
+
+
+def process_counts(smoke: bool) -> list[int]:
+    return [1, 2] if smoke else [1, 2, 4]
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+
+def jobguard_dispatch_single(n: int) -> float:
+    from bench.jobs import Noop
+
+    truncate(*JOBGUARD_TABLES)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        Noop().dispatch()
+    return n / (time.perf_counter() - t0)
+
+
+def jobguard_dispatch_bulk(n: int, chunk: int = 10_000) -> float:
+    from bench.jobs import Noop
+    from django_jobguard import dispatch_many
+
+    truncate(*JOBGUARD_TABLES)
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        dispatch_many([Noop() for _ in range(min(chunk, n - start))])
+    rate = n / (time.perf_counter() - t0)
+    truncate(*JOBGUARD_TABLES)
+    return rate
+
+
+def floor_dispatch(n: int, *, bulk: bool) -> float:
+    ensure_floor_table()
+    with raw_connect() as conn:
+        t0 = time.perf_counter()
+        (floor.insert_bulk if bulk else floor.insert_single)(conn, n)
+        rate = n / (time.perf_counter() - t0)
+    truncate(floor.TABLE)
+    return rate
+
+
+def ensure_floor_table() -> None:
+    with raw_connect() as conn:
+        conn.execute(floor.CREATE)
+    truncate(floor.TABLE)
+
+
+# -- processing --------------------------------------------------------------------------------
+
+
+def jobguard_fill(n: int) -> None:
+    """Queue ``n`` no-op jobs in one transaction (they appear to the workers at once)."""
+    from django.db import transaction
+
+    from bench.jobs import Noop
+    from django_jobguard import dispatch_many
+
+    with transaction.atomic():
+        dispatch_many([Noop() for _ in range(n)], batch_size=1000)
+
+
+def jobguard_processing(processes: int, n: int, *, batch: int = 1,
+                        extra: tuple[str, ...] = ()) -> Run:
+    from django_jobguard.conf import jobguard_settings
+
+    truncate(*JOBGUARD_TABLES)
+    argv = django_command("jobworker", "--queue", "bench", "--sleep", "5", "--batch", str(batch),
+                          *extra)
+    per_process = 2 if jobguard_settings.USE_NOTIFY else 1  # queries + LISTEN
+    run = measure_processing(
+        tool=f"jobguard (batch {batch})", processes=processes, jobs=n,
+        start=lambda: spawn(argv, count=processes),
+        ready=lambda procs: wait_for_connections(per_process * processes, procs),
+        fill=jobguard_fill, remaining_sql=REMAINING,
+    )
+    truncate(*JOBGUARD_TABLES)
+    return run
+
+
+def floor_processing(processes: int, n: int, *, batch: int = 1) -> Run:
+    ensure_floor_table()
+    argv = [sys.executable, "-m", "bench.floor", "--batch", str(batch), "--conninfo", conninfo()]
+
+    def fill(count: int) -> None:
+        with raw_connect() as conn:
+            floor.insert_bulk(conn, count)
+
+    return measure_processing(
+        tool=f"raw SQL floor (batch {batch})", processes=processes, jobs=n,
+        start=lambda: spawn(argv, count=processes),
+        ready=lambda procs: wait_for_connections(processes, procs),
+        fill=fill, remaining_sql=FLOOR_REMAINING,
+    )
+
+
+# -- the scenario ------------------------------------------------------------------------------
+
+
+def run(*, smoke: bool) -> Report:
+    n = sizes(smoke)
+    report = Report(name="throughput")
+
+    single, bulk = jobguard_dispatch_single(n["single"]), jobguard_dispatch_bulk(n["bulk"])
+    floor_single = floor_dispatch(n["single"], bulk=False)
+    floor_bulk = floor_dispatch(n["bulk"], bulk=True)
+    report.tables.append(Table(
+        title=f"Dispatch, jobs/s ({n['single']:,} single, {n['bulk']:,} bulk)",
+        columns=["how", "jobguard", "raw SQL floor", "ratio"],
+        rows=[["dispatch() one by one", single, floor_single, ratio(single, floor_single)],
+              ["dispatch_many()", bulk, floor_bulk, ratio(bulk, floor_bulk)]],
+    ))
+    report.data["dispatch"] = {"single": single, "bulk": bulk, "floor_single": floor_single,
+                               "floor_bulk": floor_bulk}
+    report.goals.append(Goal("bulk dispatch >= 20,000 jobs/s", f"{bulk:,.0f}/s", bulk >= 20_000))
+
+    rows, runs = [], []
+    batch = 10
+    for processes in process_counts(smoke):
+        jg = jobguard_processing(processes, n["process"])
+        jg_batch = jobguard_processing(processes, n["process"], batch=batch)
+        fl = floor_processing(processes, n["process"])
+        fl_batch = floor_processing(processes, n["process"], batch=batch)
+        runs += [jg, jg_batch, fl, fl_batch]
+        rows.append([processes, jg.rate, fl.rate, ratio(jg.rate, fl.rate),
+                     jg_batch.rate, fl_batch.rate, ratio(jg_batch.rate, fl_batch.rate)])
+    report.tables.append(Table(
+        title=f"Processing no-op jobs/s ({n['process']:,} jobs, PostgreSQL)",
+        columns=["workers", "jobguard", "floor", "ratio", f"jobguard --batch {batch}",
+                 f"floor batch {batch}", "ratio"],
+        rows=rows,
+    ))
+    report.data["processing"] = [vars(r) | {"rate": r.rate} for r in runs]
+    top = rows[-1]
+    report.goals.append(Goal(
+        f"processing with {top[0]} workers >= 50-60% of the floor",
+        f"{top[3]:.0%} (batch 1), {top[6]:.0%} (batch {batch})", top[3] >= 0.5 or top[6] >= 0.5))
+    return report

@@ -1,0 +1,70 @@
+"""Bad rows in the queue, mixed in with good jobs, in front of real worker processes: each bad
+one lands in failed jobs with a reason that names the problem, and the workers go on.
+
+(Text that is not JSON at all cannot reach a worker: PostgreSQL's jsonb and the JSON CHECK
+constraint Django puts on SQLite refuse it at INSERT.)"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from demo.models import JobRun
+from django.test import override_settings
+
+from django_jobguard import dispatch_many
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.models import FailedJob, QueuedJob
+from tests import jobs
+from tests.chaos.conftest import chaos_env
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+RECORD = jobs.Record.name
+LIMIT = 2_000  # MAX_PAYLOAD_BYTES for this test, in the test process and in the workers
+
+# (what is wrong, job name, payload, words the failure reason must contain)
+BAD_ROWS = [
+    ("unknown job", "app.jobs.Gone", {"args": [], "kwargs": {}}, ["No job is registered",
+                                                                  "app.jobs.Gone"]),
+    ("payload not an object", RECORD, ["x"], ["Corrupt payload", "expected a JSON object"]),
+    ("args not a list", RECORD, {"args": "x", "kwargs": {}}, ["'args' must be a list"]),
+    ("missing argument", RECORD, {"args": [], "kwargs": {}}, ["Cannot rebuild", "label"]),
+    ("unknown argument", RECORD, {"args": ["a"], "kwargs": {"colour": 1}}, ["colour"]),
+    ("unknown tag", RECORD, {"args": [{"__jobguard__": "pickle", "value": "x"}], "kwargs": {}},
+     ["Unknown payload tag", "pickle"]),
+    ("unknown model", RECORD, {"args": [{"__jobguard__": "model", "model": "nope.gone",
+                                         "pk": 1}], "kwargs": {}}, ["Cannot rebuild", "nope"]),
+    ("huge payload", RECORD, {"args": ["x" * (LIMIT * 2)], "kwargs": {}},
+     ["bytes, over JOBGUARD['MAX_PAYLOAD_BYTES']"]),
+]
+
+
+def _insert(name: str, payload) -> str:
+    row = QueuedJob.objects.create(id=uuid.uuid4(), name=name, queue="default", payload=payload)
+    return str(row.id)
+
+
+def test_bad_rows_fail_with_a_reason_and_workers_keep_going(workers):
+    small_limit = {**jobguard_settings.user_settings, "MAX_PAYLOAD_BYTES": LIMIT}
+    with override_settings(JOBGUARD=small_limit), pytest.raises(ValueError,
+                                                                 match="MAX_PAYLOAD_BYTES"):
+        jobs.Record("x" * (LIMIT * 2)).dispatch()  # dispatch() refuses it
+    good = [h.id for h in dispatch_many([jobs.Record("good", key=str(i)) for i in range(30)])]
+    bad = {_insert(name, payload): (what, words) for what, name, payload, words in BAD_ROWS}
+    good += [h.id for h in dispatch_many([jobs.Record("good", key=f"late{i}")
+                                          for i in range(30)])]
+
+    env = chaos_env(JOBGUARD_MAX_PAYLOAD_BYTES=str(LIMIT))
+    outputs = workers(2, "--stop-when-empty", "--sleep", "0.1", env=env).wait(120)
+
+    assert set(JobRun.objects.filter(label="good").values_list("job_id", flat=True)) == set(good)
+    assert not QueuedJob.objects.exists()
+    failed = {str(f.id): f for f in FailedJob.objects.all()}
+    assert set(failed) == set(bad)
+    for job_id, (what, words) in bad.items():
+        reason = f"{failed[job_id].exception_class}: {failed[job_id].message}"
+        for word in words:
+            assert word in reason, (what, reason)
+    assert sum(out.count(" FAILED ") for out in outputs) == len(bad)
+    assert sum(out.count(" DONE ") for out in outputs) == len(good)

@@ -1,0 +1,68 @@
+"""kill -9 random workers while they work through a queue.
+
+The guarantee under test (docs/guarantees.md): delivery is at-least-once with lease recovery.
+A job's row is deleted (acked) only after ``handle()`` returned, so
+
+- every job either completes at least once or lands in failed jobs with a reason;
+- nothing stays queued or reserved once the leases (RETRY_AFTER) of the dead have run out;
+- a run cut short, or a completed run followed by another, only ever happened in a worker
+  that was killed (between ``handle()`` returning and its ack) — a surviving worker's
+  completion is final and never repeated;
+- each re-run counts as a new attempt.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from demo.models import JobRun
+
+from django_jobguard import dispatch_many
+from django_jobguard.models import QueuedJob
+from tests import jobs
+from tests.chaos.conftest import Outcome
+from tests.conftest import POSTGRES
+from tests.test_concurrency import wait_for
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_kill_9_random_workers_loses_no_job(fleet):
+    total, processes, kills = (1000, 4, 8) if POSTGRES else (200, 2, 3)
+    handles = dispatch_many([jobs.Record("chaos", key=str(i), seconds=0.01)
+                             for i in range(total)])
+    workers = fleet("--sleep", "0.2", "--tries", "5")
+    workers.start(processes)
+    rng = random.Random()  # seeded by pytest-randomly
+    for k in range(1, kills + 1):
+        # spread the kills over the run by progress, not by wall-clock time
+        wait_for(lambda k=k: JobRun.objects.filter(label="chaos").count()
+                 >= k * total // (kills + 2), timeout=120)
+        workers.kill(rng.choice(workers.alive))
+        workers.start(1)
+    wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
+    codes = workers.stop_all()
+    assert codes and all(code == 0 for code in codes), workers.errors()
+
+    out = Outcome.read((h.id for h in handles), "chaos")
+    assert out.queued == 0  # nothing lost in the queue, nothing left reserved
+    assert out.completed | set(out.failed) == out.ids  # every job accounted for
+    assert set(out.runs) <= out.ids
+    for failed in out.failed.values():  # a failed job says why
+        assert failed.exception_class.endswith("MaxAttemptsExceededError"), failed.message
+        assert "attempted too many times" in failed.message
+        assert all(r["pid"] in workers.killed for r in out.runs.get(str(failed.id), []))
+    for job_id, runs in out.runs.items():
+        for run in runs:
+            if run["ended_at"] is None:  # cut short: only by a kill
+                assert run["pid"] in workers.killed, (job_id, runs)
+        done = [r for r in runs if r["ended_at"] is not None]
+        for earlier in done[:-1]:  # repeated after completing: only if killed before the ack
+            assert earlier["pid"] in workers.killed, (job_id, runs)
+        attempts = [r["attempt"] for r in runs]
+        assert attempts == sorted(set(attempts)), (job_id, runs)  # each re-run is an attempt
+    survivors_done = [r for runs in out.runs.values() for r in runs
+                      if r["ended_at"] is not None and r["pid"] not in workers.killed]
+    assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
+    assert len(workers.killed) == kills
