@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import datetime
-import time
 
 from django.db.models.functions import Now
-from django.utils import timezone
 
-from django_jobguard.models import Lock, QueuedJob
+from django_jobguard.models import Lock
 from django_jobguard.stores import Store
 from django_jobguard.stores.database import DatabaseStore
-from django_jobguard.worker import Worker, WorkerOptions
+from tests.utils import make_due, wait_for, work
 
-
-def wait_for(predicate, timeout: float = 30, interval: float = 0.05):
-    """Poll until ``predicate()`` is truthy (an event we wait for, not a timed assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+__all__ = ["expire", "make_due", "wait_for", "work"]
 
 
 def expire(store: Store, key: str) -> None:
@@ -36,16 +25,3 @@ def expire(store: Store, key: str) -> None:
     assert store.get_lock(key) is None
 
 
-def work(queues=("default",), **options) -> list[str]:
-    """Run an in-process worker until the queue is empty; returns the states it logged."""
-    states: list[str] = []
-    options.setdefault("memory", 0)  # pytest's own RSS is not a worker's
-    worker = Worker(WorkerOptions(queues=list(queues), stop_when_empty=True, sleep=0, **options),
-                    log=lambda line, state: states.append(state))
-    assert worker.run() == 0
-    return [s for s in states if s != "RUNNING"]
-
-
-def make_due() -> None:
-    """Make delayed/backed-off rows due now (instead of waiting for them)."""
-    QueuedJob.objects.update(available_at=timezone.now() - datetime.timedelta(seconds=1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 from demo.models import JobRun
@@ -13,19 +12,9 @@ from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from tests import jobs
 from tests.conftest import POSTGRES, requires_postgres
+from tests.utils import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(predicate, timeout: float = 30, interval: float = 0.05):
-    """Poll until ``predicate()`` is truthy (an event we wait for, not a timed assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def test_each_job_runs_exactly_once_across_workers(workers):

@@ -15,8 +15,8 @@ from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from tests import limit_jobs
 from tests.limit_jobs import Flaky
-from tests.test_concurrency import wait_for
 from tests.test_limits_rate import make_due, scratch_jobs, work  # noqa: F401 (a fixture)
+from tests.utils import wait_for
 
 pytestmark = pytest.mark.django_db
 

@@ -23,8 +23,8 @@ from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from tests import limit_jobs
 from tests.conftest import MANAGE, ROOT, worker_env
-from tests.test_concurrency import wait_for
 from tests.test_limits_rate import work
+from tests.utils import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

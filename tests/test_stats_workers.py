@@ -9,7 +9,7 @@ import pytest
 from django_jobguard import dispatch_many, operations
 from tests import jobs
 from tests.conftest import worker_env
-from tests.test_concurrency import wait_for
+from tests.utils import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 from django_jobguard.worker import Worker, WorkerOptions
 from tests import tasks
-from tests.test_concurrency import wait_for
+from tests.utils import wait_for
 
 if tasks.task is None:
     pytest.skip("needs django.tasks (Django >= 6.0) or the django-tasks backport",

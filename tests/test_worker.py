@@ -13,6 +13,7 @@ from django_jobguard import signals
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.worker import Worker, WorkerOptions
 from tests import jobs
+from tests.utils import make_due, work
 
 pytestmark = pytest.mark.django_db
 
@@ -20,22 +21,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _clear_calls():
     jobs.CALLS.clear()
-
-
-def work(queues=("default",), **options) -> list[str]:
-    """Run a worker until the queue is empty; returns the states it logged."""
-    states: list[str] = []
-    # memory=0: the 128 MB limit is for worker processes, not for pytest running every module.
-    options = {"memory": 0, **options}
-    worker = Worker(WorkerOptions(queues=list(queues), stop_when_empty=True, sleep=0, **options),
-                    log=lambda line, state: states.append(state))
-    assert worker.run() == 0
-    return [s for s in states if s != "RUNNING"]
-
-
-def make_due() -> None:
-    """Make delayed/backed-off rows due now (instead of waiting for them)."""
-    QueuedJob.objects.update(available_at=timezone.now() - datetime.timedelta(seconds=1))
 
 
 def test_success_deletes_the_row_and_sends_signals():

@@ -21,7 +21,7 @@ from django_jobguard.worker import Worker, WorkerOptions
 from tests import jobs
 from tests.chaos import jobs as chaos_jobs
 from tests.chaos.conftest import chaos_env
-from tests.test_concurrency import wait_for
+from tests.utils import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from django_jobguard.models import QueuedJob
 from tests import jobs
 from tests.chaos.conftest import Outcome
 from tests.conftest import POSTGRES
-from tests.test_concurrency import wait_for
+from tests.utils import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -20,7 +20,7 @@ from django_jobguard.models import QueuedJob
 from tests import jobs
 from tests.chaos.conftest import Outcome, chaos_env
 from tests.conftest import requires_postgres
-from tests.test_concurrency import wait_for
+from tests.utils import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True),
               requires_postgres]

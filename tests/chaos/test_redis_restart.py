@@ -27,7 +27,7 @@ from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.chaos import jobs as chaos_jobs
 from tests.chaos.conftest import Outcome, chaos_env
-from tests.test_concurrency import wait_for
+from tests.utils import wait_for
 
 pytestmark = [
     pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True),
