@@ -270,7 +270,9 @@ def sms_outage(demo: Demo) -> Outcome:
     runs = demo.runs("sms")
     errors = [r for r in runs if r.key == "error"]
     sent = [r for r in runs if r.key == "sent"]
-    opened = errors[2].ended_at if len(errors) >= 3 else None
+    # With several workers one more attempt may already be running when the third failure
+    # opens the circuit; the quiet time is measured from the last failure.
+    opened = max(r.ended_at for r in errors) if len(errors) >= 3 else None
     after = [r for r in runs if opened and r.started_at > opened]
     quiet = (after[0].started_at - opened).total_seconds() if after else 0
     return Outcome([
