@@ -83,16 +83,6 @@ def _retry_until(row: QueuedJob) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value) if value else None
 
 
-def _release_unique(row: QueuedJob) -> None:
-    """Free the job's unique lock after its ack or failure. The job's outcome is already
-    recorded, so a store that is down only costs the lock its ``unique_for`` expiry."""
-    try:
-        unique.release(row.payload)
-    except Exception as exc:
-        logger.warning("Could not release the unique lock of %s (%s); it ends at its expiry.",
-                       row, exc)
-
-
 def _seconds(delay: Any) -> float:
     if isinstance(delay, datetime.datetime):
         return max((delay - timezone.now()).total_seconds(), 0.0)
@@ -282,7 +272,7 @@ class Worker:
         except MissingModelError as exc:
             if getattr(registry.get(row.name), "delete_when_missing_models", False):
                 queue.ack(row, using=self.options.using)
-                _release_unique(row)
+                unique.release(row.payload)
                 return self._log(row, "DELETED", started, str(exc))
             return self._fail(row, None, exc, started)
         except Exception as exc:
@@ -317,7 +307,7 @@ class Worker:
                                  count_attempt=counts, reason=reason)
         if not queue.ack(row, using=self.options.using):
             return self._log(row, "LOST", started, "lease expired; another worker has it")
-        _release_unique(row)
+        unique.release(row.payload)  # logs, never raises, if the store is down
         if job.keep_result:
             self._store_result(row, "SUCCESSFUL", job_started_at, ran=job._handled,
                                return_value=result)
@@ -395,7 +385,7 @@ class Worker:
     def _fail(self, row: QueuedJob, job: Job | None, exc: BaseException, started: float) -> str:
         if queue.fail(row, exc, using=self.options.using) is None:
             return self._log(row, "LOST", started, "lease expired; another worker has it")
-        _release_unique(row)
+        unique.release(row.payload)
         if job is None or job.keep_result:  # no job: a result row may exist (django.tasks)
             self._store_result(row, "FAILED", None, exception=exc,
                                ran=job is not None and job._handled, only_existing=job is None)
