@@ -177,7 +177,7 @@ def run(*, smoke: bool) -> Report:
     report = Report(name="peers")
     counts = throughput.process_counts(smoke)
     peers = [("django-tasks-db", "django_tasks_db", django_tasks_db, n["slow_jobs"]),
-             ("procrastinate", "procrastinate", procrastinate, n["jobs"]),
+             ("procrastinate", "procrastinate", procrastinate, n["slow_jobs"]),
              ("celery (redis)", "celery", celery, n["jobs"])]
     columns = ["workers", "jobguard", "jobguard --batch 10"]
     results: dict[str, dict[int, float | None]] = {}
@@ -199,7 +199,7 @@ def run(*, smoke: bool) -> Report:
             report.notes.append(f"{label}: not installed (pip install -e '.[bench]'), skipped")
     report.tables.append(Table(
         title=f"Processing no-op jobs/s, jobguard vs peers ({n['jobs']:,} jobs; "
-              f"django-tasks-db {n['slow_jobs']:,})",
+              f"django-tasks-db and procrastinate {n['slow_jobs']:,})",
         columns=columns, rows=rows))
     report.data["rates"] = results
     top = counts[-1]

@@ -216,9 +216,12 @@ def _claim_postgresql(queue: str, *, worker_id: str, limit: int, lease: float,
     rows = []
     for values in fetched:
         values = list(values)
-        if isinstance(values[payload_index], str):  # Django loads jsonb as text
-            values[payload_index] = _load_payload(values[payload_index])
-        rows.append(QueuedJob.from_db(using, None, values))
+        text = values[payload_index]
+        if isinstance(text, str):  # Django loads jsonb as text
+            values[payload_index] = _load_payload(text)
+        row = QueuedJob.from_db(using, None, values)
+        row.payload_text_length = len(text) if isinstance(text, str) else None
+        rows.append(row)
     return rows
 
 

@@ -120,8 +120,13 @@ class Worker:
     """Runs jobs from ``options.queues`` until told to stop."""
 
     def __init__(self, options: WorkerOptions | None = None, *,
-                 log: Callable[[str, str], None] | None = None) -> None:
+                 log: Callable[[str, str], None] | None = None,
+                 log_running: bool = True) -> None:
         self.options = options or WorkerOptions()
+        # Whether ``log`` wants RUNNING lines: the line is not even built otherwise.
+        self._log_running = log_running
+        self._stamp: tuple[int, str] = (-1, "")
+        self._rss_checked = -1.0
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.log = log or (lambda line, state: None)
         self.jobs_processed = 0
@@ -172,7 +177,7 @@ class Worker:
         o = self.options
         if self._stop.is_set():
             return EXIT_OK
-        if o.memory and _rss_mb() >= o.memory:
+        if o.memory and self._memory_exceeded(o.memory):
             logger.warning("Worker %s uses more than %s MB; exiting.", self.id, o.memory)
             return EXIT_MEMORY
         if o.once or (o.stop_when_empty and not found):
@@ -182,6 +187,14 @@ class Worker:
         if o.max_jobs and self.jobs_processed >= o.max_jobs:
             return EXIT_OK
         return None
+
+    def _memory_exceeded(self, limit_mb: int) -> bool:
+        """RSS above ``limit_mb``; read at most twice a second (it costs a file read)."""
+        now = time.monotonic()
+        if now - self._rss_checked < 0.5:
+            return False
+        self._rss_checked = now
+        return _rss_mb() >= limit_mb
 
     def _claim(self) -> list[QueuedJob]:
         o = self.options
@@ -290,7 +303,8 @@ class Worker:
             )
             return self._fail(row, job, error, started)
 
-        self.log(self._line(row, "RUNNING"), "RUNNING")
+        if self._log_running:
+            self.log(self._line(row, "RUNNING"), "RUNNING")
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         job_started_at = timezone.now()
         try:
@@ -320,7 +334,12 @@ class Worker:
             raise PayloadError(f"Corrupt payload for {row.name}: expected a JSON object, got "
                                f"{type(row.payload).__name__}.")
         limit = jobguard_settings.MAX_PAYLOAD_BYTES
-        if limit and (size := payload_size(row.payload)) > limit:  # inserted around dispatch()
+        # A row written around dispatch() may be over the limit. The claim knows the length
+        # of the stored text; encoded for the limit a character takes at most 6 bytes
+        # (\uXXXX), so only a long text needs the exact size.
+        text_length = getattr(row, "payload_text_length", None)
+        if limit and (text_length is None or text_length * 6 > limit) and (
+                size := payload_size(row.payload)) > limit:
             raise PayloadError(f"Payload of {row.name} is {size} bytes, over "
                                f"JOBGUARD['MAX_PAYLOAD_BYTES'] = {limit}.")
         try:
@@ -458,8 +477,10 @@ class Worker:
 
     def _line(self, row: QueuedJob, state: str, elapsed: float | None = None,
               detail: str = "") -> str:
-        stamp = timezone.localtime().strftime("%Y-%m-%d %H:%M:%S")
-        head = f"{stamp} {row.name} [{row.id}] "
+        second = int(time.time())
+        if self._stamp[0] != second:  # formatting the local time once a second is enough
+            self._stamp = (second, timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"))
+        head = f"{self._stamp[1]} {row.name} [{row.id}] "
         tail = f" {state}" + (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "")
         line = head + "." * max(3, 100 - len(head) - len(tail)) + tail
         return f"{line} ({detail})" if detail else line

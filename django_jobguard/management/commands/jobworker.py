@@ -104,4 +104,4 @@ def run_worker_process(options: WorkerOptions, *, verbosity: int,
 
     if verbosity >= 3:
         logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
-    return Worker(options, log=log).run()
+    return Worker(options, log=log, log_running=verbosity >= 2).run()
