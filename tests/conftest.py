@@ -43,6 +43,21 @@ def _fresh_stores():
     stores.reset()
 
 
+@pytest.fixture
+def released() -> Iterator[list[dict]]:
+    """The keyword arguments of every ``job_released`` signal sent during the test."""
+    from django_jobguard import signals
+
+    seen: list[dict] = []
+
+    def receiver(**kwargs):
+        seen.append(kwargs)
+
+    signals.job_released.connect(receiver)
+    yield seen
+    signals.job_released.disconnect(receiver)
+
+
 @pytest.fixture(params=["database", pytest.param("redis", marks=requires_redis)])
 def store_alias(request) -> Iterator[str]:
     """Run the test once per store; the chosen store is also JOBGUARD['STORE']."""

@@ -28,20 +28,6 @@ def _clear_calls():
     limit_jobs.CALLS.clear()
 
 
-@pytest.fixture
-def released():
-    from django_jobguard import signals
-
-    seen: list[dict] = []
-
-    def receiver(**kwargs):
-        seen.append(kwargs)
-
-    signals.job_released.connect(receiver)
-    yield seen
-    signals.job_released.disconnect(receiver)
-
-
 def configure(monkeypatch, outcomes, **circuit):
     monkeypatch.setattr(Flaky, "outcomes", list(outcomes))
     # Backoffs keep each retry for the next round (make_due), one run per work().

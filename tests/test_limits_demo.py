@@ -8,25 +8,13 @@ import pytest
 from demo import jobs as demo
 from demo.models import Profile
 
-from django_jobguard import Limit, signals
+from django_jobguard import Limit
 from django_jobguard.limits import window_key
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from tests.test_limits_rate import make_due, work
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def released():
-    seen: list[dict] = []
-
-    def receiver(**kwargs):
-        seen.append(kwargs)
-
-    signals.job_released.connect(receiver)
-    yield seen
-    signals.job_released.disconnect(receiver)
 
 
 def throttle(key: str):

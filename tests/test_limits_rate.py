@@ -7,7 +7,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from django_jobguard import Job, Limit, RateLimited, UnknownLimiterError, rate_limiter, signals
+from django_jobguard import Job, Limit, RateLimited, UnknownLimiterError, rate_limiter
 from django_jobguard.checks import check_settings
 from django_jobguard.limits import referenced_limiters, window_key
 from django_jobguard.models import FailedJob, QueuedJob
@@ -41,18 +41,6 @@ def make_due() -> None:
 
 def hits(key: str) -> int:
     return next((t.hits for t in get_store().throttles() if t.key == key), 0)
-
-
-@pytest.fixture
-def released():
-    seen: list[dict] = []
-
-    def receiver(**kwargs):
-        seen.append(kwargs)
-
-    signals.job_released.connect(receiver)
-    yield seen
-    signals.job_released.disconnect(receiver)
 
 
 # -- Limit ---------------------------------------------------------------------------------
