@@ -92,28 +92,45 @@ def _seconds(delay: Any) -> float:
 
 
 class RecentOutcomes:
-    """Finished and failed jobs of the last ``window`` seconds (written at each heartbeat)."""
+    """Finished and failed jobs of the last ``window`` seconds (written at each heartbeat).
+
+    Kept as one ``[second, done, failed]`` bucket per second, so memory stays at most
+    ``window + 1`` buckets however many jobs a second the worker runs (one entry per job
+    grew a busy worker by megabytes a minute).
+    """
 
     DONE = frozenset({"DONE", "SKIPPED", "DELETED"})
 
-    def __init__(self, window: float = 60.0) -> None:
+    def __init__(self, window: int = 60, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
-        self._events: deque[tuple[float, bool]] = deque()
+        self._clock = clock
+        self._buckets: deque[list[int]] = deque()
         self._lock = threading.Lock()
 
     def record(self, state: str) -> None:
-        if state in self.DONE or state == "FAILED":
-            with self._lock:
-                self._events.append((time.monotonic(), state != "FAILED"))
+        failed = state == "FAILED"
+        if not failed and state not in self.DONE:
+            return
+        second = int(self._clock())
+        with self._lock:
+            if not self._buckets or self._buckets[-1][0] != second:
+                self._buckets.append([second, 0, 0])
+                self._drop_old(second)
+            self._buckets[-1][2 if failed else 1] += 1
 
     def counts(self) -> tuple[int, int]:
-        """``(done, failed)`` within the window."""
-        cutoff = time.monotonic() - self.window
+        """``(done, failed)`` within the window (to the second)."""
         with self._lock:
-            while self._events and self._events[0][0] < cutoff:
-                self._events.popleft()
-            done = sum(1 for _, ok in self._events if ok)
-            return done, len(self._events) - done
+            self._drop_old(int(self._clock()))
+            return (sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets))
+
+    def _drop_old(self, second: int) -> None:
+        while self._buckets and self._buckets[0][0] <= second - self.window:
+            self._buckets.popleft()
+
+    def __len__(self) -> int:
+        """How many buckets are kept (at most ``window``)."""
+        return len(self._buckets)
 
 
 class Worker:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_jobguard import signals
 from django_jobguard.models import FailedJob, QueuedJob
-from django_jobguard.worker import Worker, WorkerOptions
+from django_jobguard.worker import RecentOutcomes, Worker, WorkerOptions
 from tests import jobs
 from tests.utils import make_due, work
 
@@ -249,3 +249,26 @@ def test_lost_lease_is_not_acked():
                                                   attempts=F("attempts") + 1)
     assert worker.process(row) == "LOST"
     assert QueuedJob.objects.filter(id=handle.id).exists()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_recent_outcomes_keep_one_bucket_a_second_and_forget_after_the_window():
+    clock = FakeClock()
+    recent = RecentOutcomes(window=60, clock=clock)
+    for n in range(120_000):  # two minutes at 1,000 jobs/s
+        clock.now = 1000.0 + n / 1000
+        recent.record("FAILED" if n % 100 == 0 else "DONE")
+        recent.record("RUNNING")  # not an outcome: not counted
+    assert len(recent) == 60  # bounded by the window, not by the jobs
+    assert recent.counts() == (59_400, 600)  # the last 60 s only: 60,000 outcomes
+    clock.now += 30
+    assert recent.counts() == (29_700, 300)
+    clock.now += 31
+    assert recent.counts() == (0, 0) and len(recent) == 0
