@@ -1,5 +1,6 @@
-"""Per-job cost of ``ShouldBeUnique`` and ``WithoutOverlapping`` against the same job without
-them, with the database store and the Redis store, on PostgreSQL, in one run.
+"""Per-job cost of each guard (``ShouldBeUnique``, ``WithoutOverlapping``, ``RateLimited``,
+``ThrottlesExceptions``) against the same job without it, with the database store and the Redis
+store, on PostgreSQL, in one run.
 
 Each job is dispatched one by one and run through an in-process worker's pipeline; "ms/job"
 covers both (a unique job takes its lock at dispatch and frees it at ack; an overlap job takes
@@ -8,8 +9,8 @@ rotating order, and the overhead is the median of the per-block differences to t
 job's block next to it, so a burst of load from other processes hits all of them alike.
 "client CPU" is this process's CPU time per job (``time.process_time``): the Python side of
 the overhead, which load from other processes barely changes; wall-clock overhead adds the
-extra round trips (2 per job for either lock), each of which waits for a CPU when the machine
-is busy.
+extra round trips (2 per job for either lock, a transaction for a rate limit, 1-2 for a
+circuit), each of which waits for a CPU when the machine is busy.
 
 Standalone::
 
@@ -32,7 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS_MS = {"redis": 0.5, "database": 2.0}
-VARIANTS = ("plain", "unique", "overlap")
+VARIANTS = ("plain", "unique", "overlap", "rate_limited", "throttled")
 STORES = ("database", "redis")
 REDIS_CACHE = "jobguard_bench_locks"
 
@@ -78,7 +79,18 @@ def _redis_settings() -> tuple[dict, dict]:
 
 
 def _job_classes() -> dict[str, Any]:
-    from django_jobguard import Job, ShouldBeUnique, WithoutOverlapping
+    from django_jobguard import (
+        Job,
+        Limit,
+        RateLimited,
+        ShouldBeUnique,
+        ThrottlesExceptions,
+        WithoutOverlapping,
+        rate_limiter,
+    )
+
+    # Never over the limit: what is measured is the counting, not the deferral.
+    rate_limiter.define("bench-locks", lambda job: Limit.per_minute(10**9).by(job.n % 100))
 
     class Plain(Job):
         name = "bench.locks.Plain"
@@ -102,15 +114,29 @@ def _job_classes() -> dict[str, Any]:
         def middleware(self) -> list:
             return [WithoutOverlapping(self.n % 100, expire_after=60)]
 
-    return {"plain": Plain, "unique": Unique, "overlap": Overlap}
+    class Limited(Plain):
+        name = "bench.locks.RateLimited"
+
+        def middleware(self) -> list:
+            return [RateLimited("bench-locks")]
+
+    class Throttled(Plain):
+        name = "bench.locks.Throttled"
+
+        def middleware(self) -> list:
+            return [ThrottlesExceptions(10, 600).by(f"bench:{self.n % 100}")]
+
+    return {"plain": Plain, "unique": Unique, "overlap": Overlap, "rate_limited": Limited,
+            "throttled": Throttled}
 
 
 def _reset(store_alias: str) -> None:
-    from django_jobguard.models import Lock, QueuedJob
+    from django_jobguard.models import Lock, QueuedJob, Throttle
     from django_jobguard.stores import get_store
 
     QueuedJob.objects.filter(queue="bench-locks")._raw_delete("default")
     Lock.objects.filter(key__startswith="jobguard:")._raw_delete("default")
+    Throttle.objects.filter(key__startswith="jobguard:")._raw_delete("default")
     if store_alias == "redis":
         client = get_store("redis").client
         for key in client.scan_iter(match="jobguard:*", count=1000):
@@ -244,7 +270,7 @@ def run(*, smoke: bool) -> Any:
     results = measure(blocks=blocks, jobs=jobs)
     rows, goals = report_rows(results)
     report = Report(name="locks")
-    report.tables.append(Table(title=f"Lock overhead per job on PostgreSQL (median of {blocks} "
+    report.tables.append(Table(title=f"Guard overhead per job on PostgreSQL (median of {blocks} "
                                      f"interleaved blocks of {jobs} jobs)", columns=COLUMNS,
                                rows=rows))
     report.notes.append("overhead = median of per-block differences to the plain job's block "
@@ -253,13 +279,13 @@ def run(*, smoke: bool) -> Any:
     report.tables.append(Table(title="Reference: one round trip and one acquire+release pair",
                                columns=["store", "round trip ms", "acquire+release ms"],
                                rows=[[a, f["round_trip"], f["pair"]] for a, f in floor.items()]))
-    report.data["primitives"] = floor
     for store_alias, variant, overhead, met in goals:
         target = TARGETS_MS[store_alias]
         report.goals.append(Goal(goal=f"{variant} overhead on the {store_alias} store <= "
                                       f"{target} ms/job", value=f"{overhead:.3f} ms/job",
                                  met=None if smoke else met))
     report.data = {f"{s}/{v}": r for (s, v), r in results.items()}
+    report.data["primitives"] = floor
     return report
 
 
@@ -289,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = [COLUMNS] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"Lock overhead per job on PostgreSQL: median of {blocks} interleaved blocks of "
+    print(f"Guard overhead per job on PostgreSQL: median of {blocks} interleaved blocks of "
           f"{jobs} jobs; {os.cpu_count()} CPUs, load average {load}")
     for index, row in enumerate(cells):
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
