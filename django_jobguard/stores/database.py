@@ -20,6 +20,7 @@ import datetime
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import (
@@ -101,6 +102,7 @@ class DatabaseStore(Store):
         super().__init__(alias=alias)
         self.using = database
         self._upsert_sql: dict[tuple[str, bool | None], str] = {}
+        self._throttle_statements: dict[str, dict[str, str]] = {}
 
     def _locks(self):
         return Lock.objects.using(self.using)
@@ -237,18 +239,90 @@ class DatabaseStore(Store):
     def _now_us(self) -> int:
         return _to_us(self.now())
 
-    def _locked(self, keys: list[str], kind: str) -> dict[str, Throttle]:
+    def _locked(self, keys: list[str], kind: str) -> dict[str, Any]:
+        """Lock the rows of ``keys`` (made first where missing) in key order; ``{key: row}``
+        with the row's ``data``, ``value`` and ``state``."""
+        connection = connections[self.using]
+        if connection.vendor not in _UPSERT_VENDORS:
+            return self._locked_generic(keys, kind)
+        sql = self._throttle_sql(connection)
+        with connection.cursor() as cursor:  # the hot path: no ORM compile, no model rows
+            select = sql["lock"].format(keys=", ".join(["%s"] * len(keys)))
+            if connection.vendor != "sqlite":
+                cursor.execute(select, keys)
+                rows = {r[0]: _ThrottleRow(*r) for r in cursor.fetchall()}
+                if len(rows) == len(keys):
+                    return rows
+            for key in keys:
+                cursor.execute(sql["insert"], [key, kind])
+            cursor.execute(select, keys)
+            return {r[0]: _ThrottleRow(*r) for r in cursor.fetchall()}
+
+    def _peek(self, key: str) -> Any:
+        """The row of ``key`` without locking it (``None`` if there is none)."""
+        connection = connections[self.using]
+        if connection.vendor not in _UPSERT_VENDORS:
+            return self._throttles().filter(key=key).first()
+        with connection.cursor() as cursor:
+            cursor.execute(self._throttle_sql(connection)["peek"], [key])
+            found = cursor.fetchone()
+        return _ThrottleRow(*found) if found else None
+
+    def _locked_generic(self, keys: list[str], kind: str) -> dict[str, Any]:
         def lock() -> dict[str, Throttle]:
             rows = self._throttles().select_for_update().filter(key__in=keys).order_by("key")
             return {row.key: row for row in rows}
 
-        if connections[self.using].vendor != "sqlite":
-            rows = lock()
-            if len(rows) == len(keys):
-                return rows
+        rows = lock()
+        if len(rows) == len(keys):
+            return rows
         self._throttles().bulk_create([Throttle(key=key, kind=kind) for key in keys],
                                       ignore_conflicts=True)
         return lock()
+
+    def _throttle_sql(self, connection: Any) -> dict[str, str]:
+        """Lock, insert and write statements on the throttle table for this vendor."""
+        cached = self._throttle_statements.get(connection.vendor)
+        if cached is None:
+            quote, meta = connection.ops.quote_name, Throttle._meta
+            c = {f.name: quote(f.column) for f in meta.concrete_fields}
+            table = quote(meta.db_table)
+            lock = " FOR UPDATE" if connection.vendor != "sqlite" else ""
+            columns = f"{c['key']}, {c['data']}, {c['value']}, {c['state']}"
+            cached = {
+                "peek": f"SELECT {columns} FROM {table} WHERE {c['key']} = %s",
+                # {keys} is filled with one placeholder per key (1-3 keys: not cached)
+                "lock": f"SELECT {columns} FROM {table} WHERE {c['key']} IN ({{keys}}) "
+                        f"ORDER BY {c['key']}{lock}",
+                "insert": f"INSERT INTO {table} ({c['key']}, {c['kind']}, {c['hits']}, "
+                          f"{c['limit']}, {c['state']}, {c['value']}, {c['data']}) "
+                          f"VALUES (%s, %s, 0, 0, '', 0, '') ON CONFLICT ({c['key']}) "
+                          f"DO NOTHING",
+                "write": f"UPDATE {table} SET {c['kind']} = %s, {c['hits']} = %s, "
+                         f"{c['limit']} = %s, {c['state']} = %s, {c['value']} = %s, "
+                         f"{c['data']} = %s, {c['resets_at']} = %s, {c['expires_at']} = %s, "
+                         f"{c['updated_at']} = {_NOW[connection.vendor]} "
+                         f"WHERE {c['key']} = %s",
+            }
+            self._throttle_statements[connection.vendor] = cached
+        return cached
+
+    def _write(self, key: str, *, kind: str, hits: int, limit: int, state: str, value: float,
+               data: str, resets_at: int | None, expires_at: int) -> None:
+        """Store a window's or circuit's new state (times in µs of the store clock)."""
+        connection = connections[self.using]
+        resets = _from_us(resets_at) if resets_at else None
+        expires = _from_us(expires_at)
+        if connection.vendor not in _UPSERT_VENDORS:
+            self._throttles().filter(key=key).update(
+                kind=kind, hits=hits, limit=limit, state=state, value=value, data=data,
+                resets_at=resets, expires_at=expires, updated_at=Now())
+            return
+        adapt = connection.ops.adapt_datetimefield_value
+        with connection.cursor() as cursor:
+            cursor.execute(self._throttle_sql(connection)["write"],
+                           [kind, hits, limit, state, value, data, adapt(resets),
+                            adapt(expires), key])
 
     def _serialized(self, work: Callable[[], Any]) -> Any:
         """Run ``work`` in a transaction, retried on deadlocks and busy databases."""
@@ -278,18 +352,17 @@ class DatabaseStore(Store):
                 for key in keys:
                     limit, decay = merged[key]
                     log = outcome.logs[key]
-                    self._throttles().filter(key=key).update(
-                        kind="rate", hits=sum(b[2] for b in log), limit=limit, state="",
-                        value=decay / 1_000_000, data=counters.encode_log(log),
-                        resets_at=_from_us(log[0][1] + decay),
-                        expires_at=_from_us(log[-1][1] + decay), updated_at=Now())
+                    self._write(key, kind="rate", hits=sum(b[2] for b in log), limit=limit,
+                                state="", value=decay / 1_000_000,
+                                data=counters.encode_log(log), resets_at=log[0][1] + decay,
+                                expires_at=log[-1][1] + decay)
             return outcome
 
         outcome = self._serialized(hit)
         return RateDecision(allowed=outcome.allowed, now=_from_us(outcome.now),
                             retry_after=outcome.wait / 1_000_000, blocked=outcome.blocked)
 
-    def _circuit(self, row: Throttle | None, now: int) -> counters.Circuit:
+    def _circuit(self, row: Any, now: int) -> counters.Circuit:
         if row is None or not row.data:
             return counters.Circuit()
         return counters.load_circuit(counters.decode_circuit(row.data), now,
@@ -301,15 +374,14 @@ class DatabaseStore(Store):
         if expires is None:
             self._throttles().filter(key=key).delete()
             return
-        self._throttles().filter(key=key).update(
-            kind="circuit", hits=c.failures, limit=max_attempts, state=c.state,
-            value=decay / 1_000_000, data=counters.encode_circuit(c),
-            resets_at=_from_us(c.until), expires_at=_from_us(expires), updated_at=Now())
+        self._write(key, kind="circuit", hits=c.failures, limit=max_attempts, state=c.state,
+                    value=decay / 1_000_000, data=counters.encode_circuit(c),
+                    resets_at=c.until, expires_at=expires)
 
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
         if _at is None:  # fast path: a closed circuit admits without a write
-            row = self._throttles().filter(key=key).first()
+            row = self._peek(key)
             if row is None:
                 return _circuit_decision(key, counters.Entry(counters.Circuit(), True))
             if row.state == counters.CLOSED:
@@ -334,7 +406,7 @@ class DatabaseStore(Store):
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
                       decay: float, _at: int | None = None) -> CircuitDecision:
         if _at is None and outcome != counters.FAILURE:
-            row = self._throttles().filter(key=key).first()
+            row = self._peek(key)
             if row is None:  # fast path: nothing to reset or hand back
                 return _circuit_decision(key, counters.Entry(counters.Circuit(), True))
         def leave() -> counters.Circuit:
@@ -393,3 +465,13 @@ def _circuit_decision(key: str, entry: counters.Entry) -> CircuitDecision:
 
 
 _UPSERT_VENDORS = set(_IN_SECONDS)
+
+
+@dataclass(frozen=True)
+class _ThrottleRow:
+    """What a locked throttle row holds for the counters (the raw-SQL path's row)."""
+
+    key: str
+    data: str
+    value: float
+    state: str
