@@ -189,7 +189,12 @@ def run(*, smoke: bool) -> Report:
         results.setdefault("jobguard", {})[processes] = jg
         results.setdefault("jobguard --batch 10", {})[processes] = jg10
         for label, module, measure, jobs in peers:
-            rate = measure(processes, jobs).rate if installed(module) else None
+            rate = None
+            if installed(module):
+                try:
+                    rate = measure(processes, jobs).rate
+                except (RuntimeError, TimeoutError) as exc:  # one peer's failure is a note
+                    report.notes.append(f"{label} with {processes} workers failed: {exc}")
             results.setdefault(label, {})[processes] = rate
             row += [rate, ratio(jg, rate)]
         rows.append(row)

@@ -18,6 +18,11 @@ DATABASE_URL = os.environ.get("JOBGUARD_BENCH_DATABASE_URL",
                               "postgres://127.0.0.1:5432/jobguard_bench")
 REDIS_URL = os.environ.get("JOBGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+# Persistent connections, as a deployed worker has them. With Django's default (0) a worker
+# that calls close_old_connections() between tasks, as django-tasks-db's db_worker does,
+# opens a new connection for every poll and every task: that measured the connection set-up,
+# not the queue. jobguard's worker keeps its connection either way.
+DATABASES["default"]["CONN_MAX_AGE"] = None
 # Prepared statements for jobguard's claim/ack (Django turns them off by default for poolers).
 if os.environ.get("JOBGUARD_BENCH_PREPARE", "1") == "1":
     DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
