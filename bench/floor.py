@@ -33,10 +33,19 @@ DELETE = f"DELETE FROM {TABLE} WHERE id = %s AND reserved_by = %s"
 PAYLOAD = json.dumps({"args": [], "kwargs": {}})
 
 
-def insert_single(conn: psycopg.Connection, n: int) -> None:
-    """One autocommit INSERT per job (what a view dispatching one job does)."""
+NOTIFY = "SELECT pg_notify('bench_floor', 'bench')"
+
+
+def insert_single(conn: psycopg.Connection, n: int, *, notify: bool = False) -> None:
+    """One autocommit INSERT per job (what a view dispatching one job does); with ``notify``
+    also a NOTIFY in the same transaction, as a queue that wakes its idle workers sends."""
     for _ in range(n):
-        conn.execute(INSERT, [uuid.uuid4(), PAYLOAD])
+        if notify:
+            with conn.transaction():
+                conn.execute(INSERT, [uuid.uuid4(), PAYLOAD])
+                conn.execute(NOTIFY)
+        else:
+            conn.execute(INSERT, [uuid.uuid4(), PAYLOAD])
 
 
 def insert_bulk(conn: psycopg.Connection, n: int, batch: int = 500) -> None:
