@@ -24,6 +24,7 @@ _EXPORTS = {
     "MaxAttemptsExceededError": "django_jobguard.exceptions",
     "JobTimeoutError": "django_jobguard.exceptions",
     "ManuallyFailedError": "django_jobguard.exceptions",
+    "StoreUnavailableError": "django_jobguard.exceptions",
     "get_store": "django_jobguard.stores",
     # limits
     "Limit": "django_jobguard.limits",

@@ -25,3 +25,22 @@ class ManuallyFailedError(JobGuardError):
 
 class PayloadError(JobGuardError):
     """A queued row's payload cannot be turned back into a job."""
+
+
+class StoreUnavailableError(JobGuardError):
+    """A lock/counter store could not be reached: its server is down, restarting, still
+    loading its data, or timed out. The store raises it, chained to the backend's error.
+
+    Raised before ``handle()`` started (by ``WithoutOverlapping``, ``RateLimited``,
+    ``ThrottlesExceptions`` or any middleware asking a store), the worker puts the job back a
+    few seconds later without using an attempt: the job never ran. Raised by ``handle()`` or
+    after it, it is the job's exception like any other (retried or failed by ``tries``).
+    """
+
+    def __init__(self, store: str, error: BaseException | str) -> None:
+        super().__init__(store, error)
+        self.store = store
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"store {self.store!r} is unavailable: {self.error}"

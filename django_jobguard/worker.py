@@ -7,7 +7,8 @@ One job's path, top to bottom (:meth:`Worker.process`):
 3. run middleware and ``handle()`` under the job's timeout (a ``ShouldBeUniqueUntilProcessing``
    lock is released once every middleware let the job through, just before ``handle()``);
 4. the outcome decides: ack (and release the unique lock), release back to the queue
-   (``job.release()``, a middleware deferral, or an exception with tries left), or fail.
+   (``job.release()``, a middleware deferral, a store outage before ``handle()``, or an
+   exception with tries left), or fail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import random
 import signal
 import socket
 import threading
@@ -37,6 +39,7 @@ from django_jobguard.exceptions import (
     JobTimeoutError,
     MaxAttemptsExceededError,
     PayloadError,
+    StoreUnavailableError,
 )
 from django_jobguard.jobs import Job
 from django_jobguard.models import QueuedJob
@@ -47,6 +50,14 @@ logger = logging.getLogger("django_jobguard.worker")
 
 EXIT_OK = 0
 EXIT_MEMORY = 12
+
+#: A job stopped by a store outage before ``handle()`` comes back after this many seconds, plus
+#: up to ``STORE_OUTAGE_JITTER`` (so that the jobs put back together do not all return at once).
+STORE_OUTAGE_DELAY = 2.0
+STORE_OUTAGE_JITTER = 3.0
+#: Seconds the worker then waits before its next job, so it does not spin through the queue
+#: putting back job after job while the store restarts.
+STORE_OUTAGE_PAUSE = 1.0
 
 
 @dataclass
@@ -328,6 +339,8 @@ class Worker:
             with self._time_limit(self._timeout(job)):
                 result = job._run()
         except Exception as exc:
+            if isinstance(exc, StoreUnavailableError) and not job._handled:
+                return self._after_store_outage(row, job, exc, started)
             return self._after_exception(row, job, exc, started, deadline, tries)
 
         if job._failed is not None:
@@ -405,6 +418,21 @@ class Worker:
         logger.info("%s [%s] raised %r; retrying.", row.name, row.id, exc)
         return self._release(row, job, started, delay=self._backoff(job, row.attempts),
                              count_attempt=True, reason="exception", exception=exc)
+
+    def _after_store_outage(self, row: QueuedJob, job: Job, exc: StoreUnavailableError,
+                            started: float) -> str:
+        """A store could not be reached before ``handle()`` started: the job never ran, so
+        put it back without using an attempt (whatever ``DEFERRALS_CONSUME_ATTEMPTS`` says),
+        and pause before the next job. The outage is not the job's exception: it neither
+        counts towards ``max_exceptions`` nor becomes ``last_error``."""
+        delay = STORE_OUTAGE_DELAY + random.uniform(0, STORE_OUTAGE_JITTER)
+        logger.warning("Store %r is unavailable (%s); %s [%s] goes back to the queue for "
+                       "%.1f s without using an attempt.", exc.store, exc.error, row.name,
+                       row.id, delay)
+        state = self._release(row, job, started, delay=delay, count_attempt=False,
+                              reason="store_unavailable")
+        self._stop.wait(STORE_OUTAGE_PAUSE)
+        return state
 
     def _release(self, row: QueuedJob, job: Job, started: float, *, delay: float,
                  count_attempt: bool, reason: str, exception: Exception | None = None) -> str:

@@ -6,7 +6,9 @@ goes back to the queue after ``backoff`` seconds (that run counted as one of its
 deferred, without using tries, until ``decay_seconds`` have passed. Then exactly one job runs
 as a probe (half-open): its real success closes the circuit, its failure opens it again. Only a
 real success resets the count: a job that was released, deferred or dropped leaves the circuit
-as it was (Laravel clears it then, PR #61293).
+as it was (Laravel clears it then, PR #61293). A ``StoreUnavailableError`` (a lock or counter
+store that cannot be reached) is not the service failing: it is never counted or dropped by
+``delete_when``, and goes to the worker as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.exceptions import JobTimeoutError
+from django_jobguard.exceptions import JobTimeoutError, StoreUnavailableError
 from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import counters, get_store
@@ -143,6 +145,11 @@ class ThrottlesExceptions(JobMiddleware):
             return None
         try:
             result = next(job)
+        except StoreUnavailableError:
+            # jobguard's own infrastructure, not the service: the worker decides (before
+            # handle() it puts the job back without using an attempt)
+            store.circuit_leave(key, owner=owner, **settings, outcome=counters.NEUTRAL)
+            raise
         except Exception as exc:
             counted = self._counts(exc)
             store.circuit_leave(key, owner=owner, **settings,

@@ -5,17 +5,23 @@ expiry uses Redis's own clock (``TIME`` and key TTLs). A lock is a hash
 ``{owner, token, acquired_at, job_id}`` with a TTL; its fencing counter lives beside it in
 ``<key>:fence`` and never goes below the server time in microseconds, so tokens keep
 increasing per key even after a Redis restart emptied the counter.
+
+When the server cannot be reached (down, restarting, loading its data, timing out) every
+primitive raises :class:`~django_jobguard.exceptions.StoreUnavailableError`, chained to the
+redis error, so that the worker can tell an outage from a job's own failure.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.checks import Error
 
+from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
     CircuitDecision,
@@ -28,6 +34,30 @@ from django_jobguard.stores.base import (
     check_owner,
     check_ttl,
 )
+
+try:  # redis is optional (django-jobguard[redis]); without it nothing here is called
+    from redis.exceptions import ConnectionError as _ConnectionError
+    from redis.exceptions import TimeoutError as _TimeoutError
+
+    _OUTAGES: tuple[type[Exception], ...] = (_ConnectionError, _TimeoutError)
+except ImportError:  # pragma: no cover
+    _OUTAGES = ()
+
+
+def _reachable(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the redis errors of an unreachable server (connection refused or lost, timeout,
+    ``LOADING`` after a restart) into :class:`StoreUnavailableError`. Every other error, such
+    as a script error, stays what it is."""
+
+    @functools.wraps(method)
+    def call(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except _OUTAGES as exc:
+            raise StoreUnavailableError(self.alias, exc) from exc
+
+    return call
+
 
 _ACQUIRE = """
 local key, fence = KEYS[1], KEYS[2]
@@ -115,6 +145,7 @@ class RedisStore(Store):
             script = self._scripts[source] = self.client.register_script(source)
         return script
 
+    @_reachable
     def acquire(self, key: str, owner: str, *, ttl: float | None = None,
                 job_id: str = "") -> int | None:
         check_key(key)
@@ -123,15 +154,19 @@ class RedisStore(Store):
                                        args=[owner, _ms(check_ttl(ttl)), job_id])
         return int(token) if token else None
 
+    @_reachable
     def release(self, key: str, owner: str) -> bool:
         return bool(self._script(_RELEASE)(keys=[key], args=[owner]))
 
+    @_reachable
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
         return bool(self._script(_EXTEND)(keys=[key], args=[owner, _ms(check_ttl(ttl))]))
 
+    @_reachable
     def force_release(self, key: str) -> bool:
         return bool(self.client.delete(key))
 
+    @_reachable
     def get_lock(self, key: str) -> LockInfo | None:
         pipe = self.client.pipeline()
         pipe.hgetall(key)
@@ -149,6 +184,7 @@ class RedisStore(Store):
                         acquired_at=_from_us(data.get("acquired_at")), expires_at=expires,
                         job_id=_text(data.get("job_id")), store=self.alias)
 
+    @_reachable
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         """Held locks under ``prefix`` (expired ones are gone already: Redis drops them)."""
         keys = [_text(raw) for raw in self.client.scan_iter(match=f"{prefix}*", count=500)]
@@ -173,6 +209,7 @@ class RedisStore(Store):
     def clean_expired(self) -> int:
         return 0  # Redis drops expired keys itself
 
+    @_reachable
     def now(self) -> datetime.datetime:
         seconds, micros = self.client.time()
         return datetime.datetime.fromtimestamp(seconds + micros / 1_000_000, tz=datetime.UTC)
@@ -185,6 +222,7 @@ class RedisStore(Store):
     def _counter(self, source: str, keys: list[str], args: list[Any]) -> list[str]:
         return [_text(v) for v in self._script(source)(keys=keys, args=args)]
 
+    @_reachable
     def hit_rate_limits(self, windows: Sequence[RateWindow], *,
                         _at: int | None = None) -> RateDecision:
         merged = counters.merge_windows(
@@ -197,6 +235,7 @@ class RedisStore(Store):
         return RateDecision(allowed=reply[0] == "1", now=_from_us(reply[1]),
                             retry_after=int(reply[2]) / 1_000_000, blocked=tuple(reply[3:]))
 
+    @_reachable
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
         reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [key], [
@@ -204,6 +243,7 @@ class RedisStore(Store):
             counters.us(probe_lease)])
         return _circuit_decision(key, reply)
 
+    @_reachable
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
                       decay: float, _at: int | None = None) -> CircuitDecision:
         if outcome not in (counters.SUCCESS, counters.FAILURE, counters.NEUTRAL):
@@ -212,6 +252,7 @@ class RedisStore(Store):
             "" if _at is None else _at, owner, max_attempts, counters.us(decay), outcome])
         return _circuit_decision(key, reply)
 
+    @_reachable
     def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
         keys = sorted(_text(k) for k in self.client.scan_iter(match=f"{prefix}*", count=500,
                                                                _type="string"))
@@ -242,6 +283,7 @@ class RedisStore(Store):
         return ThrottleInfo(key=key, kind="circuit", hits=c.failures, limit=int(limit),
                             state=c.state, resets_at=_from_us(c.until), store=self.alias)
 
+    @_reachable
     def reset_throttle(self, key: str) -> bool:
         return bool(self._script(_RESET_THROTTLE)(keys=[key]))
 

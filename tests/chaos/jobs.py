@@ -9,7 +9,7 @@ import time
 from demo.models import JobRun
 from django.utils import timezone
 
-from django_jobguard import Job, ShouldBeUnique
+from django_jobguard import Job, ShouldBeUnique, WithoutOverlapping
 from django_jobguard.stores import get_store
 
 
@@ -44,5 +44,42 @@ class UniqueRecord(ShouldBeUnique, Job):
                                     pid=os.getpid(), attempt=self.attempts(),
                                     started_at=timezone.now())
         time.sleep(0.01)
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])
+
+
+class OverlapRecord(Job):
+    """One run at a time per ``key`` (``WithoutOverlapping`` in the default store, one try).
+
+    Each run records itself (label ``overlap``, its fencing token, start and end), then makes
+    a fenced write: the ``fence`` row of its key takes the run's token only if that is larger
+    than the token already there; a refused write is recorded as ``fence-refused``. With
+    ``hold`` the run keeps its lock until the test creates the ``go`` row of its key.
+    """
+
+    tries = 1
+
+    def __init__(self, key: str, hold: bool = False, expire_after: float = 8.0):
+        self.key, self.hold, self.expire_after = key, hold, expire_after
+
+    def middleware(self):
+        return [WithoutOverlapping(self.key, expire_after=self.expire_after, release_after=0.3)]
+
+    def handle(self):
+        run = JobRun.objects.create(label="overlap", key=self.key, job_id=self.job_id or "",
+                                    pid=os.getpid(), attempt=self.attempts(),
+                                    token=self.lock_token, started_at=timezone.now())
+        if self.hold:
+            deadline = time.monotonic() + 50
+            while (not JobRun.objects.filter(label="go", key=self.key).exists()
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+        else:
+            time.sleep(0.05)
+        written = JobRun.objects.filter(label="fence", key=self.key,
+                                        token__lt=self.lock_token).update(token=self.lock_token)
+        if not written:
+            JobRun.objects.create(label="fence-refused", key=self.key, job_id=self.job_id or "",
+                                  token=self.lock_token, started_at=timezone.now())
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
