@@ -232,3 +232,33 @@ def test_a_unique_dispatch_raises_to_the_caller_and_queues_nothing(down):
     with pytest.raises(StoreUnavailableError):
         UniqueOnDown().dispatch()
     assert not QueuedJob.objects.exists()
+
+
+class CircuitJob(Job):
+    """One try, a circuit in the database store, and a handle() that succeeds."""
+
+    tries = 1
+
+    def middleware(self):
+        return [ThrottlesExceptions(3, 60, store="database")]
+
+    def handle(self):
+        ran.append("circuit-success")
+
+
+def test_a_success_the_circuit_cannot_record_still_stands(monkeypatch, caplog):
+    """The store goes away between handle() and recording the success on the circuit: the
+    job is done (not retried, not failed), and the worker says what it could not record."""
+    from django_jobguard.stores.database import DatabaseStore
+
+    def leave_fails(self, key, **kwargs):
+        raise StoreUnavailableError(self.alias, "connection refused")
+
+    monkeypatch.setattr(DatabaseStore, "circuit_leave", leave_fails)
+    CircuitJob().dispatch()
+
+    assert work() == ["DONE"]
+    assert ran == ["circuit-success"]
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert any("could not record it" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)

@@ -165,7 +165,13 @@ class ThrottlesExceptions(JobMiddleware):
             job.release(self.backoff)
             return None
         outcome = counters.SUCCESS if really_succeeded(job) else counters.NEUTRAL
-        store.circuit_leave(key, owner=owner, outcome=outcome, **settings)
+        try:
+            store.circuit_leave(key, owner=owner, outcome=outcome, **settings)
+        except StoreUnavailableError as exc:
+            # handle() has run: its outcome stands. Raising here would run it again. The
+            # circuit keeps its count (or its probe lease runs out) until the store is back.
+            logger.warning("%s [%s] finished, but circuit %s could not record it (%s).",
+                           job.name, job.job_id, key, exc)
         return result
 
     def _counts(self, exc: BaseException) -> bool:
