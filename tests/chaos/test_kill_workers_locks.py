@@ -156,7 +156,8 @@ class Run:
         often share an overlap key (in index order they never would: index % keys)."""
         indexes = self.rng.sample(indexes, len(indexes))
         before = timezone.now()
-        handles = dispatch_many([make_job(i) for i in indexes])
+        with transaction.atomic():  # one commit for the rows and (database store) the locks
+            handles = dispatch_many([make_job(i) for i in indexes])
         assert all(handles), [h for h in handles if not h]
         for handle, index in zip(handles, indexes, strict=True):
             self.jobs[handle.id] = make_job(index)
@@ -342,5 +343,6 @@ def test_kill_9_random_workers_with_unique_and_overlap_locks(fleet, store_alias)
         earlier = [r["token"] for r in by_key.get(f"chaos-guarded:{k}", [])]
         assert token is not None and token > max(earlier, default=0), (key, token)
         assert store.release(key, "probe")
-    again = dispatch_many([make_job(i) for i in range(size.jobs)])
+    with transaction.atomic():
+        again = dispatch_many([make_job(i) for i in range(size.jobs)])
     assert all(again), [h for h in again if not h][:5]
