@@ -83,3 +83,58 @@ class OverlapRecord(Job):
                                   token=self.lock_token, started_at=timezone.now())
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
+
+
+class GuardedRecord(ShouldBeUnique, Job):
+    """A unique job (one per ``index``) that also runs ``WithoutOverlapping`` on the shared
+    key ``index % keys``, and records each run: pid, attempt, overlap key, fencing token and
+    start/end by the host clock (taken inside ``handle()``, so each run's interval lies within
+    the time its worker held the overlap lock). For tests/chaos/test_kill_workers_locks.py.
+
+    ``unique_for`` bounds a unique lock whose worker died between the ack and the release;
+    ``OVERLAP_TTL`` bounds an overlap lock whose worker died mid-run. ``renew=True`` keeps a
+    live worker's overlap lock from expiring under it on a loaded machine, so a live holder is
+    never overlapped; only a dead holder's lock runs out.
+    """
+
+    LABEL = "guarded"
+    OVERLAP_TTL = 4.0  # seconds: WithoutOverlapping(expire_after=...)
+    tries = 3
+    unique_for = 30
+
+    def __init__(self, index: int, keys: int, seconds: float = 0.005):
+        self.index, self.keys, self.seconds = index, keys, seconds
+
+    def unique_id(self) -> str:
+        return str(self.index)
+
+    @property
+    def overlap_key(self) -> str:
+        return f"chaos-guarded:{self.index % self.keys}"
+
+    def middleware(self):
+        return [WithoutOverlapping(self.overlap_key, shared=True, release_after=0.2,
+                                   expire_after=self.OVERLAP_TTL, renew=True)]
+
+    def handle(self):
+        run = JobRun.objects.create(label=self.LABEL, key=self.overlap_key,
+                                    job_id=self.job_id or "", pid=os.getpid(),
+                                    attempt=self.attempts(), token=self.lock_token,
+                                    started_at=timezone.now())
+        time.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])
+
+    def failed(self, exception):
+        """Record which worker failed the job for good. It calls this after it released the
+        unique lock, so a job with this record must not hold its lock any more."""
+        JobRun.objects.create(label=f"{self.LABEL}-failed", key=self.overlap_key,
+                              job_id=self.job_id or "", pid=os.getpid(),
+                              attempt=self.attempts(), started_at=timezone.now())
+
+
+class GuardedRecordOnce(GuardedRecord):
+    """The same with ``tries = 1``: a run cut short by a kill ends in failed jobs
+    (``MaxAttemptsExceededError``) instead of running again."""
+
+    tries = 1
