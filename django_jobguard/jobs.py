@@ -160,6 +160,7 @@ class Job:
         self._released: tuple[Delay, bool, str] | None = None
         self._failed: BaseException | None = None
         self._handled = False
+        self._handle_finished = False
         self._payload: dict[str, Any] = {}
 
     def _run(self) -> Any:
@@ -168,7 +169,10 @@ class Job:
         def call_handle(job: Job) -> Any:
             job._handled = True
             unique.release_on_start(job)  # after every middleware let the job through
-            return job.handle()
+            try:
+                return job.handle()
+            finally:
+                job._handle_finished = True  # the timeout no longer interrupts (worker.py)
 
         chain: Callable[[Job], Any] = call_handle
         for middleware in reversed(list(self.middleware())):

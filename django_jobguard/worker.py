@@ -336,7 +336,8 @@ class Worker:
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         job_started_at = timezone.now()
         try:
-            with self._time_limit(self._timeout(job)):
+            with self._time_limit(self._timeout(job),
+                                  finished=lambda: job._handle_finished):
                 result = job._run()
         except Exception as exc:
             if isinstance(exc, StoreUnavailableError) and not job._handled:
@@ -476,11 +477,15 @@ class Worker:
     # -- timeouts, signals, logging ----------------------------------------------------
 
     @contextmanager
-    def _time_limit(self, seconds: float) -> Iterator[None]:
+    def _time_limit(self, seconds: float, *,
+                    finished: Callable[[], bool] = lambda: False) -> Iterator[None]:
         """Raise :class:`JobTimeoutError` in the job after ``seconds`` (main thread only).
 
-        If the job swallows it and keeps running, the process exits after a grace period;
-        the supervisor starts a new worker and the job's lease brings it back.
+        Once ``finished()`` (``handle()`` has returned or raised) the time is not up for the
+        job any more: raising then would only interrupt the middleware's clean-up (an overlap
+        lock left until it expires, a completed run retried). If the job swallows the error,
+        or the clean-up hangs, the process exits after a grace period; the supervisor starts
+        a new worker and the job's lease brings it back.
         """
         if not seconds or threading.current_thread() is not threading.main_thread():
             yield
@@ -490,10 +495,15 @@ class Worker:
         def on_alarm(signum: int, frame: Any) -> None:
             nonlocal fired
             if fired:
-                logger.critical("Job ignored its timeout; exiting the worker process.")
+                logger.critical("The job did not end within its timeout and a grace period; "
+                                "exiting the worker process.")
                 os._exit(1)
             fired = True
             signal.setitimer(signal.ITIMER_REAL, max(5.0, seconds))  # grace period
+            if finished():
+                logger.warning("The job's time ran out after handle() finished; letting its "
+                               "middleware finish.")
+                return
             raise JobTimeoutError(f"The job has timed out after {seconds:g} s.")
 
         previous = signal.signal(signal.SIGALRM, on_alarm)

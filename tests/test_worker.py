@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 from demo.models import Profile
 from django.db.models import F
 from django.utils import timezone
 
-from django_jobguard import signals
+from django_jobguard import Job, signals
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.worker import RecentOutcomes, Worker, WorkerOptions
 from tests import jobs
@@ -272,3 +273,47 @@ def test_recent_outcomes_keep_one_bucket_a_second_and_forget_after_the_window():
     assert recent.counts() == (29_700, 300)
     clock.now += 31
     assert recent.counts() == (0, 0) and len(recent) == 0
+
+
+class SlowCleanUp:
+    """A middleware whose work after ``handle()`` (like releasing a lock in a slow store)
+    outlasts the job's timeout."""
+
+    def __init__(self, before: float = 0.0, after: float = 0.0) -> None:
+        self.before, self.after = before, after
+
+    def handle(self, job, next):
+        time.sleep(self.before)
+        result = next(job)
+        time.sleep(self.after)
+        jobs.CALLS.append(("clean-up done", job.attempts()))
+        return result
+
+
+class TimedMiddlewareJob(Job):
+    name = "tests.TimedMiddlewareJob"
+    timeout = 0.3
+    tries = 1
+
+    def __init__(self, before: float = 0.0, after: float = 0.0):
+        self.before, self.after = before, after
+
+    def middleware(self):
+        return [SlowCleanUp(self.before, self.after)]
+
+    def handle(self):
+        jobs.CALLS.append(("handled", self.attempts()))
+
+
+def test_the_timeout_does_not_interrupt_middleware_clean_up_after_handle():
+    TimedMiddlewareJob(after=0.6).dispatch()
+    assert work() == ["DONE"]  # not a timeout: handle() had finished in time
+    assert jobs.CALLS == [("handled", 1), ("clean-up done", 1)]
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+
+
+def test_the_timeout_still_covers_middleware_before_handle():
+    TimedMiddlewareJob(before=0.6).dispatch()
+    assert work() == ["FAILED"]
+    assert jobs.CALLS == []
+    assert FailedJob.objects.get().exception_class.endswith("JobTimeoutError")
