@@ -20,9 +20,16 @@ CHAOS_ENV = {"JOBGUARD_RETRY_AFTER": "2", "JOBGUARD_DEFAULT_TIMEOUT": "1",
              "JOBGUARD_EXTRA_JOB_MODULES": "tests.chaos.jobs"}
 
 
+#: For tests that assert a surviving worker never loses its job or has a run cut short: a
+#: heartbeat starved for 2 s on a loaded 2-core machine loses a 2 s lease, and a 10 ms job
+#: can outlast a 1 s timeout there. A live worker keeps an 8 s lease unless it stalls for 5 s.
+LONG_LEASE = {"JOBGUARD_RETRY_AFTER": "8", "JOBGUARD_DEFAULT_TIMEOUT": "6"}
+
+
 def chaos_env(**extra: str) -> dict[str, str]:
-    """Worker environment with a 2 s lease (RETRY_AFTER) so crash recovery is quick."""
-    return worker_env(**CHAOS_ENV, **extra)
+    """Worker environment with a 2 s lease (RETRY_AFTER) so crash recovery is quick;
+    ``extra`` overrides it (e.g. ``**LONG_LEASE``)."""
+    return worker_env(**{**CHAOS_ENV, **extra})
 
 
 @dataclass

@@ -21,7 +21,7 @@ from demo.models import JobRun
 from django_jobguard import dispatch_many
 from django_jobguard.models import QueuedJob
 from tests import jobs
-from tests.chaos.conftest import Outcome
+from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
 from tests.conftest import POSTGRES
 from tests.utils import wait_for
 
@@ -32,7 +32,7 @@ def test_kill_9_random_workers_loses_no_job(fleet):
     total, processes, kills = (1000, 4, 8) if POSTGRES else (200, 2, 3)
     handles = dispatch_many([jobs.Record("chaos", key=str(i), seconds=0.01)
                              for i in range(total)])
-    workers = fleet("--sleep", "0.2", "--tries", "5")
+    workers = fleet("--sleep", "0.2", "--tries", "5", env=chaos_env(**LONG_LEASE))
     workers.start(processes)
     rng = random.Random()  # seeded by pytest-randomly
     for k in range(1, kills + 1):

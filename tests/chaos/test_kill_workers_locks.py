@@ -91,8 +91,8 @@ from django_jobguard import dispatch_many, unique
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import CHAOS_ENV
-from tests.conftest import POSTGRES, worker_env
+from tests.chaos.conftest import LONG_LEASE, chaos_env
+from tests.conftest import POSTGRES
 from tests.utils import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -101,8 +101,6 @@ Guarded = chaos_jobs.GuardedRecord
 LABEL = Guarded.LABEL
 OVERLAP_PREFIX = "jobguard:overlap:chaos-guarded:"
 UNIQUE_PREFIX = "jobguard:unique:tests.chaos.jobs.Guarded"
-# Lease and timeout long enough that a slow but live worker keeps its job (module docstring).
-LEASE_ENV = {"JOBGUARD_RETRY_AFTER": "8", "JOBGUARD_DEFAULT_TIMEOUT": "6"}
 SLACK = datetime.timedelta(seconds=1)  # clock readings a moment before or after the event
 WINDOW = datetime.timedelta(seconds=5)  # from a job's outcome to the release of its lock
 
@@ -214,7 +212,7 @@ def test_kill_9_random_workers_with_unique_and_overlap_locks(fleet, store_alias)
     size = SIZE
     store = get_store()
     seed = random.randrange(2**32)  # pytest-randomly seeds the global random
-    workers = fleet("--sleep", "0.2", env=worker_env(**{**CHAOS_ENV, **LEASE_ENV}))
+    workers = fleet("--sleep", "0.2", env=chaos_env(**LONG_LEASE))
     workers.start(size.workers)
     run = Run(workers, store, random.Random(seed))
 
