@@ -72,12 +72,30 @@ _PG_NOTIFY_TAIL = f"""
     SELECT pg_notify('{NOTIFY_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM inserted) q"""
 
 
+# One job (a view's dispatch()): plain VALUES through a server-binding cursor, which psycopg
+# can prepare; the batch statement's seven arrays cost more to quote than the row itself.
+_PG_PUSH_ONE_SQL = """
+    {notify_head}INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
+                             available_at, reserved_by, last_error)
+    VALUES (%s, %s, %s, %s::jsonb, 0, 0, %s::smallint,
+            COALESCE(%s::timestamptz,
+                     statement_timestamp() + make_interval(secs => COALESCE(%s::float8, 0))),
+            '', ''){notify_tail}"""
+
+
 def _push_postgresql(jobs: Sequence[NewJob], *, using: str, batch_size: int) -> None:
     wake = jobguard_settings.USE_NOTIFY
-    sql = _PG_PUSH_SQL.format(table=QueuedJob._meta.db_table,
-                              notify_head=_PG_NOTIFY_HEAD if wake else "",
-                              notify_tail=_PG_NOTIFY_TAIL if wake else "")
+    parts = {"table": QueuedJob._meta.db_table, "notify_head": _PG_NOTIFY_HEAD if wake else "",
+             "notify_tail": _PG_NOTIFY_TAIL if wake else ""}
     dumps = json.JSONEncoder(separators=(",", ":")).encode
+    if len(jobs) == 1:
+        job, when = jobs[0], jobs[0].delay
+        _hot_execute(using, _PG_PUSH_ONE_SQL.format(**parts), [
+            job.id, job.queue, job.name, dumps(job.payload), job.priority,
+            when if isinstance(when, datetime.datetime) else None,
+            when.total_seconds() if isinstance(when, datetime.timedelta) else None])
+        return
+    sql = _PG_PUSH_SQL.format(**parts)
     with connections[using].cursor() as cursor:
         for start in range(0, len(jobs), batch_size):
             batch = jobs[start:start + batch_size]
