@@ -33,19 +33,17 @@ DELETE = f"DELETE FROM {TABLE} WHERE id = %s AND reserved_by = %s"
 PAYLOAD = json.dumps({"args": [], "kwargs": {}})
 
 
-NOTIFY = "SELECT pg_notify('bench_floor', 'bench')"
+# The INSERT and a NOTIFY in one autocommit statement (one round trip, as jobguard sends it).
+INSERT_NOTIFY = (f"WITH inserted AS ({INSERT} RETURNING queue) "
+                 f"SELECT pg_notify('bench_floor', queue) FROM inserted")
 
 
 def insert_single(conn: psycopg.Connection, n: int, *, notify: bool = False) -> None:
     """One autocommit INSERT per job (what a view dispatching one job does); with ``notify``
-    also a NOTIFY in the same transaction, as a queue that wakes its idle workers sends."""
+    also a NOTIFY, as a queue that wakes its idle workers sends."""
+    sql = INSERT_NOTIFY if notify else INSERT
     for _ in range(n):
-        if notify:
-            with conn.transaction():
-                conn.execute(INSERT, [uuid.uuid4(), PAYLOAD])
-                conn.execute(NOTIFY)
-        else:
-            conn.execute(INSERT, [uuid.uuid4(), PAYLOAD])
+        conn.execute(sql, [uuid.uuid4(), PAYLOAD])
 
 
 def insert_bulk(conn: psycopg.Connection, n: int, batch: int = 500) -> None:
