@@ -83,28 +83,28 @@ _PG_PUSH_ONE_SQL = """
             '', ''){notify_tail}"""
 
 
+def _when(job: NewJob) -> tuple[datetime.datetime | None, float | None]:
+    """``(available_at, delay_seconds)`` for the insert: at most one of them is set."""
+    when = job.delay
+    return (when if isinstance(when, datetime.datetime) else None,
+            when.total_seconds() if isinstance(when, datetime.timedelta) else None)
+
+
 def _push_postgresql(jobs: Sequence[NewJob], *, using: str, batch_size: int) -> None:
     wake = jobguard_settings.USE_NOTIFY
     parts = {"table": QueuedJob._meta.db_table, "notify_head": _PG_NOTIFY_HEAD if wake else "",
              "notify_tail": _PG_NOTIFY_TAIL if wake else ""}
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     if len(jobs) == 1:
-        job, when = jobs[0], jobs[0].delay
+        job = jobs[0]
         _hot_execute(using, _PG_PUSH_ONE_SQL.format(**parts), [
-            job.id, job.queue, job.name, dumps(job.payload), job.priority,
-            when if isinstance(when, datetime.datetime) else None,
-            when.total_seconds() if isinstance(when, datetime.timedelta) else None])
+            job.id, job.queue, job.name, dumps(job.payload), job.priority, *_when(job)])
         return
     sql = _PG_PUSH_SQL.format(**parts)
     with connections[using].cursor() as cursor:
         for start in range(0, len(jobs), batch_size):
             batch = jobs[start:start + batch_size]
-            at, delay = [], []
-            for job in batch:
-                when = job.delay
-                at.append(when if isinstance(when, datetime.datetime) else None)
-                delay.append(when.total_seconds() if isinstance(when, datetime.timedelta)
-                             else None)
+            at, delay = (list(column) for column in zip(*map(_when, batch), strict=True))
             cursor.execute(sql, [[job.id for job in batch], [job.queue for job in batch],
                                  [job.name for job in batch],
                                  [dumps(job.payload) for job in batch],

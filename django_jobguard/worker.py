@@ -106,8 +106,8 @@ class RecentOutcomes:
     """Finished and failed jobs of the last ``window`` seconds (written at each heartbeat).
 
     Kept as one ``[second, done, failed]`` bucket per second, so memory stays at most
-    ``window + 1`` buckets however many jobs a second the worker runs (one entry per job
-    grew a busy worker by megabytes a minute).
+    ``window`` buckets however many jobs a second the worker runs (one entry per job grew a
+    busy worker by megabytes a minute).
     """
 
     DONE = frozenset({"DONE", "SKIPPED", "DELETED"})

@@ -48,6 +48,22 @@ def test_dispatch_options_queue_priority_delay():
 
 
 @pytest.mark.django_db
+def test_dispatch_many_with_a_delay_per_row():
+    """The batch insert (one statement for many rows) places each row's delay like the
+    single-row insert does: seconds on the database clock, or an absolute time."""
+    when = timezone.now() + datetime.timedelta(hours=2)
+    now = dispatch_many([jobs.Noop(0)])[0]
+    seconds = dispatch_many([jobs.Noop(1), jobs.Noop(2)], delay=60)
+    at = dispatch_many([jobs.Noop(3), jobs.Noop(4)], delay=when)
+    rows = {str(r.id): r.available_at for r in QueuedJob.objects.all()}
+    assert rows[now.id] <= timezone.now()
+    for handle in seconds:
+        assert 50 < (rows[handle.id] - timezone.now()).total_seconds() <= 60
+    for handle in at:
+        assert abs((rows[handle.id] - when).total_seconds()) < 1
+
+
+@pytest.mark.django_db
 def test_non_json_argument_raises_type_error_naming_it_and_queues_nothing():
     with pytest.raises(TypeError, match=r"Job argument seconds is a builtins.object"):
         jobs.Record("x", seconds=object()).dispatch()
