@@ -47,8 +47,7 @@ from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import LockInfo, get_store
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import CHAOS_ENV, Outcome, chaos_env
-from tests.conftest import worker_env
+from tests.chaos.conftest import Outcome, chaos_env
 from tests.utils import wait_for
 
 pytestmark = [
@@ -181,9 +180,8 @@ def _overlap_env(server: PrivateRedis) -> dict[str, str]:
     """Workers on ``server``. Nothing is killed here, so the lease is long (the 2 s of
     CHAOS_ENV can run out on a loaded 2-core machine and hand a running job to a second
     worker), and the timeout is above the time the held job waits for the test."""
-    return worker_env(**{**CHAOS_ENV, "JOBGUARD_RETRY_AFTER": "70",
-                         "JOBGUARD_DEFAULT_TIMEOUT": "60", "JOBGUARD_STORE": "redis",
-                         "JOBGUARD_REDIS_URL": server.url})
+    return chaos_env(JOBGUARD_RETRY_AFTER="70", JOBGUARD_DEFAULT_TIMEOUT="60",
+                     JOBGUARD_STORE="redis", JOBGUARD_REDIS_URL=server.url)
 
 
 def _current_lock(key: str) -> LockInfo | None:
