@@ -20,9 +20,9 @@ from bench.common import (
     stop,
     truncate,
     wait_for_connections,
-    wait_until,
 )
 from bench.throughput import JOBGUARD_TABLES, REMAINING, jobguard_fill
+from tests.support.waiting import wait_for
 
 BACKLOG_INSERT = """
     INSERT INTO django_jobguard_queuedjob (id, queue, name, payload, attempts, exceptions,
@@ -87,7 +87,7 @@ def rss_over_jobs(n: int) -> list[tuple[int, float]]:
                 left = conn.execute(REMAINING).fetchone()[0]
                 samples.append((n - left, rss))
                 time.sleep(0.5)
-        wait_until(lambda: procs[0].poll() is not None, timeout=600, what="worker exit")
+        wait_for(lambda: procs[0].poll() is not None, timeout=600, what="worker exit")
     finally:
         stop(procs)
     truncate(*JOBGUARD_TABLES)

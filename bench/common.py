@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.waiting import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 APP_NAME = "jgbench"  # application_name of every worker connection (PGAPPNAME)
@@ -236,17 +238,6 @@ def stop(procs: Iterable[subprocess.Popen], timeout: float = 15) -> None:
             proc.wait()
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.01,
-               what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {timeout} s")
-
-
 def worker_connections(min_per_process: int = 1) -> int:
     return count("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                  [APP_NAME])
@@ -261,7 +252,7 @@ def wait_for_connections(expected: int, procs: Sequence[subprocess.Popen],
                 raise RuntimeError(f"worker {proc.args} exited with {proc.returncode}")
         return worker_connections() >= expected
 
-    wait_until(ready, timeout=timeout, interval=0.05, what=f"{expected} worker connections")
+    wait_for(ready, timeout=timeout, interval=0.05, what=f"{expected} worker connections")
 
 
 class Poller:
@@ -276,7 +267,7 @@ class Poller:
 
     def wait_zero(self, *, timeout: float, interval: float = 0.01) -> float:
         """perf_counter() at the first poll that saw 0."""
-        wait_until(lambda: self.value() == 0, timeout=timeout, interval=interval,
+        wait_for(lambda: self.value() == 0, timeout=timeout, interval=interval,
                    what=f"0 from {self.sql!r}")
         return time.perf_counter()
 
@@ -314,7 +305,7 @@ def measure_processing(*, tool: str, processes: int, jobs: int,
         ready(procs)
         fill(jobs)
         t0 = time.perf_counter()
-        wait_until(lambda: left() == 0, timeout=timeout, interval=0.01, what=f"{tool} done")
+        wait_for(lambda: left() == 0, timeout=timeout, interval=0.01, what=f"{tool} done")
         t1 = time.perf_counter()
         for proc in procs:
             if proc.poll() is not None:

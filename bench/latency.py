@@ -22,9 +22,9 @@ from bench.common import (
     stop,
     truncate,
     wait_for_connections,
-    wait_until,
 )
 from bench.throughput import JOBGUARD_TABLES
+from tests.support.waiting import wait_for
 
 POLL_SLEEP = 1.0  # --sleep of the polling worker
 
@@ -50,7 +50,7 @@ def measure(n: int, *, notify: bool) -> list[float]:
             Stamp(sent=time.time()).dispatch()
             time.sleep(random.uniform(0.01, 0.03))
         with raw_connect() as conn:
-            wait_until(lambda: conn.execute("SELECT count(*) FROM bench_latency").fetchone()[0]
+            wait_for(lambda: conn.execute("SELECT count(*) FROM bench_latency").fetchone()[0]
                        >= n, timeout=60, interval=0.05, what=f"{n} latency samples")
             rows = conn.execute("SELECT started - sent FROM bench_latency").fetchall()
     finally:

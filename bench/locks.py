@@ -156,7 +156,7 @@ def _block(job_class: type, first: int, jobs: int, worker: Any) -> tuple[float, 
     done = 0
     while rows := queue.claim(["bench-locks"], worker_id=worker.id, limit=1):
         for row in rows:
-            worker._process_safely(row)
+            worker.process_claimed(row)
             done += 1
     t2 = time.perf_counter()
     assert done == jobs, done

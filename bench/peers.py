@@ -32,9 +32,9 @@ from bench.common import (
     spawn,
     truncate,
     wait_for_connections,
-    wait_until,
     worker_connections,
 )
+from tests.support.waiting import wait_for
 
 DTASKS_TABLE = "django_tasks_database_dbtaskresult"
 PROCRASTINATE_TABLES = ("procrastinate_jobs", "procrastinate_events",
@@ -149,7 +149,7 @@ def celery(processes: int, n: int) -> Run:
                 raise RuntimeError(f"celery worker exited with {procs[0].returncode}")
             return bool(app.control.inspect(timeout=0.5).ping())
 
-        wait_until(pong, timeout=60, interval=0.2, what="celery ping")
+        wait_for(pong, timeout=60, interval=0.2, what="celery ping")
 
     def fill(count: int) -> None:
         # Publish to a queue no worker reads, then rename it in one atomic step: the workers
@@ -213,6 +213,11 @@ def run(*, smoke: bool) -> Report:
     report.goals.append(Goal(f">= 3x django-tasks-db ({top} workers)",
                              f"{ratio(jg, dtdb) or 0:.1f}x", (ratio(jg, dtdb) or 0) >= 3
                              if dtdb else None))
+    for processes in counts:
+        c = results["celery (redis)"].get(processes)
+        j = results["jobguard"][processes]
+        report.goals.append(Goal(f"default jobworker >= celery (redis) at {processes} workers",
+                                 f"{ratio(j, c) or 0:.2f}x", j >= c if c else None))
     for processes in counts:
         p = results["procrastinate"].get(processes)
         j = results["jobguard"][processes]

@@ -37,7 +37,9 @@ if importlib.util.find_spec("django_tasks_db"):
 
 JOBGUARD = {
     "USE_NOTIFY": os.environ.get("JOBGUARD_BENCH_NOTIFY", "1") == "1",
-    "CLAIM_BATCH_SIZE": int(os.environ.get("JOBGUARD_BENCH_BATCH", "1")),
+    # Unset: the default, adaptive claim (--batch N overrides it per worker).
+    "CLAIM_BATCH_SIZE": int(os.environ["JOBGUARD_BENCH_BATCH"])
+    if os.environ.get("JOBGUARD_BENCH_BATCH") else None,
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "root": {"level": "WARNING", "handlers": []}}

@@ -108,16 +108,18 @@ def jobguard_fill(n: int) -> None:
         dispatch_many([Noop() for _ in range(n)], batch_size=1000)
 
 
-def jobguard_processing(processes: int, n: int, *, batch: int = 1,
+def jobguard_processing(processes: int, n: int, *, batch: int | None = None,
                         extra: tuple[str, ...] = ()) -> Run:
+    """``processes`` workers through ``n`` no-op jobs; ``batch=None`` is the default
+    (adaptive) claim."""
     from django_jobguard.conf import jobguard_settings
 
     truncate(*JOBGUARD_TABLES)
-    argv = django_command("jobworker", "--queue", "bench", "--sleep", "5", "--batch", str(batch),
-                          *extra)
+    sizing = ("--batch", str(batch)) if batch else ()
+    argv = django_command("jobworker", "--queue", "bench", "--sleep", "5", *sizing, *extra)
     per_process = 2 if jobguard_settings.USE_NOTIFY else 1  # queries + LISTEN
     run = measure_processing(
-        tool=f"jobguard (batch {batch})", processes=processes, jobs=n,
+        tool=f"jobguard (batch {batch or 'adaptive'})", processes=processes, jobs=n,
         start=lambda: spawn(argv, count=processes),
         ready=lambda procs: wait_for_connections(per_process * processes, procs),
         fill=jobguard_fill, remaining_sql=REMAINING,
@@ -175,7 +177,7 @@ def run(*, smoke: bool) -> Report:
     rows, runs = [], []
     batch = 10
     for processes in process_counts(smoke):
-        jg = jobguard_processing(processes, n["process"])
+        jg = jobguard_processing(processes, n["process"], batch=1)
         jg_batch = jobguard_processing(processes, n["process"], batch=batch)
         fl = floor_processing(processes, n["process"])
         fl_batch = floor_processing(processes, n["process"], batch=batch)

@@ -9,18 +9,21 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Job": "django_jobguard.jobs",
-    "job": "django_jobguard.jobs",
+    "job": "django_jobguard.decorators",
     "dispatch": "django_jobguard.jobs",
     "dispatch_many": "django_jobguard.jobs",
     "dispatch_sync": "django_jobguard.jobs",
     "Dispatched": "django_jobguard.jobs",
+    "JobContext": "django_jobguard.context",
+    "RetryPolicy": "django_jobguard.retry",
+    "Outcome": "django_jobguard.outcome",
     "JobMiddleware": "django_jobguard.middleware",
-    "ShouldBeUnique": "django_jobguard.unique",
-    "ShouldBeUniqueUntilProcessing": "django_jobguard.unique",
-    "unique": "django_jobguard.unique",
-    "unique_until_processing": "django_jobguard.unique",
+    "ShouldBeUnique": "django_jobguard.unique_jobs",
+    "ShouldBeUniqueUntilProcessing": "django_jobguard.unique_jobs",
+    "unique": "django_jobguard.decorators",
+    "unique_until_processing": "django_jobguard.decorators",
     "WithoutOverlapping": "django_jobguard.middleware.without_overlapping",
-    "without_overlapping": "django_jobguard.middleware.without_overlapping",
+    "without_overlapping": "django_jobguard.decorators",
     "MaxAttemptsExceededError": "django_jobguard.exceptions",
     "JobTimeoutError": "django_jobguard.exceptions",
     "ManuallyFailedError": "django_jobguard.exceptions",
@@ -33,6 +36,12 @@ _EXPORTS = {
     "RateLimited": "django_jobguard.middleware.rate_limited",
     "ThrottlesExceptions": "django_jobguard.middleware.throttles_exceptions",
     "Skip": "django_jobguard.middleware.skip",
+    # workflows
+    "chain": "django_jobguard.chains",
+    # periodic jobs
+    "periodic": "django_jobguard.schedules",
+    "Schedule": "django_jobguard.schedules",
+    "CronExpression": "django_jobguard.cron",
 }
 
 __all__ = sorted(_EXPORTS)

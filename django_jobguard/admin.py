@@ -13,6 +13,7 @@ import json
 import logging
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.core.exceptions import PermissionDenied
@@ -26,8 +27,18 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard import operations
-from django_jobguard.models import FailedJob, JobResult, Lock, QueuedJob, Throttle, Worker
+from django_jobguard import operations, schedules
+from django_jobguard.models import (
+    Chain,
+    FailedJob,
+    JobResult,
+    Lock,
+    PausedQueue,
+    QueuedJob,
+    ScheduleTick,
+    Throttle,
+    Worker,
+)
 
 logger = logging.getLogger("django_jobguard.admin")
 
@@ -48,6 +59,11 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60} min {seconds % 60} s"
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _pretty_error(text: str) -> str:
+    """A stored error: its ``Class: message`` line and traceback, as preformatted text."""
+    return format_html('<pre class="jobguard-traceback">{}</pre>', text) if text else "-"
 
 
 def _pretty_json(value: Any) -> str:
@@ -77,41 +93,84 @@ class StateFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() in operations.STATES:
-            return queryset.filter(operations.state_q(self.value()))
+            return queryset.in_state(self.value())
         return queryset
 
 
 @admin.register(QueuedJob)
 class QueuedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
-    list_display = ["name", "queue", "state_display", "attempts", "priority", "available_at",
-                    "created_at", "id"]
+    list_display = ["name", "queue", "state_display", "progress_display", "attempts",
+                    "priority", "available_at", "created_at", "id"]
     list_filter = ["queue", StateFilter, "name"]
     search_fields = ["id", "name"]
     ordering = ["queue", "-priority", "available_at"]
-    actions = ["run_now", "delete_selected"]
-    fields = ["id", "name", "queue", "state_display", "attempts", "exceptions", "priority",
-              "available_at", "reserved_at", "reserved_by", "created_at", "last_error",
+    actions = ["run_now", "cancel", "delete_selected"]
+    fields = ["id", "name", "queue", "state_display", "progress_display", "attempts",
+              "exceptions", "priority", "available_at", "reserved_at", "reserved_by",
+              "created_at", "wait_reason", "cancel_requested_at", "last_error_pretty",
               "payload_pretty"]
     readonly_fields = fields
     list_per_page = 50
 
     def get_queryset(self, request):
-        return operations.with_state(super().get_queryset(request))
+        return super().get_queryset(request).with_state()
 
     @admin.display(description=_("state"), ordering="jobguard_state")
     def state_display(self, obj: QueuedJob) -> str:
-        state = getattr(obj, "jobguard_state", obj.state)
+        state = obj.state  # the annotation of get_queryset(): database clock
         if state == "reserved":
             since = timezone.localtime(obj.reserved_at).strftime("%Y-%m-%d %H:%M:%S")
+            if obj.cancel_requested_at is not None:
+                return format_html("reserved by <code>{}</code> since {}, "
+                                   "<strong>cancel requested</strong>", obj.reserved_by, since)
             return format_html("reserved by <code>{}</code> since {}", obj.reserved_by, since)
         if state == "delayed":
-            return format_html("delayed until {}", timezone.localtime(obj.available_at)
-                               .strftime("%Y-%m-%d %H:%M:%S"))
+            until = timezone.localtime(obj.available_at).strftime("%Y-%m-%d %H:%M:%S")
+            if obj.wait_reason:
+                return format_html("delayed until {} ({})", until, obj.wait_reason)
+            return format_html("delayed until {}", until)
         return "waiting"
+
+    @admin.display(description=_("progress"))
+    def progress_display(self, obj: QueuedJob) -> str:
+        if obj.progress is None:
+            return "-"
+        return format_html('<progress class="jobguard-progress" max="100" value="{}"></progress>'
+                           ' {}%{}', round(obj.progress * 100), round(obj.progress * 100),
+                           f" {obj.progress_message}" if obj.progress_message else "")
+
+    @admin.display(description=_("last error"))
+    def last_error_pretty(self, obj: QueuedJob) -> str:
+        return _pretty_error(obj.last_error)
 
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: QueuedJob) -> str:
         return _pretty_json(obj.payload)
+
+    @admin.action(description=_("Cancel selected jobs (running ones are asked to stop)"),
+                  permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset) -> None:
+        done = {operations.DELETED: 0, operations.STOPPING: 0}
+        gone = 0
+        for job_id in list(queryset.values_list("id", flat=True)):
+            try:
+                done[operations.cancel_job(str(job_id), actor=request.user.get_username(),
+                                           using=queryset.db)] += 1
+            except operations.JobNotQueuedError:
+                gone += 1  # finished meanwhile
+        if done[operations.DELETED]:
+            self.message_user(request, ngettext(
+                "%(n)d waiting job was deleted.", "%(n)d waiting jobs were deleted.",
+                done[operations.DELETED]) % {"n": done[operations.DELETED]}, messages.SUCCESS)
+        if done[operations.STOPPING]:
+            self.message_user(request, ngettext(
+                "%(n)d running job was asked to stop.", "%(n)d running jobs were asked to stop.",
+                done[operations.STOPPING]) % {"n": done[operations.STOPPING]}, messages.SUCCESS)
+        if gone:
+            self.message_user(request, ngettext(
+                "%(n)d job finished meanwhile and could not be cancelled.",
+                "%(n)d jobs finished meanwhile and could not be cancelled.", gone)
+                % {"n": gone}, messages.WARNING)
 
     @admin.action(description=_("Run selected jobs now"), permissions=["change"])
     def run_now(self, request: HttpRequest, queryset) -> None:
@@ -128,19 +187,20 @@ class QueuedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     @admin.action(description=_("Delete selected queued jobs"), permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset):
         """Django's confirm-then-delete, minus jobs a worker is running right now."""
-        reserved = queryset.filter(operations.state_q("reserved")).count()
+        reserved = queryset.reserved().count()
         if reserved and not request.POST.get("post"):
             self.message_user(request, ngettext(
                 "%(n)d selected job is reserved by a worker and will not be deleted.",
                 "%(n)d selected jobs are reserved by a worker and will not be deleted.",
                 reserved) % {"n": reserved}, messages.WARNING)
-        deletable = queryset.exclude(operations.state_q("reserved"))
+        deletable = queryset.unreserved()
         if not deletable.exists():
             return None
         return django_delete_selected(self, request, deletable)
 
     def delete_queryset(self, request: HttpRequest, queryset) -> None:
-        result = operations.cancel(list(queryset), using=queryset.db)
+        result = operations.cancel(list(queryset), actor=request.user.get_username(),
+                                   using=queryset.db)
         if result.reserved:
             self.message_user(request, ngettext(
                 "%(n)d job was claimed by a worker meanwhile and was not deleted.",
@@ -148,26 +208,28 @@ class QueuedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
                 len(result.reserved)) % {"n": len(result.reserved)}, messages.WARNING)
 
     def has_delete_permission(self, request: HttpRequest, obj: QueuedJob | None = None) -> bool:
+        # obj comes from get_queryset(), so its state is the annotation (database clock).
         if obj is not None and obj.state == "reserved":
             return False  # a worker is running it; it finishes, fails or its lease runs out
         return super().has_delete_permission(request, obj)
 
     def delete_model(self, request: HttpRequest, obj: QueuedJob) -> None:
-        if operations.cancel([obj]).reserved:
+        if operations.cancel([obj], actor=request.user.get_username()).reserved:
             self.message_user(request, _("The job was claimed by a worker meanwhile and was "
                                          "not deleted."), messages.WARNING)
 
 
 @admin.register(FailedJob)
 class FailedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
-    list_display = ["name", "queue", "exception_short", "message_short", "attempts", "failed_at",
-                    "id"]
+    list_display = ["name", "queue", "exception_short", "message_short", "reason_short",
+                    "attempts", "failed_at", "id"]
     list_filter = ["queue", "name", "failed_at"]
-    search_fields = ["id", "name", "exception_class", "message"]
+    search_fields = ["id", "name", "exception_class", "message", "reason"]
     date_hierarchy = "failed_at"
     actions = ["retry", "delete_selected"]
-    fields = ["id", "name", "queue", "attempts", "priority", "failed_at", "exception_class",
-              "message", "traceback_pretty", "last_error", "payload_pretty"]
+    fields = ["id", "name", "queue", "attempts", "priority", "failed_at", "reason",
+              "exception_class", "message", "traceback_pretty", "last_error_pretty",
+              "payload_pretty"]
     readonly_fields = fields
     list_per_page = 50
 
@@ -179,6 +241,14 @@ class FailedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     def message_short(self, obj: FailedJob) -> str:
         return Truncator(obj.message).chars(120)
 
+    @admin.display(description=_("why it ended"), ordering="reason")
+    def reason_short(self, obj: FailedJob) -> str:
+        return Truncator(obj.reason).chars(80)
+
+    @admin.display(description=_("last error"))
+    def last_error_pretty(self, obj: FailedJob) -> str:
+        return _pretty_error(obj.last_error)
+
     @admin.display(description=_("traceback"))
     def traceback_pretty(self, obj: FailedJob) -> str:
         return format_html('<pre class="jobguard-traceback">{}</pre>', obj.traceback)
@@ -189,10 +259,20 @@ class FailedJobAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
 
     @admin.action(description=_("Retry selected failed jobs"), permissions=["change"])
     def retry(self, request: HttpRequest, queryset) -> None:
-        ids = operations.retry(queryset, using=queryset.db)
+        ids = operations.retry(queryset, actor=request.user.get_username(), using=queryset.db)
         self.message_user(request, ngettext("%(n)d job is queued again.",
                                             "%(n)d jobs are queued again.", len(ids))
                           % {"n": len(ids)}, messages.SUCCESS)
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        """"Forget selected failed jobs", after Django's confirmation page."""
+        operations.forget(queryset, actor=request.user.get_username(), using=queryset.db)
+
+    def delete_model(self, request: HttpRequest, obj: FailedJob) -> None:
+        try:
+            operations.forget([obj], actor=request.user.get_username())
+        except operations.FailedJobNotFound:
+            pass  # forgotten meanwhile: gone all the same
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict:
         # Django 6.1 passes ``action_location`` (and warns about overrides without it);
@@ -219,12 +299,112 @@ class WorkerAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     readonly_fields = [f.name for f in Worker._meta.fields]
 
 
+class PauseQueueForm(forms.ModelForm):
+    """Pause a queue: its name, checked as ``jobs_pause`` checks it."""
+
+    force = forms.BooleanField(required=False, label=_("Pause even if nothing uses it yet"))
+
+    class Meta:
+        model = PausedQueue
+        fields = ["queue"]
+
+    def clean(self):
+        data = super().clean()
+        name = data.get("queue")
+        if name is not None:
+            try:
+                data["queue"] = operations.check_queue_name(name)
+                if not data.get("force") and not operations.is_known_queue(data["queue"]):
+                    raise operations.QueueNameError(
+                        f"Unknown queue {data['queue']!r}: no job, worker or registered job "
+                        f"uses it. Tick the box to pause it ahead of time.")
+            except operations.QueueNameError as exc:
+                raise forms.ValidationError({"queue": str(exc)})
+        return data
+
+
+@admin.register(PausedQueue)
+class PausedQueueAdmin(admin.ModelAdmin):
+    """Paused queues: "add" pauses one, the "Resume" action resumes; both need the change
+    permission of paused queues."""
+
+    form = PauseQueueForm
+    list_display = ["queue", "paused_at", "paused_by"]
+    actions = ["resume"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_change_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # resume through the action, which wakes listening workers
+
+    def save_model(self, request: HttpRequest, obj: PausedQueue, form: Any, change: bool) -> None:
+        if not operations.pause(obj.queue, force=True, actor=request.user.get_username()):
+            self.message_user(request, _("The queue was paused already."), messages.WARNING)
+
+    @admin.action(description=_("Resume selected queues"), permissions=["change"])
+    def resume(self, request: HttpRequest, queryset) -> None:
+        resumed = 0
+        for row in list(queryset):
+            try:
+                operations.resume(row.queue, actor=request.user.get_username())
+                resumed += 1
+            except operations.QueueNameError:
+                pass  # resumed meanwhile
+        self.message_user(request, ngettext("%(n)d queue resumed.", "%(n)d queues resumed.",
+                                            resumed) % {"n": resumed}, messages.SUCCESS)
+
+
 @admin.register(JobResult)
 class JobResultAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     list_display = ["name", "queue", "status", "attempts", "finished_at", "id"]
     list_filter = ["status", "queue", "name"]
     search_fields = ["id", "name"]
     readonly_fields = [f.name for f in JobResult._meta.fields]
+
+
+@admin.register(ScheduleTick)
+class ScheduleTickAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    """Each periodic tick recorded, with the schedules' last and next runs above the list."""
+
+    change_list_template = "admin/django_jobguard/schedule_runs.html"
+    list_display = ["schedule", "tick", "job_id", "skipped", "enqueued_at"]
+    list_filter = ["schedule", "skipped"]
+    search_fields = ["schedule", "job_id"]
+    readonly_fields = [f.name for f in ScheduleTick._meta.fields]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        context = {"schedules": schedules.schedule_status(), **(extra_context or {})}
+        return super().changelist_view(request, extra_context=context)
+
+
+@admin.register(Chain)
+class ChainAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    """Chains with each link's status (a failed link's job is retried from failed jobs)."""
+
+    list_display = ["__str__", "status", "progress", "created_at", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["id", "name"]
+    fields = ["id", "name", "status", "link_table", "created_at", "finished_at"]
+    readonly_fields = fields
+
+    @admin.display(description=_("links done"))
+    def progress(self, obj: Chain) -> str:
+        done = sum(link.get("status") == "done" for link in obj.links)
+        return f"{done} / {len(obj.links)}"
+
+    @admin.display(description=_("links"))
+    def link_table(self, obj: Chain) -> str:
+        from django.utils.html import format_html_join
+
+        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+            (i + 1, link.get("job", ""), link.get("id", ""), link.get("status", ""))
+            for i, link in enumerate(obj.links)))
+        return format_html("<table><tr><th>#</th><th>{}</th><th>{}</th><th>{}</th></tr>{}"
+                           "</table>", _("job"), _("job id"), _("status"), rows)
 
 
 # -- locks and throttles: views over the store -------------------------------------------

@@ -1,5 +1,19 @@
+from collections.abc import Sequence
+from typing import Any
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
+
+
+def _run_inline(sender: Any, *, job_ids: Sequence[str], using: str, **kwargs: Any) -> None:
+    """In inline test mode, run the rows a dispatch just inserted (testing/inline_mode); the
+    testing package is imported only then."""
+    from django_jobguard.conf import jobguard_settings
+
+    if jobguard_settings.TEST_MODE == "inline":
+        from django_jobguard.testing.inline_mode import run_inline
+
+        run_inline(job_ids, using=using)
 
 
 class JobGuardConfig(AppConfig):
@@ -9,8 +23,9 @@ class JobGuardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_jobguard import checks, registry  # noqa: F401  (registers the checks)
+        from django_jobguard import checks, registry, signals  # noqa: F401  (registers the checks)
 
+        signals.jobs_inserted.connect(_run_inline, dispatch_uid="jobguard.inline_mode")
         registry.autodiscover()
         from django.conf import settings
 

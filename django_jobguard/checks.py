@@ -9,15 +9,29 @@ Ids:
 - jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
   djangorestframework is installed).
 - jobguard.E007 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
+- jobguard.E040 ``UNKNOWN_JOB_GRACE`` is not a number of seconds >= 0.
+- jobguard.E070 ``TEST_MODE`` is not ``""`` or ``"inline"``.
+- jobguard.E060–E064 a periodic schedule cannot run: E060 bad cron expression, E061 unknown
+  job, E062 unknown time zone, E063 bad ``catch_up``, E064 malformed entry or arguments.
+- jobguard.W050 a schedule is declared both with ``@periodic`` and in ``SCHEDULE``.
 - jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
   fail with "database is locked".
 - jobguard.W002 a job uses ``WithoutOverlapping`` without ``expire_after``: a killed worker
   keeps the lock until it is force-released. Seen statically: ``@without_overlapping``
   options, and literal ``WithoutOverlapping(...)`` calls in a job's ``middleware()`` source.
+- jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
+  MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
+  server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``
+  run it.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -31,7 +45,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "DEFAULT_QUEUE": (str,),
     "RETRY_AFTER": (int, float),
     "DEFAULT_TIMEOUT": (int, float),
-    "CLAIM_BATCH_SIZE": (int,),
+    "CLAIM_BATCH_SIZE": (int, type(None)),
     "MAX_PAYLOAD_BYTES": (int,),
     "JOB_MODULES": (list, tuple),
     "USE_NOTIFY": (bool,),
@@ -41,6 +55,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "API_DISPATCHABLE_JOBS": (list, tuple),
     "API_PERMISSION_CLASSES": (list, tuple),
     "RESULT_RETENTION_DAYS": (int, float),
+    "TEST_MODE": (str,),
+    "SCHEDULE": (dict,),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
@@ -62,17 +78,44 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         wrong_type = not isinstance(value, types) or (isinstance(value, bool)
                                                       and bool not in types)
         if wrong_type:
-            expected = " or ".join(t.__name__ for t in types)
+            expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
             errors.append(Error(f"JOBGUARD['{key}'] must be {expected}, not "
                                 f"{type(value).__name__}.", id="jobguard.E002"))
-        elif key in _POSITIVE and value <= 0:
+        elif key in _POSITIVE and value is not None and value <= 0:
             errors.append(Error(f"JOBGUARD['{key}'] must be greater than 0.", id="jobguard.E002"))
         elif key in _NON_NEGATIVE and value < 0:
             errors.append(Error(f"JOBGUARD['{key}'] must not be negative.", id="jobguard.E002"))
     if errors:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
-            + _check_api_permissions() + _check_limiters())
+            + _check_api_permissions() + _check_limiters() + _check_reliability()
+            + _check_test_mode())
+
+
+def _check_reliability() -> list:
+    """jobguard.E040–E049: the settings of the reliability features (issue 12)."""
+    errors: list = []
+    grace = jobguard_settings.UNKNOWN_JOB_GRACE
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
+        errors.append(Error(f"JOBGUARD['UNKNOWN_JOB_GRACE'] must be a number of seconds >= 0, "
+                            f"not {grace!r}.",
+                            hint="600 (the default) waits 10 minutes for a newer worker to "
+                                 "take a job this one does not know; 0 fails it at once.",
+                            id="jobguard.E040"))
+    return errors
+
+
+TEST_MODES = ("", "inline")
+
+
+def _check_test_mode() -> list:
+    """jobguard.E070: ``TEST_MODE`` names no mode."""
+    mode = jobguard_settings.TEST_MODE
+    if mode in TEST_MODES:
+        return []
+    return [Error(f"JOBGUARD['TEST_MODE'] must be \"\" or \"inline\", not {mode!r}.",
+                  hint='Use "inline" to run every dispatch at once in tests, or leave it out.',
+                  id="jobguard.E070")]
 
 
 def _check_timeouts() -> list:
@@ -133,9 +176,21 @@ def _check_dispatchable() -> list:
 
 
 def _check_limiters() -> list:
-    from django_jobguard.limits import check_limiters
+    """jobguard.E007: a registered job uses ``RateLimited("name")`` for an undefined limiter."""
+    from django_jobguard import registry
+    from django_jobguard.limits import rate_limiter
 
-    return check_limiters()
+    errors = []
+    for job_name, job_class in sorted(registry.all_jobs().items()):
+        for name in sorted(referenced_limiters(job_class) - set(rate_limiter.names())):
+            errors.append(Error(
+                f"Job {job_name!r} uses RateLimited({name!r}), but no limiter {name!r} is "
+                f"defined.",
+                hint=f"Define it with @rate_limiter({name!r}) in <app>/jobs.py or a module in "
+                     f"JOBGUARD['JOB_MODULES'], or fix the name.",
+                id="jobguard.E007",
+            ))
+    return errors
 
 
 def _check_api_permissions() -> list:
@@ -177,7 +232,6 @@ def check_sqlite_mode(app_configs: Any = None, **kwargs: Any) -> list:
 @register(Tags.compatibility)
 def check_overlap_expiry(app_configs: Any = None, **kwargs: Any) -> list:
     from django_jobguard import registry
-    from django_jobguard.middleware.without_overlapping import has_unbounded_overlap
 
     return [
         Warning(
@@ -192,3 +246,121 @@ def check_overlap_expiry(app_configs: Any = None, **kwargs: Any) -> list:
         for name, job_class in sorted(registry.all_jobs().items())
         if has_unbounded_overlap(job_class)
     ]
+
+
+# -- reading middleware from source (E007, W002) ----------------------------------------------
+# Only calls written literally in a job's ``middleware()`` (or a ``@job`` middleware factory)
+# are seen; anything built at run time is given the benefit of the doubt.
+
+
+@dataclass(frozen=True)
+class LiteralCall:
+    """A call ``Callee(...)`` found in source: its first argument when that is a string
+    literal, and its keyword arguments (``None`` when they cannot be known: ``**options``,
+    or source that does not parse on its own, such as a lambda inside a decorator line)."""
+
+    first: str | None
+    keywords: dict[str | None, ast.expr] | None
+
+
+_calls_cache: dict[tuple[Any, str], list[LiteralCall]] = {}
+
+
+def literal_calls(function: Any, callee: str) -> list[LiteralCall]:
+    """Calls of ``callee`` (a name or an attribute) in ``function``'s source."""
+    cache_key = (function, callee)
+    if cache_key not in _calls_cache:
+        _calls_cache[cache_key] = _scan(function, callee)
+    return _calls_cache[cache_key]
+
+
+def _scan(function: Any, callee: str) -> list[LiteralCall]:
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return []
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # e.g. a lambda inside a decorator line: its first string only
+        pattern = re.compile(rf"""\b{re.escape(callee)}\(\s*(["'])([^"']+)\1""")
+        return [LiteralCall(first=m.group(2), keywords=None) for m in pattern.finditer(source)]
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if name != callee:
+            continue
+        first = node.args[0] if node.args else None
+        keywords = {kw.arg: kw.value for kw in node.keywords}
+        found.append(LiteralCall(
+            first=first.value if isinstance(first, ast.Constant)
+            and isinstance(first.value, str) else None,
+            keywords=None if None in keywords else keywords))
+    return found
+
+
+def _middleware_sources(job_class: type) -> list[Any]:
+    """The functions whose source may build a job's middleware."""
+    from django_jobguard.decorators import FunctionJob
+    from django_jobguard.jobs import Job
+
+    method = getattr(job_class, "middleware", None)
+    function = getattr(method, "__func__", method)
+    own = [] if function in (Job.middleware, FunctionJob.middleware, None) else [function]
+    return own + list(getattr(job_class, "middleware_factories", None) or ())
+
+
+def referenced_limiters(job_class: type) -> set[str]:
+    """Limiter names a job passes to ``RateLimited("…")`` as string literals."""
+    return {call.first for source in _middleware_sources(job_class)
+            for call in literal_calls(source, "RateLimited") if call.first}
+
+
+def has_unbounded_overlap(job_class: type) -> bool:
+    """True when ``job_class`` (as far as can be told without running it) uses
+    ``WithoutOverlapping`` with no ``expire_after`` (or a literal 0)."""
+    from django_jobguard.decorators import OverlapFactory
+
+    for source in _middleware_sources(job_class):
+        if isinstance(source, OverlapFactory):
+            if not source.expire_after:
+                return True
+            continue
+        for call in literal_calls(source, "WithoutOverlapping"):
+            if call.keywords is None:
+                continue
+            value = call.keywords.get("expire_after")
+            if value is None or (isinstance(value, ast.Constant) and not value.value):
+                return True
+    return False
+
+
+@register(Tags.database)
+def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """jobguard.E020 for each of ``databases`` that cannot claim with SKIP LOCKED."""
+    from django_jobguard.dialects.generic import missing_skip_locked
+
+    errors = []
+    for alias in databases or ():
+        problem = missing_skip_locked(connections[alias])
+        if problem:
+            errors.append(Error(
+                f"Database {alias!r}: {problem}; concurrent workers would block on each "
+                f"other's claims.",
+                hint="Upgrade the server (MariaDB 10.6+, MySQL 8.0.1+), or keep the queue on "
+                     "PostgreSQL or SQLite.",
+                id="jobguard.E020",
+            ))
+    return errors
+@register(Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list:
+    """jobguard.E060–E064, W050: periodic schedules (``SCHEDULE`` and ``@periodic``)."""
+    from django_jobguard import schedules
+
+    if not isinstance(getattr(settings, "JOBGUARD", {}), dict):
+        return []
+    hint = "See docs/schedules.md for the entry format and the cron syntax."
+    return [(Warning if check_id.startswith("jobguard.W") else Error)(message, hint=hint,
+                                                                       id=check_id)
+            for check_id, message in schedules.problems()]

@@ -19,8 +19,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_AFTER": 90,
     # Worker default for jobs without their own ``timeout`` (seconds, 0 = none).
     "DEFAULT_TIMEOUT": 60,
-    # How many jobs a worker reserves in one claim query.
-    "CLAIM_BATCH_SIZE": 1,
+    # How many jobs a worker reserves in one claim query; None: adaptive (one without a
+    # backlog, up to 16 with one; see claiming.py).
+    "CLAIM_BATCH_SIZE": None,
     # Largest accepted JSON payload in bytes (dispatch raises ValueError above it).
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Extra modules to import at start-up so their jobs register (``<app>.jobs`` is automatic).
@@ -39,10 +40,20 @@ DEFAULTS: dict[str, Any] = {
     "DEFERRALS_CONSUME_ATTEMPTS": False,
     # Job names that the HTTP dispatch endpoint accepts (nothing is dispatchable by default).
     "API_DISPATCHABLE_JOBS": [],
-    # DRF permission classes (dotted paths) guarding the API.
-    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # DRF permission classes (dotted paths) guarding the API; the default asks what the admin
+    # asks: staff status and the model permission (view for reads, change/delete/add for actions).
+    "API_PERMISSION_CLASSES": ["django_jobguard.api.permissions.JobGuardAdminPermissions"],
     # Days to keep finished django.tasks results before ``jobs_prune_results`` removes them.
     "RESULT_RETENTION_DAYS": 7,
+    # Seconds after it was queued that a job whose name this worker does not know is put back
+    # (with back-off) for a newer worker to take, as in a rolling deploy; then it is failed.
+    "UNKNOWN_JOB_GRACE": 600,
+    # Tests only: "inline" runs every dispatch at once in the dispatching process, through the
+    # worker's pipeline (docs/testing.md). "" (the default) queues jobs for workers.
+    "TEST_MODE": "",
+    # Periodic jobs by name: {"nightly": {"job": "app.jobs.Nightly", "cron": "0 3 * * *",
+    # "args": [], "kwargs": {}, "timezone": "UTC", "catch_up": "last", "queue": None}}.
+    "SCHEDULE": {},
 }
 
 
@@ -78,9 +89,6 @@ jobguard_settings = JobGuardSettings()
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "JOBGUARD":
         jobguard_settings.reload()
-        from django_jobguard import stores
-
-        stores.reset()
 
 
 setting_changed.connect(_reload)

@@ -23,6 +23,10 @@ class ManuallyFailedError(JobGuardError):
     """``job.fail()`` was called without an exception (or with a message)."""
 
 
+class JobCancelledError(JobGuardError):
+    """An operator cancelled the running job (kept as a kept result's error)."""
+
+
 class PayloadError(JobGuardError):
     """A queued row's payload cannot be turned back into a job."""
 

@@ -1,27 +1,34 @@
-"""The Job API: the ``Job`` base class, the ``@job`` decorator and dispatching.
+"""The Job API: the ``Job`` base class and dispatching.
 
-A job is a class whose constructor arguments are its state. ``dispatch()`` stores those
-arguments as JSON in a :class:`~django_jobguard.models.QueuedJob` row; a worker rebuilds the
-job from them and calls ``handle()``.
+A job is a class whose constructor arguments are its state. ``dispatch()`` encodes those
+arguments once into an :class:`~django_jobguard.envelope.Envelope` stored as the payload of a
+:class:`~django_jobguard.models.QueuedJob` row; a worker rebuilds the job from it and runs it
+(:mod:`django_jobguard.pipeline`). Function jobs (``@job``) are in
+:mod:`django_jobguard.decorators`.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 
+from django_jobguard import durations, registry, serialization, signals, unique_jobs
 from django_jobguard import queue as job_queue
-from django_jobguard import registry, serialization, signals, unique
 from django_jobguard.conf import jobguard_settings
+from django_jobguard.context import JobContext
+from django_jobguard.durations import Delay
+from django_jobguard.envelope import Envelope, UniqueRef
 from django_jobguard.exceptions import ManuallyFailedError
+from django_jobguard.handling import run_middleware
+from django_jobguard.outcome import Outcome
+from django_jobguard.retry import RetryPolicy
 
-Delay = int | float | datetime.timedelta | datetime.datetime | None
+__all__ = ["Delay", "Dispatched", "Job", "dispatch", "dispatch_many", "dispatch_sync"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,9 @@ class Job:
     #: Keep a :class:`~django_jobguard.models.JobResult` when the job ends.
     keep_result: ClassVar[bool] = False
 
-    # Set on the instance while a worker runs it.
-    job_id: str | None = None
+    #: This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`).
+    context: JobContext
+    #: Fencing token of the ``WithoutOverlapping`` lock this run holds.
     lock_token: int | None = None
     #: Store time at which ``RateLimited`` let this run start.
     rate_limit_admitted_at: datetime.datetime | None = None
@@ -80,9 +88,8 @@ class Job:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Job:
         self = super().__new__(cls)
-        self._args = args
-        self._kwargs = kwargs
-        self._reset_run_state()
+        self._dispatch_args = (args, kwargs)
+        self.context = JobContext()
         return self
 
     def __init__(self, **kwargs: Any) -> None:
@@ -91,7 +98,8 @@ class Job:
             setattr(self, key, value)
 
     def __repr__(self) -> str:
-        params = [repr(a) for a in self._args] + [f"{k}={v!r}" for k, v in self._kwargs.items()]
+        args, kwargs = self._dispatch_args
+        params = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
         return f"{type(self).__name__}({', '.join(params)})"
 
     # -- what subclasses implement --------------------------------------------------------
@@ -113,17 +121,36 @@ class Job:
 
     # -- inside handle() ------------------------------------------------------------------
 
+    @property
+    def job_id(self) -> str | None:
+        """The queued row's id (``None`` outside a worker)."""
+        return self.context.job_id
+
     def attempts(self) -> int:
         """How many times the job has been taken by a worker, this run included."""
-        return self._attempts
+        return self.context.attempt
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether an operator asked this running job to stop: check it in long loops and
+        return (the run then ends as cancelled, not failed). Read at most once a second."""
+        return self.context.cancelled()
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far ``handle()`` is (0 to 1) with ``message``, for the admin and the
+        API: stored at most once a second, the latest value within a second."""
+        self.context.progress(fraction, message)
 
     def release(self, delay: Delay = 0) -> None:
         """Put the job back on the queue to run again after ``delay``; this run is an attempt."""
-        self._released = (delay, True, "released")
+        self.context.request(Outcome.released(durations.due(delay)))
 
-    def defer(self, delay: Delay = 0, *, reason: str = "deferred") -> None:
-        """Put the job back without using an attempt (unless DEFERRALS_CONSUME_ATTEMPTS)."""
-        self._released = (delay, jobguard_settings.DEFERRALS_CONSUME_ATTEMPTS, reason)
+    def defer(self, delay: Delay = 0, *, reason: str = "deferred", detail: str = "") -> None:
+        """Put the job back without using an attempt (unless DEFERRALS_CONSUME_ATTEMPTS).
+        ``detail`` tells operators why it waits (``"circuit 'sms' was open"``)."""
+        self.context.request(Outcome.deferred(
+            durations.due(delay), reason=reason, detail=detail,
+            counts_attempt=jobguard_settings.DEFERRALS_CONSUME_ATTEMPTS))
 
     def fail(self, exception: BaseException | str | None = None) -> None:
         """Fail the job for good once ``handle()`` returns; no further attempts."""
@@ -131,7 +158,8 @@ class Job:
             exception = ManuallyFailedError(exception or "The job was failed manually.")
         if not isinstance(exception, BaseException):
             raise TypeError("fail() takes an exception, a message or nothing.")
-        self._failed = exception
+        self.context.request(Outcome.failed(exception, reason="failed",
+                                            detail="failed by the job (fail() was called)"))
 
     # -- dispatching ----------------------------------------------------------------------
 
@@ -153,86 +181,50 @@ class Job:
         """Run this job now, in this process; see :func:`dispatch_sync`."""
         return dispatch_sync(self)
 
-    # -- internals used by dispatch and the worker ------------------------------------------
-
-    def _reset_run_state(self) -> None:
-        self._attempts = 1
-        self._released: tuple[Delay, bool, str] | None = None
-        self._failed: BaseException | None = None
-        self._handled = False
-        self._handle_finished = False
-        self._payload: dict[str, Any] = {}
-
-    def _run(self) -> Any:
-        """The middleware chain around ``handle()``."""
-
-        def call_handle(job: Job) -> Any:
-            job._handled = True
-            unique.release_on_start(job)  # after every middleware let the job through
-            try:
-                return job.handle()
-            finally:
-                job._handle_finished = True  # the timeout no longer interrupts (worker.py)
-
-        chain: Callable[[Job], Any] = call_handle
-        for middleware in reversed(list(self.middleware())):
-            chain = functools.partial(middleware.handle, next=chain)
-        return chain(self)
-
     @property
     def queue_name(self) -> str:
         return self.queue or jobguard_settings.DEFAULT_QUEUE
 
+    def to_envelope(self, *, unique: UniqueRef | None = None) -> Envelope:
+        """This job's arguments as JSON-safe data (``TypeError`` naming a bad argument), its
+        ``retry_until`` deadline, evaluated now, and the ``unique`` lock it would own."""
+        args, kwargs = self._dispatch_args
+        deadline = self.retry_until()
+        if deadline is not None and (not isinstance(deadline, datetime.datetime)
+                                     or timezone.is_naive(deadline)):
+            raise TypeError(f"{type(self).__name__}.retry_until() must return an aware datetime.")
+        return Envelope(args=[serialization.encode(arg, path=f"args[{i}]")
+                              for i, arg in enumerate(args)],
+                        kwargs={key: serialization.encode(value, path=key)
+                                for key, value in kwargs.items()},
+                        retry_until=deadline, unique=unique)
+
     @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> Job:
-        """Rebuild a job from its payload (fetches model arguments again)."""
-        args, kwargs = serialization.decode_arguments(payload)
-        job = cls(*args, **kwargs)
-        job._payload = payload
-        return job
+    def from_envelope(cls, envelope: Envelope) -> Job:
+        """Rebuild a job from its envelope (fetches model arguments again)."""
+        return cls(*serialization.decode(envelope.args), **serialization.decode(envelope.kwargs))
 
 
-def _available_at(delay: Delay) -> Any:
-    if delay is None:
-        return None
-    if isinstance(delay, datetime.datetime):
-        if timezone.is_naive(delay):
-            raise ValueError("delay must be an aware datetime (or seconds / a timedelta).")
-        return delay
-    if isinstance(delay, (int, float)):
-        delay = datetime.timedelta(seconds=delay)
-    if not isinstance(delay, datetime.timedelta):
-        raise TypeError(f"delay must be seconds, a timedelta or a datetime, not {delay!r}.")
-    return delay
-
-
-def build_row(
-    job: Job, *, delay: Delay = None, queue: str | None = None, priority: int | None = None
-) -> job_queue.NewJob:
-    """Validate ``job`` and turn it into the row to insert; nothing touches the database."""
-    payload = serialization.encode_arguments(job._args, job._kwargs)
-    deadline = job.retry_until()
-    if deadline is not None:
-        if not isinstance(deadline, datetime.datetime) or timezone.is_naive(deadline):
-            raise TypeError(f"{type(job).__name__}.retry_until() must return an aware datetime.")
-        payload["retry_until"] = deadline.isoformat()
-    size = serialization.payload_size(payload)
+def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | None = None,
+              priority: int | None = None) -> tuple[job_queue.NewJob, Envelope]:
+    """Validate ``job`` and turn it into the row to insert, due ``when``, with the unique lock
+    it would own; nothing touches the database. The envelope is encoded once, and that text
+    is both what the row stores and what ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes)."""
+    row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
+                           at=when.at, delay=when.delay)
+    envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
+    row.payload = text = envelope.encode()
     limit = jobguard_settings.MAX_PAYLOAD_BYTES
-    if limit and size > limit:
-        raise ValueError(
-            f"{job.name} payload is {size} bytes, over JOBGUARD['MAX_PAYLOAD_BYTES'] = {limit}. "
-            f"Pass ids instead of large data."
-        )
-    priority = job.priority if priority is None else priority
-    if not -100 <= priority <= 100:
-        raise ValueError(f"priority must be between -100 and 100, not {priority}.")
-    return job_queue.NewJob(
-        name=job.name,
-        queue=queue or job.queue_name,
-        payload=payload,
-        priority=priority,
-        delay=_available_at(delay),
-    )
+    if limit and len(text) > limit / 4:  # a character is at most 4 bytes of UTF-8
+        size = len(text) if text.isascii() else len(text.encode())
+        if size > limit:
+            raise ValueError(
+                f"{job.name} payload is {size} bytes, over JOBGUARD['MAX_PAYLOAD_BYTES'] = "
+                f"{limit}. Pass ids instead of large data.")
+    row.priority = job.priority if priority is None else priority
+    if not -100 <= row.priority <= 100:
+        raise ValueError(f"priority must be between -100 and 100, not {row.priority}.")
+    return row, envelope
 
 
 def dispatch(
@@ -266,29 +258,26 @@ def dispatch_many(
 ) -> list[Dispatched]:
     """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each."""
     jobs = list(jobs)
-    rows = [build_row(job, delay=delay, queue=queue, priority=priority) for job in jobs]
+    when = durations.due(delay)
+    built = [build_row(job, when=when, queue=queue, priority=priority) for job in jobs]
     results: list[Dispatched] = []
-    to_insert: list[tuple[Job, job_queue.NewJob]] = []
+    to_insert: list[tuple[Job, job_queue.NewJob, Envelope]] = []
     skipped: list[Job] = []
 
     def release_locks() -> None:
         """The insert failed: give back the unique locks taken for it (owner-checked)."""
-        for _, row in to_insert:
-            if "unique" in row.payload:
-                unique.release(row.payload)
+        for _, _, envelope in to_insert:
+            unique_jobs.release(envelope.unique)
 
     try:
-        for job, row in zip(jobs, rows, strict=True):
-            lock = unique.acquire_for_dispatch(job, row.id)
-            if lock is False:
+        for job, (row, envelope) in zip(jobs, built, strict=True):
+            if envelope.unique is not None and not unique_jobs.acquire(job, envelope.unique):
                 results.append(Dispatched(id=None, job_name=job.name, queue=row.queue,
                                           skipped="unique"))
                 skipped.append(job)
                 continue
-            if lock:
-                row.payload["unique"] = lock
             results.append(Dispatched(id=str(row.id), job_name=job.name, queue=row.queue))
-            to_insert.append((job, row))
+            to_insert.append((job, row, envelope))
     except BaseException:
         release_locks()
         raise
@@ -297,13 +286,16 @@ def dispatch_many(
 
     def insert() -> None:
         try:
-            job_queue.push([row for _, row in to_insert], using=using, batch_size=batch_size)
+            job_queue.push([row for _, row, _ in to_insert], using=using, batch_size=batch_size)
         except BaseException:
             release_locks()
             raise
-        for job, row in to_insert:
+        for job, row, _ in to_insert:
             signals.job_dispatched.send(sender=type(job), job=job, job_id=str(row.id),
-                                        queue=row.queue)
+                                        queue=row.queue, priority=row.priority,
+                                        delay=row.delay, at=row.at)
+        signals.jobs_inserted.send(sender=Job, job_ids=[str(row.id) for _, row, _ in to_insert],
+                                   using=using)
 
     if on_commit:
         transaction.on_commit(insert, using=using)
@@ -317,138 +309,5 @@ def dispatch_sync(job: Job) -> Any:
 
     Nothing is queued and uniqueness is not checked; exceptions propagate to the caller.
     """
-    job._reset_run_state()
-    return job._run()
-
-
-# -- function jobs -------------------------------------------------------------------------
-
-
-class JobFunction:
-    """What ``@job`` returns: the function, plus ``dispatch()``/``dispatch_sync()``."""
-
-    def __init__(self, func: Callable[..., Any], job_class: type[Job],
-                 options: dict[str, Any] | None = None) -> None:
-        self.func = func
-        self.job_class = job_class
-        self._options = options or {}
-        functools.update_wrapper(self, func)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<job {self.job_class.name}>"
-
-    @property
-    def name(self) -> str:
-        return self.job_class.name
-
-    def using(self, **options: Any) -> JobFunction:
-        """A copy whose ``dispatch()`` uses these options (``delay``, ``queue``, ``priority``,
-        ``on_commit``)."""
-        return JobFunction(self.func, self.job_class, {**self._options, **options})
-
-    def dispatch(self, *args: Any, **kwargs: Any) -> Dispatched:
-        """Queue a call of the function with these arguments."""
-        return dispatch(self.job_class(*args, **kwargs), **self._options)
-
-    def dispatch_sync(self, *args: Any, **kwargs: Any) -> Any:
-        return dispatch_sync(self.job_class(*args, **kwargs))
-
-
-class FunctionJob(Job):
-    """A job that calls a module-level function with the dispatched arguments."""
-
-    abstract = True
-    func: ClassVar[Callable[..., Any]]
-    middleware_factories: ClassVar[list[Callable[[Job], Any]]] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
-
-    def handle(self) -> Any:
-        return type(self).func(*self.args, **self.kwargs)
-
-    def middleware(self) -> list[Any]:
-        return [factory(self) for factory in self.middleware_factories]
-
-
-def extend_function_job(
-    target: Any,
-    *,
-    bases: tuple[type, ...] = (),
-    class_attrs: dict[str, Any] | None = None,
-    middleware: Callable[[Job], Any] | None = None,
-) -> Any:
-    """What decorators such as ``@unique`` and ``@without_overlapping`` do to a function job:
-    add mixin ``bases``, ``class_attrs`` and a ``middleware`` factory (``factory(job)`` returns
-    the middleware), whether the decorator sits below ``@job`` (on the plain function, which
-    ``@job`` reads later) or above it (on the :class:`JobFunction`, whose class is rebuilt
-    under the same name). Middleware from stacked decorators runs top one outermost.
-    """
-    if isinstance(target, JobFunction):
-        old = target.job_class
-        attrs: dict[str, Any] = {"name": old.name, "__module__": old.__module__,
-                                 "__qualname__": old.__qualname__, "__doc__": old.__doc__,
-                                 **(class_attrs or {})}
-        if middleware is not None:
-            attrs["middleware_factories"] = [middleware, *old.middleware_factories]
-        new_class = type(old.__name__, (*bases, old), attrs)
-        return JobFunction(target.func, new_class, target._options)
-    if not callable(target) or isinstance(target, type):
-        raise TypeError(f"This decorator goes on a module-level function (with @job), not on "
-                        f"{target!r}.")
-    if bases:
-        target._jobguard_bases = [*bases, *getattr(target, "_jobguard_bases", [])]
-    if class_attrs:
-        target._jobguard_class_attrs = [*getattr(target, "_jobguard_class_attrs", []),
-                                        class_attrs]
-    if middleware is not None:
-        target._jobguard_middleware = [middleware, *getattr(target, "_jobguard_middleware", [])]
-    return target
-
-
-JOB_OPTIONS = ("queue", "tries", "max_exceptions", "backoff", "timeout", "fail_on_timeout",
-               "priority", "delete_when_missing_models", "keep_result")
-
-
-def job(
-    func: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    base: type[FunctionJob] = FunctionJob,
-    retry_until: Callable[..., datetime.datetime | None] | None = None,
-    **options: Any,
-) -> Any:
-    """Make a module-level function a job: ``@job`` or ``@job(queue="emails", tries=3)``.
-
-    The function runs with the dispatched arguments: ``send_email.dispatch(user_id=7)``.
-    """
-    unknown = set(options) - set(JOB_OPTIONS)
-    if unknown:
-        raise TypeError(f"@job got unknown options {sorted(unknown)}; allowed: {JOB_OPTIONS}.")
-
-    def decorate(func: Callable[..., Any]) -> JobFunction:
-        if "<locals>" in func.__qualname__:
-            raise TypeError(f"@job needs a module-level function; {func.__qualname__} is nested "
-                            f"and a worker could not find it.")
-        attrs: dict[str, Any] = {
-            "name": name or f"{func.__module__}.{func.__qualname__}",
-            "func": staticmethod(func),
-            "__module__": func.__module__,
-            "__qualname__": func.__qualname__,
-            "__doc__": func.__doc__,
-            "middleware_factories": list(getattr(func, "_jobguard_middleware", [])),
-            **options,
-        }
-        if retry_until is not None:
-            attrs["retry_until"] = lambda self: retry_until(*self.args, **self.kwargs)
-        for mixin_attrs in getattr(func, "_jobguard_class_attrs", []):
-            attrs.update(mixin_attrs)
-        bases = tuple(getattr(func, "_jobguard_bases", ())) + (base,)
-        job_class = type(func.__name__, bases, attrs)
-        return JobFunction(func, job_class)
-
-    return decorate(func) if func is not None else decorate
+    job.context = JobContext(policy=RetryPolicy.for_job(job))
+    return run_middleware(job)

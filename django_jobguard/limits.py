@@ -14,15 +14,12 @@ by the store (see :mod:`django_jobguard.stores.counters` for the sliding-window 
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import inspect
 import re
-import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from django_jobguard import keys
 from django_jobguard.exceptions import JobGuardError
 
 if TYPE_CHECKING:
@@ -194,69 +191,5 @@ rate_limiter = RateLimiterRegistry()
 
 
 def window_key(name: str, limit: Limit) -> str:
-    """The store key of ``limit`` under limiter ``name``. The window length is part of it,
-    so ``per_minute(10)`` and ``per_day(1000)`` by the same user count separately."""
-    key = f"jobguard:rate:{name}:{limit.decay_seconds:g}s" + (f":{limit.key}" if limit.key
-                                                               else "")
-    if len(key) > 200:
-        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-        key = f"{key[:160]}:{digest}"
-    return key
-
-
-# -- the system check (jobguard.E007) --------------------------------------------------------
-
-
-def referenced_limiters(job_class: type) -> set[str]:
-    """Limiter names a job's ``middleware()`` (or ``@job`` middleware factories) passes to
-    ``RateLimited("…")`` as string literals; names built at run time cannot be seen."""
-    names: set[str] = set()
-    for func in [getattr(job_class, "middleware", None),
-                 *(getattr(job_class, "middleware_factories", None) or [])]:
-        if func is not None:
-            names |= _literal_names(func)
-    return names
-
-
-_LITERAL_CALL = re.compile(r"""\bRateLimited\(\s*(["'])([^"']+)\1""")
-
-
-def _literal_names(func: Any) -> set[str]:
-    try:
-        source = textwrap.dedent(inspect.getsource(func))
-    except (OSError, TypeError):
-        return set()
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:  # e.g. a lambda inside a decorator line
-        return {match.group(2) for match in _LITERAL_CALL.finditer(source)}
-    names = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or not node.args:
-            continue
-        callee = node.func
-        called = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
-        first = node.args[0]
-        if called == "RateLimited" and isinstance(first, ast.Constant) \
-                and isinstance(first.value, str):
-            names.add(first.value)
-    return names
-
-
-def check_limiters() -> list:
-    """jobguard.E007: a registered job uses ``RateLimited("name")`` for an undefined limiter."""
-    from django.core.checks import Error
-
-    from django_jobguard import registry
-
-    errors = []
-    for job_name, job_class in sorted(registry.all_jobs().items()):
-        for name in sorted(referenced_limiters(job_class) - set(rate_limiter.names())):
-            errors.append(Error(
-                f"Job {job_name!r} uses RateLimited({name!r}), but no limiter {name!r} is "
-                f"defined.",
-                hint=f"Define it with @rate_limiter({name!r}) in <app>/jobs.py or a module in "
-                     f"JOBGUARD['JOB_MODULES'], or fix the name.",
-                id="jobguard.E007",
-            ))
-    return errors
+    """The store key of ``limit`` under limiter ``name`` (see :func:`keys.rate`)."""
+    return keys.rate(name, limit.decay_seconds, limit.key)

@@ -9,9 +9,67 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, CharField, Count, Q, Value, When
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
+
+from django_jobguard import clock
+
+#: The states of a queued job. *waiting*: due now; *delayed*: due later; *reserved*: a worker
+#: holds it (its lease, ``available_at``, has not run out). Judged by the database clock.
+STATES = ("waiting", "delayed", "reserved")
+
+#: The annotation :meth:`QueuedJobQuerySet.with_state` adds.
+STATE_ANNOTATION = "jobguard_state"
+
+
+def _state_condition(state: str) -> Q:
+    """The one definition of each state, as SQL on the database clock."""
+    if state == "reserved":
+        return Q(reserved_at__isnull=False, available_at__gt=clock.db_now())
+    if state == "delayed":
+        return Q(reserved_at__isnull=True, available_at__gt=clock.db_now())
+    if state == "waiting":
+        return Q(available_at__lte=clock.db_now())
+    raise ValueError(f"Unknown state {state!r}; expected one of {', '.join(STATES)}.")
+
+
+class QueuedJobQuerySet(models.QuerySet):
+    """Queued jobs by state, every state judged in SQL by the database clock (app servers
+    with skewed clocks agree)."""
+
+    def waiting(self) -> QueuedJobQuerySet:
+        """Jobs due now (a reserved job whose lease ran out is due again)."""
+        return self.filter(_state_condition("waiting"))
+
+    def delayed(self) -> QueuedJobQuerySet:
+        """Jobs not due yet that no worker holds."""
+        return self.filter(_state_condition("delayed"))
+
+    def reserved(self) -> QueuedJobQuerySet:
+        """Jobs a worker holds (their lease has not run out)."""
+        return self.filter(_state_condition("reserved"))
+
+    def unreserved(self) -> QueuedJobQuerySet:
+        """Waiting and delayed jobs: the ones an operator may delete or make due."""
+        return self.exclude(_state_condition("reserved"))
+
+    def in_state(self, state: str) -> QueuedJobQuerySet:
+        """Jobs in ``state``, one of :data:`STATES` (``ValueError`` naming them otherwise)."""
+        return self.filter(_state_condition(state))
+
+    def with_state(self) -> QueuedJobQuerySet:
+        """Annotate each row's state as ``jobguard_state`` (``row.state`` then reads it)."""
+        return self.annotate(**{STATE_ANNOTATION: Case(
+            *(When(_state_condition(state), then=Value(state)) for state in STATES),
+            output_field=CharField(),
+        )})
+
+    def state_counts(self) -> dict[str, dict[str, int]]:
+        """``{queue: {"waiting": n, "delayed": n, "reserved": n}}`` in one query."""
+        rows = self.order_by().values("queue").annotate(**{
+            state: Count("id", filter=_state_condition(state)) for state in STATES})
+        return {row["queue"]: {state: row[state] for state in STATES} for row in rows}
 
 
 class QueuedJob(models.Model):
@@ -32,7 +90,18 @@ class QueuedJob(models.Model):
     reserved_at = models.DateTimeField(_("reserved at"), null=True, blank=True)
     reserved_by = models.CharField(_("reserved by"), max_length=100, blank=True, default="")
     last_error = models.TextField(_("last error"), blank=True, default="")
+    #: Why a deferred job waits (``circuit 'sms' was open``), for operators; empty otherwise.
+    wait_reason = models.CharField(_("waiting because"), max_length=255, blank=True,
+                                   default="", db_default="")
     created_at = models.DateTimeField(_("created at"), db_default=Now())
+    #: When an operator asked the running job to stop (``job.cancelled`` then says so).
+    cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
+    #: What the running job last reported with ``self.progress(fraction, message)``.
+    progress = models.FloatField(_("progress"), null=True, blank=True)
+    progress_message = models.CharField(_("progress message"), max_length=255, blank=True,
+                                        default="", db_default="")
+
+    objects = QueuedJobQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("queued job")
@@ -57,15 +126,16 @@ class QueuedJob(models.Model):
 
     @property
     def state(self) -> str:
-        """``reserved``, ``delayed`` or ``waiting`` (evaluated with this process's clock)."""
-        from django.utils import timezone
+        """``waiting``, ``delayed`` or ``reserved`` on the database clock: the annotation of
+        :meth:`QueuedJobQuerySet.with_state` when the row was loaded with it, else one query.
 
-        now = timezone.now()
-        if self.reserved_at is not None and self.available_at > now:
-            return "reserved"
-        if self.available_at > now:
-            return "delayed"
-        return "waiting"
+        ``QueuedJob.DoesNotExist`` if the row is no longer queued.
+        """
+        state = getattr(self, STATE_ANNOTATION, None)
+        if state is None:
+            state = type(self)._default_manager.using(self._state.db).filter(
+                pk=self.pk).with_state().values_list(STATE_ANNOTATION, flat=True).get()
+        return state
 
 
 class FailedJob(models.Model):
@@ -80,7 +150,10 @@ class FailedJob(models.Model):
     exception_class = models.CharField(_("exception class"), max_length=255, blank=True)
     message = models.TextField(_("message"), blank=True)
     traceback = models.TextField(_("traceback"), blank=True)
-    last_error = models.TextField(_("last error before failing"), blank=True, default="")
+    #: Which limit ended the job (``its last try (3 of 3) raised``, ``retry deadline … passed``).
+    reason = models.CharField(_("reason"), max_length=500, blank=True, default="")
+    #: The last exception the job itself raised, with its traceback (whatever ended it).
+    last_error = models.TextField(_("last error"), blank=True, default="")
     failed_at = models.DateTimeField(_("failed at"), db_default=Now())
 
     class Meta:
@@ -164,6 +237,25 @@ class Worker(models.Model):
         return self.id
 
 
+class PausedQueue(models.Model):
+    """A queue that workers do not claim from until it is resumed (its row deleted).
+
+    The claim statement of every dialect excludes paused queues, so a pause holds from the
+    first claim after it commits; jobs already running finish.
+    """
+
+    queue = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused_at = models.DateTimeField(_("paused at"), db_default=Now())
+    paused_by = models.CharField(_("paused by"), max_length=150, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("paused queue")
+        verbose_name_plural = _("paused queues")
+
+    def __str__(self) -> str:
+        return self.queue
+
+
 class JobResult(models.Model):
     """The state and outcome of a job that keeps results (django.tasks tasks do).
 
@@ -193,3 +285,52 @@ class JobResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.id}]: {self.status}"
+
+
+class ScheduleTick(models.Model):
+    """One tick of a periodic schedule, enqueued (or skipped) once: the unique row per
+    (schedule, tick) is what lets every worker run the scheduler without a leader."""
+
+    schedule = models.CharField(_("schedule"), max_length=200)
+    #: The instant the tick was due (UTC), whatever time zone the schedule is written in.
+    tick = models.DateTimeField(_("tick"))
+    job_id = models.CharField(_("job id"), max_length=64, blank=True, default="")
+    #: Why no job was queued: ``unique`` (a copy still queued) or ``missed`` (catch_up none).
+    skipped = models.CharField(_("skipped"), max_length=50, blank=True, default="")
+    enqueued_at = models.DateTimeField(_("enqueued at"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("schedule run")
+        verbose_name_plural = _("schedule runs")
+        ordering = ["-tick"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "tick"], name="jobguard_schedule_tick"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.tick.isoformat()}"
+
+
+class Chain(models.Model):
+    """Jobs that run one after another (``chain(A(), B()).dispatch()``).
+
+    ``links`` holds each link's job name, queue, priority, payload, id and status (``pending``
+    → ``queued`` → ``done``; ``failed``; ``cancelled`` after a failed link). The next link is
+    queued in the transaction that acks the previous one.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(_("name"), max_length=255, blank=True, default="")
+    #: ``running``, ``completed`` or ``failed`` (retrying the failed link: ``running`` again).
+    status = models.CharField(_("status"), max_length=20, default="running")
+    links = models.JSONField(_("links"), default=list)
+    created_at = models.DateTimeField(_("created at"), db_default=Now())
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("chain")
+        verbose_name_plural = _("chains")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name or str(self.id)

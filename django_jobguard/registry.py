@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING
 from django.utils.module_loading import autodiscover_modules, import_string
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
 
 class UnknownJobError(LookupError):
     """A payload names a job that no loaded module registered."""
 
 
-_registry: dict[str, type[Job]] = {}
+_registry: dict[str, type[JobLike]] = {}
 
 
-def register(job_class: type[Job]) -> type[Job]:
+def register(job_class: type[JobLike]) -> type[JobLike]:
     """Record ``job_class`` under its ``name``; a second class with the same name is an error."""
     name = job_class.name
     existing = _registry.get(name)
@@ -35,7 +35,7 @@ def register(job_class: type[Job]) -> type[Job]:
     return job_class
 
 
-def get(name: str) -> type[Job]:
+def get(name: str) -> type[JobLike]:
     """The class registered as ``name``, or :class:`UnknownJobError` with a readable message."""
     try:
         return _registry[name]
@@ -47,7 +47,12 @@ def get(name: str) -> type[Job]:
         ) from None
 
 
-def all_jobs() -> dict[str, type[Job]]:
+def unregister(name: str) -> None:
+    """Forget the job registered as ``name`` (tests that define jobs on the fly)."""
+    _registry.pop(name, None)
+
+
+def all_jobs() -> dict[str, type[JobLike]]:
     return dict(_registry)
 
 

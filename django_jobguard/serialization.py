@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import json
+import math
 import uuid
 from typing import Any
 
@@ -23,8 +23,18 @@ class MissingModelError(LookupError):
 
 
 def encode(value: Any, *, path: str) -> Any:
-    """Turn ``value`` into JSON-safe data, or raise ``TypeError`` naming ``path``."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    """Turn ``value`` into JSON-safe data, or raise ``TypeError`` (a type JSON cannot hold) or
+    ``ValueError`` (a value no database stores alike: NaN, infinity, NUL, a lone surrogate)
+    naming ``path``."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, str):
+        return check_text(value, path=path)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"Job argument {path} is {value!r}: JSON has no NaN or infinity "
+                             f"(PostgreSQL refuses it, SQLite stores it); pass None or a "
+                             f"string instead.")
         return value
     if isinstance(value, models.Model):
         if value.pk is None:
@@ -54,12 +64,29 @@ def encode(value: Any, *, path: str) -> Any:
                                 f"need string keys.")
             if key == TAG:
                 raise TypeError(f"Job argument {path} uses the reserved key {TAG!r}.")
+            check_text(key, path=f"a key of {path}")
             out[key] = encode(item, path=f"{path}[{key!r}]")
         return out
     raise TypeError(
         f"Job argument {path} is a {type(value).__module__}.{type(value).__qualname__}, which "
         f"cannot be stored as JSON. Pass plain data, a saved model instance, or its id."
     )
+
+
+def check_text(text: str, *, path: str) -> str:
+    """``text`` if every database stores it alike; ``ValueError`` naming ``path`` for a NUL
+    character (PostgreSQL refuses it) or a lone surrogate (not encodable as UTF-8)."""
+    if "\x00" in text:
+        raise ValueError(f"Job argument {path} contains a NUL character (\\x00), which "
+                         f"PostgreSQL cannot store; remove it or pass bytes as base64.")
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"Job argument {path} contains a lone surrogate "
+                             f"({text[exc.start]!r} at {exc.start}), which is not valid "
+                             f"UTF-8.") from None
+    return text
 
 
 def decode(value: Any) -> Any:
@@ -92,27 +119,3 @@ def decode(value: Any) -> Any:
     if tag == "decimal":
         return decimal.Decimal(value["value"])
     raise ValueError(f"Unknown payload tag {tag!r}.")
-
-
-def encode_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The ``args``/``kwargs`` part of a payload; ``TypeError`` names the bad argument."""
-    return {
-        "args": [encode(arg, path=f"args[{i}]") for i, arg in enumerate(args)],
-        "kwargs": {key: encode(val, path=key) for key, val in kwargs.items()},
-    }
-
-
-def decode_arguments(payload: dict[str, Any]) -> tuple[list, dict]:
-    args = payload.get("args", [])
-    kwargs = payload.get("kwargs", {})
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise ValueError("Corrupt payload: 'args' must be a list and 'kwargs' an object.")
-    return decode(args), decode(kwargs)
-
-
-_compact = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def payload_size(payload: dict[str, Any]) -> int:
-    """Bytes of ``payload`` as compact JSON (what ``MAX_PAYLOAD_BYTES`` limits)."""
-    return len(_compact(payload).encode())

@@ -2,10 +2,14 @@
 
 from django.dispatch import Signal
 
-#: After a job is queued: ``job``, ``job_id``, ``queue``.
+#: After a job is queued: ``job``, ``job_id``, ``queue``, ``priority``, and ``delay`` (seconds)
+#: or ``at`` (an aware time) when it is delayed.
 job_dispatched = Signal()
 #: A unique job was not queued because a copy holds its lock: ``job``.
 job_skipped_unique = Signal()
+#: Rows were inserted (after the job_dispatched signals): ``job_ids``, ``using``. Inline test
+#: mode runs them from its receiver, so dispatch() does not depend on the testing package.
+jobs_inserted = Signal()
 #: A worker is about to run the job: ``job``, ``job_id``.
 job_processing = Signal()
 #: The job finished (handled, or dropped by middleware): ``job``, ``job_id``, ``result``.

@@ -1,8 +1,10 @@
 """``jobworker --concurrency N``: N worker processes under one supervisor.
 
 Each child is a fresh interpreter (``spawn``) running one :class:`Worker`. A child that exits
-non-zero (crash, hard timeout, memory limit) is replaced; SIGTERM/SIGINT are passed on and the
-supervisor exits once every child has finished its current job.
+for any reason the supervisor did not ask for (crash, hard timeout, memory limit, a job calling
+``os._exit(0)``) is logged and replaced: only a child whose worker returned by itself with
+code 0 (a stop condition such as ``--stop-when-empty``) is not. SIGTERM/SIGINT are passed on
+and the supervisor exits once every child has finished its current job.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 import time
 from typing import Any
 
-from django_jobguard._spawn import child_main
+from django_jobguard import child
 from django_jobguard.worker import WorkerOptions
 
 logger = logging.getLogger("django_jobguard.supervisor")
@@ -32,14 +34,18 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")
         self._stopping = False
         self._started: dict[int, float] = {}
+        self._finished: dict[int, Any] = {}  # pid → flag the child sets when its worker returns
         self._restart_delay = 0.5
 
     def _spawn(self) -> Any:
-        proc = self._ctx.Process(target=child_main,
-                                 args=(dataclasses.asdict(self.options), self.verbosity),
+        finished = self._ctx.Value("b", 0, lock=False)
+        proc = self._ctx.Process(target=child.main,
+                                 args=(dataclasses.asdict(self.options), self.verbosity,
+                                       finished),
                                  daemon=False)
         proc.start()
         self._started[proc.pid] = time.monotonic()
+        self._finished[proc.pid] = finished
         return proc
 
     def run(self) -> int:
@@ -59,12 +65,15 @@ class Supervisor:
                     continue
                 children.remove(proc)
                 proc.join()
-                if proc.exitcode != 0 and not self._stopping:
-                    logger.warning("Worker pid %s exited with %s; starting a new one.",
-                                   proc.pid, proc.exitcode)
+                finished = self._finished.pop(proc.pid)
+                on_its_own = proc.exitcode == 0 and finished.value == 1
+                if not on_its_own and not self._stopping:
+                    why = ("without its worker stopping (the job's code ended the process?)"
+                           if proc.exitcode == 0 else f"with {proc.exitcode}")
+                    logger.warning("Worker pid %s exited %s; starting a new one.",
+                                   proc.pid, why)
                     if self.stdout is not None and self.verbosity:
-                        self.stdout.write(f"worker pid {proc.pid} exited with {proc.exitcode}; "
-                                          f"restarting")
+                        self.stdout.write(f"worker pid {proc.pid} exited {why}; restarting")
                     # A child that dies right after starting (bad settings, database down)
                     # is restarted with a growing delay instead of in a hot loop.
                     lived = time.monotonic() - self._started.pop(proc.pid, 0)

@@ -35,12 +35,12 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from django_jobguard import results, signals, unique
+from django_jobguard import results, signals, unique_jobs
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.jobs import Job, dispatch
 from django_jobguard.models import JobResult
 from django_jobguard.stores import get_store
-from django_jobguard.unique import ShouldBeUnique, ShouldBeUniqueUntilProcessing
+from django_jobguard.unique_jobs import ShouldBeUnique, ShouldBeUniqueUntilProcessing
 
 try:  # Django >= 6.0
     from django.tasks import task_backends
@@ -253,10 +253,10 @@ class TaskJob(Job):
             self.fail(self._resolve_error)
             return None
         backend = self.backend
-        worker = getattr(self, "_worker", None)
-        using = worker.options.using if worker is not None else backend.database
+        context = self.context
+        using = context.using if context.worker_id else backend.database
         row = results.mark_running(
-            self.job_id, worker_id=worker.id if worker is not None else "inline",
+            self.job_id, worker_id=context.worker_id or "inline",
             attempt=self.attempts(), using=using,
             defaults={"name": self.name, "queue": self.queue_name,
                       "payload": backend.result_payload(self.task, self.args, self.kwargs)},
@@ -312,8 +312,7 @@ def _send_finished(job: Any, job_id: str) -> None:
     if not isinstance(job, TaskJob) or job.task is None:
         return
     backend = job.backend
-    worker = getattr(job, "_worker", None)
-    using = worker.options.using if worker is not None else backend.database
+    using = job.context.using if job.context.worker_id else backend.database
     row = JobResult.objects.using(using).filter(id=job_id).first()
     if row is not None:
         task_finished.send(sender=type(backend), task_result=backend.to_result(row, job.task))
@@ -417,7 +416,7 @@ class JobGuardBackend(BaseTaskBackend):
                 object.__setattr__(result, "enqueued_at", enqueued_at)
                 task_enqueued.send(sender=type(self), task_result=result)
                 return result
-            holder = get_store(job.unique_via()).get_lock(unique.lock_key(job))
+            holder = get_store(job.unique_via()).get_lock(unique_jobs.lock_key(job))
             if holder is None:
                 continue  # released meanwhile: try again
             try:

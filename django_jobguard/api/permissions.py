@@ -1,8 +1,9 @@
-"""Who may use the API: ``JOBGUARD['API_PERMISSION_CLASSES']`` (default ``IsAdminUser``).
+"""Who may use the API: ``JOBGUARD['API_PERMISSION_CLASSES']`` (default
+:class:`JobGuardAdminPermissions`: staff *and* the model permissions the admin asks for).
 
 The dotted paths are resolved on each request, so ``override_settings`` and settings loaded
-after import both work. :class:`JobGuardModelPermissions` is an alternative that asks for the
-model permissions the admin uses instead of staff status.
+after import both work. :class:`JobGuardModelPermissions` asks for the model permissions
+without staff status.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class JobGuardModelPermissions(BasePermission):
     """Allow a request when the user has the model permissions its view declares.
 
     Each view has ``model_permissions``: HTTP method → permission codenames, e.g.
-    ``{"GET": ["view_lock"], "DELETE": ["change_lock"]}``; a method not listed is refused.
+    ``{"GET": ["view_lock"], "DELETE": ["change_lock"]}``; a method the view handles but does
+    not list is refused, one it does not handle goes on to its 405.
     """
 
     def has_permission(self, request: Any, view: Any) -> bool:
@@ -44,7 +46,20 @@ class JobGuardModelPermissions(BasePermission):
         if not (user and user.is_authenticated):
             return False
         method = "GET" if request.method in ("HEAD", "OPTIONS") else request.method
+        if getattr(view, method.lower(), None) is None:
+            return True  # no handler: the 405 that follows touches nothing
         needed = getattr(view, "model_permissions", {}).get(method)
         if needed is None:
             return False
         return user.has_perms([f"django_jobguard.{codename}" for codename in needed])
+
+
+class JobGuardAdminPermissions(JobGuardModelPermissions):
+    """What the admin asks: an active staff user holding the view's model permissions
+    (a superuser holds them all), so a staff user with no permissions can do nothing."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated and user.is_active and user.is_staff):
+            return False
+        return super().has_permission(request, view)

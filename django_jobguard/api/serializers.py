@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations
 from django_jobguard.models import FailedJob, QueuedJob
@@ -38,6 +41,92 @@ class ErrorSerializer(serializers.Serializer):
                                    required=False)
 
 
+# -- strict input ------------------------------------------------------------------------
+
+#: The error code of a key that no field of the request reads (``exception_handler`` reports
+#: an error made only of these as ``code: "unknown_field"``, not as ``invalid``).
+UNKNOWN_FIELD = "unknown_field"
+
+
+class StrictSerializer(serializers.Serializer):
+    """Input that refuses keys it has no field for: a typo (``dealy`` for ``delay``) must be
+    a 400 naming it, not a request that silently does something else.
+
+    Unknown keys are checked first and alone (a typo often explains a missing field): each
+    gets an error with code ``unknown_field`` and, when one is close, a "did you mean" hint.
+    Names that something other than this serializer reads (the paginator's ``page``) are
+    passed as ``context["also_accepted"]``.
+    """
+
+    #: What the keys are called in messages, and what to say when there are none to take.
+    noun: ClassVar[str] = "field"
+    takes_none: ClassVar[str] = "this request takes no body"
+
+    def accepted_names(self) -> list[str]:
+        """Every key this input may carry: the writable fields, then ``also_accepted``."""
+        own = [field.field_name for field in self._writable_fields]
+        return own + [name for name in self.context.get("also_accepted", ()) if name not in own]
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):  # anything else: DRF's own "Expected a dictionary"
+            accepted = self.accepted_names()
+            unknown = [key for key in data if key not in accepted]
+            if unknown:
+                raise serializers.ValidationError(self.unknown_errors(unknown, accepted))
+        return super().to_internal_value(data)
+
+    def unknown_errors(self, names: Iterable[str],
+                       accepted: list[str]) -> dict[str, list[ErrorDetail]]:
+        """``{name: [message]}``, code ``unknown_field``, for each key not in ``accepted``."""
+        errors = {}
+        for name in names:
+            message = f"unknown {self.noun} {name!r}"
+            close = difflib.get_close_matches(name, accepted, n=1)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+            elif not self.fields:
+                message += f" ({self.takes_none})"
+            # The name is echoed as a key: escape what UTF-8 cannot carry (lone surrogates).
+            key = name.encode("utf-8", "backslashreplace").decode("utf-8")
+            errors[key] = [ErrorDetail(message, code=UNKNOWN_FIELD)]
+        return errors
+
+
+class QuerySerializer(StrictSerializer):
+    """Query parameters: the same rule, so ``?staet=reserved`` is not a list of everything."""
+
+    noun = "query parameter"
+    takes_none = "this request takes no query parameters"
+
+
+class NoBodySerializer(StrictSerializer):
+    """What a request that takes no body may send: nothing, or ``{}``."""
+
+
+class NoQuerySerializer(QuerySerializer):
+    """The query string of a request that takes no query parameters."""
+
+
+try:  # the schema says so too: request bodies are closed objects
+    from drf_spectacular.extensions import OpenApiSerializerExtension
+
+    class StrictSerializerSchema(OpenApiSerializerExtension):
+        """``additionalProperties: false`` on request bodies made by a ``StrictSerializer``
+        (wherever drf-spectacular meets one, so also in a project's own schema view)."""
+
+        target_class = StrictSerializer
+        match_subclasses = True
+
+        def map_serializer(self, auto_schema: Any, direction: str) -> dict:
+            schema = auto_schema._map_serializer(self.target, direction,
+                                                 bypass_extensions=True)
+            if direction == "request":
+                schema["additionalProperties"] = False
+            return schema
+except ImportError:  # pragma: no cover - the API works without drf-spectacular
+    pass
+
+
 # -- queued and failed jobs --------------------------------------------------------------
 
 
@@ -48,12 +137,19 @@ class QueuedJobSerializer(serializers.ModelSerializer):
     class Meta:
         model = QueuedJob
         fields = ["id", "name", "queue", "state", "attempts", "exceptions", "priority",
-                  "available_at", "reserved_at", "reserved_by", "created_at", "last_error",
+                  "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
+                  "cancel_requested_at", "progress", "progress_message", "last_error",
                   "payload"]
         read_only_fields = fields
 
 
-class JobFilterSerializer(serializers.Serializer):
+class CancelledSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    result = serializers.ChoiceField(choices=["deleted", "stopping"], help_text=(
+        "deleted: no worker held it; stopping: the running job was asked to stop."))
+
+
+class JobFilterSerializer(QuerySerializer):
     """Query parameters of ``GET jobs/``."""
 
     queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
@@ -65,8 +161,8 @@ class JobFilterSerializer(serializers.Serializer):
 class FailedJobSerializer(serializers.ModelSerializer):
     class Meta:
         model = FailedJob
-        fields = ["id", "name", "queue", "attempts", "priority", "exception_class", "message",
-                  "failed_at", "payload"]
+        fields = ["id", "name", "queue", "attempts", "priority", "reason", "exception_class",
+                  "message", "failed_at", "payload"]
         read_only_fields = fields
 
 
@@ -76,14 +172,14 @@ class FailedJobDetailSerializer(FailedJobSerializer):
         read_only_fields = fields
 
 
-class FailedJobFilterSerializer(serializers.Serializer):
+class FailedJobFilterSerializer(QuerySerializer):
     """Query parameters of ``GET failed-jobs/``."""
 
     queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
     name = serializers.CharField(required=False, allow_blank=True, max_length=255)
 
 
-class RetryAllSerializer(serializers.Serializer):
+class RetryAllSerializer(StrictSerializer):
     """Body of ``POST failed-jobs/retry-all/``: optionally only one queue."""
 
     queue = TextField(required=False, max_length=100)
@@ -94,10 +190,25 @@ class RetriedSerializer(serializers.Serializer):
     ids = serializers.ListField(child=serializers.UUIDField())
 
 
+# -- paused queues -----------------------------------------------------------------------
+
+
+class PausedQueueSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    paused_at = serializers.DateTimeField()
+    paused_by = serializers.CharField()
+
+
+class PauseSerializer(StrictSerializer):
+    """Body of ``POST queues/<queue>/pause/``: ``force`` pauses a queue nothing uses yet."""
+
+    force = serializers.BooleanField(required=False, default=False)
+
+
 # -- locks, throttles, stats -------------------------------------------------------------
 
 
-class StoreQuerySerializer(serializers.Serializer):
+class StoreQuerySerializer(QuerySerializer):
     """``?store=<alias>``: which store to read (default ``JOBGUARD['STORE']``)."""
 
     store = serializers.CharField(required=False, allow_blank=True, max_length=100)
@@ -183,7 +294,7 @@ def check_json_text(value: Any, *, path: str, depth: int = 0) -> None:
             check_json_text(item, path=f"{path}[{key!r}]", depth=depth + 1)
 
 
-class DispatchSerializer(serializers.Serializer):
+class DispatchSerializer(StrictSerializer):
     """Body of ``POST dispatch/``."""
 
     job = TextField(max_length=255, help_text="Registered job name.")
@@ -219,3 +330,19 @@ class DispatchedSerializer(serializers.Serializer):
 class SkippedSerializer(serializers.Serializer):
     skipped = serializers.CharField(help_text='"unique": a copy of this unique job is queued.')
     job = serializers.CharField()
+
+
+class ScheduleSerializer(serializers.Serializer):
+    """A periodic schedule with its last recorded tick and its next one (UTC)."""
+
+    name = serializers.CharField()
+    job = serializers.CharField()
+    cron = serializers.CharField()
+    timezone = serializers.CharField()
+    catch_up = serializers.CharField()
+    enabled = serializers.BooleanField()
+    last_tick = serializers.DateTimeField(allow_null=True)
+    last_job_id = serializers.CharField()
+    last_skipped = serializers.CharField(help_text="Why the last tick queued no job: "
+                                                   "'unique' or 'missed'; empty otherwise.")
+    next_tick = serializers.DateTimeField(allow_null=True)

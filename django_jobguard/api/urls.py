@@ -21,12 +21,17 @@ endpoint_patterns = [
     path("locks/<path:key>/", views.LockDetailView.as_view(), name="lock-detail"),
     path("throttles/", views.ThrottleListView.as_view(), name="throttle-list"),
     path("throttles/<path:key>/", views.ThrottleDetailView.as_view(), name="throttle-detail"),
+    path("queues/paused/", views.PausedQueueListView.as_view(), name="paused-queue-list"),
+    path("queues/<str:queue>/pause/", views.PauseQueueView.as_view(), name="queue-pause"),
+    path("queues/<str:queue>/resume/", views.ResumeQueueView.as_view(), name="queue-resume"),
     path("stats/", views.StatsView.as_view(), name="stats"),
+    path("schedules/", views.ScheduleListView.as_view(), name="schedule-list"),
     path("dispatch/", views.DispatchView.as_view(), name="dispatch"),
 ]
 
 urlpatterns = list(endpoint_patterns)
 if views.SchemaView is not None:
-    urlpatterns.append(path("schema/", views.SchemaView.as_view(), name="schema"))
+    urlpatterns.append(path("schema/", views.SchemaView.as_view(
+        endpoint_patterns=endpoint_patterns), name="schema"))
 # Anything else (also paths the converters refuse, such as keys with a newline): JSON 404.
 urlpatterns.append(re_path(r"^[\s\S]*$", views.NotFoundView.as_view(), name="not-found"))

@@ -1,7 +1,9 @@
 """REST endpoints for operators: queued and failed jobs, locks, throttles, stats, dispatch.
 
-Every view uses ``JOBGUARD['API_PERMISSION_CLASSES']`` (default ``IsAdminUser``), JSON in and
-out, page-number pagination, and one error body: ``{"detail", "code"[, "errors"]}``.
+Every view uses ``JOBGUARD['API_PERMISSION_CLASSES']`` (default ``JobGuardAdminPermissions``:
+staff with the admin's model permissions), JSON in and out, page-number pagination, and one
+error body: ``{"detail", "code"[, "errors"]}``. Input is strict: a body field or query
+parameter that nothing reads is a 400 ``unknown_field``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+import uuid
 from typing import Any
 
 from django.db import IntegrityError
@@ -20,14 +23,16 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_jobguard import operations, registry, serialization
+from django_jobguard import operations, registry, schedules, serialization
 from django_jobguard.api import serializers as s
 from django_jobguard.api.permissions import api_permission_classes
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.jobs import FunctionJob, Job
+from django_jobguard.decorators import FunctionJob
+from django_jobguard.jobs import Job
 from django_jobguard.models import FailedJob, QueuedJob
 
 try:
@@ -75,20 +80,47 @@ def _code(exc: Exception) -> str:
     return "permission_denied"
 
 
+#: How many unknown fields ``detail`` names (``errors`` has them all).
+UNKNOWN_IN_DETAIL = 10
+
+
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     """DRF's handler, reshaped so every error has ``detail`` and ``code``, and validation
-    errors list their fields under ``errors``."""
+    errors list their fields under ``errors``. Unknown fields keep their own code,
+    ``unknown_field``, with the messages (and their "did you mean" hints) as ``detail``."""
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
         errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        response.data = {"detail": "Invalid input.", "code": "invalid",
-                         "errors": _flatten(errors)}
+        flat = _flatten(errors)
+        if _only_unknown_fields(exc):
+            response.data = {"detail": _unknown_detail(flat), "code": s.UNKNOWN_FIELD,
+                             "errors": flat}
+        else:
+            response.data = {"detail": "Invalid input.", "code": "invalid", "errors": flat}
     else:
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
         response.data = {"detail": str(detail or response.status_text), "code": _code(exc)}
     return response
+
+
+def _only_unknown_fields(exc: exceptions.ValidationError) -> bool:
+    """Whether every error of ``exc`` is an unknown field (``StrictSerializer`` checks
+    those first and alone, so they never come mixed with other errors)."""
+    codes = exc.get_codes()
+    return (isinstance(codes, dict) and bool(codes)
+            and all(isinstance(c, list) and c and set(c) == {s.UNKNOWN_FIELD}
+                    for c in codes.values()))
+
+
+def _unknown_detail(errors: dict[str, list[str]]) -> str:
+    """``unknown field 'dealy' (did you mean 'delay'?); unknown field 'x'``, at most
+    ``UNKNOWN_IN_DETAIL`` of them, so a body of a thousand keys gets a short answer."""
+    messages = [message for field_messages in errors.values() for message in field_messages]
+    shown = "; ".join(messages[:UNKNOWN_IN_DETAIL])
+    more = len(messages) - UNKNOWN_IN_DETAIL
+    return f"{shown}; and {more} more" if more > 0 else shown
 
 
 def _flatten(errors: dict) -> dict[str, list[str]]:
@@ -159,15 +191,59 @@ class Pagination(PageNumberPagination):
         return parameters
 
 
+#: How deep a request body may nest. Python's decoder gives up somewhere past ~1,000 levels
+#: on 3.11/3.12 and much later on 3.13; a fixed limit makes the answer the same everywhere.
+MAX_BODY_DEPTH = 200
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether a decoded body nests deeper than ``limit`` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in item)
+    return False
+
+
+class JSONBodyParser(JSONParser):
+    """DRF's JSON parser, with a body nested deeper than ``MAX_BODY_DEPTH`` (or too deep for
+    Python's decoder, a ``RecursionError``) refused as a 400 like any other malformed JSON."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            data = None
+            too_deep = True
+        else:
+            too_deep = _too_deep(data, MAX_BODY_DEPTH)
+        if too_deep:
+            raise exceptions.ParseError("JSON parse error - the body is nested too deeply.",
+                                        code="parse_error")
+        return data
+
+
 class JobGuardAPIView:
-    """Mixin for every endpoint: permissions from settings, JSON only, one error shape."""
+    """Mixin for every endpoint: permissions from settings, JSON only, one error shape, and
+    no input that nothing reads."""
 
     renderer_classes = [JSONRenderer]
-    parser_classes = [JSONParser]
+    parser_classes = [JSONBodyParser]
     pagination_class = Pagination
     if AutoSchema is not None:
         schema = AutoSchema()
     model_permissions: dict[str, list[str]] = {}
+    #: Handlers (viewset actions, or the HTTP methods of a plain view) that read a body or
+    #: query parameters, each through a strict serializer. Any other request must come
+    #: without them: a field sent where nothing reads it is a 400, not silently ignored.
+    body_handlers: frozenset[str] = frozenset()
+    query_handlers: frozenset[str] = frozenset()
 
     def get_permissions(self) -> list:
         return [permission() for permission in api_permission_classes()]
@@ -175,11 +251,49 @@ class JobGuardAPIView:
     def get_exception_handler(self):
         return exception_handler
 
+    def get_authenticate_header(self, request: Any) -> str | None:
+        """The first challenge any authentication class offers (DRF asks only the first), so
+        an anonymous request gets 401 with ``WWW-Authenticate`` under DRF's default Session +
+        Basic authentication, and 403 only when no configured class can challenge."""
+        for authenticator in self.get_authenticators():
+            header = authenticator.authenticate_header(request)
+            if header:
+                return header
+        return None
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        self.refuse_unread_input(request)
+
+    def refuse_unread_input(self, request: Any) -> None:
+        """400 ``unknown_field`` for query parameters or body fields sent to a handler that
+        reads none (after authentication; a method with no handler stays a 405 or 404)."""
+        method = request.method.lower()
+        if method == "options" or getattr(self, method, None) is None:
+            return
+        handler = getattr(self, "action", None) or ("get" if method == "head" else method)
+        if handler not in self.query_handlers:
+            _query(s.NoQuerySerializer, request)
+        if method not in ("get", "head") and handler not in self.body_handlers:
+            s.NoBodySerializer(data=request.data).is_valid(raise_exception=True)
+
 
 def _query(serializer_class: type, request: Any) -> dict:
-    serializer = serializer_class(data=request.query_params)
+    serializer = serializer_class(data=request.query_params,
+                                  context={"also_accepted": _drf_query_params(request)})
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+def _drf_query_params(request: Any) -> list[str]:
+    """Query parameters DRF reads itself: ``?format=`` and, on a list, the paginator's."""
+    names = [api_settings.URL_FORMAT_OVERRIDE]
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    lists = (isinstance(view, mixins.ListModelMixin)
+             and getattr(view, "action", "list") == "list")
+    if lists and view.paginator is not None:
+        names += [view.paginator.page_query_param, view.paginator.page_size_query_param]
+    return [name for name in names if name]
 
 
 def _store(request: Any):
@@ -214,11 +328,12 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     serializer_class = s.QueuedJobSerializer
     queryset = QueuedJob.objects.all()
     lookup_value_regex = "[^/]+"
-    model_permissions = {"GET": ["view_queuedjob"], "DELETE": ["delete_queuedjob"]}
+    model_permissions = {"GET": ["view_queuedjob"], "DELETE": ["delete_queuedjob"],
+                         "POST": ["change_queuedjob"]}
+    query_handlers = frozenset({"list"})
 
     def get_queryset(self):
-        qs = operations.with_state(QueuedJob.objects.all()).order_by(
-            "queue", "-priority", "available_at", "id")
+        qs = QueuedJob.objects.with_state().order_by("queue", "-priority", "available_at", "id")
         if self.action == "list":
             filters = _query(s.JobFilterSerializer, self.request)
             if "queue" in filters:
@@ -226,7 +341,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
             if "name" in filters:
                 qs = qs.filter(name=filters["name"])
             if filters.get("state"):  # blank = any state
-                qs = qs.filter(operations.state_q(filters["state"]))
+                qs = qs.in_state(filters["state"])
         return qs
 
     @extend_schema(parameters=[s.JobFilterSerializer], responses={
@@ -241,10 +356,29 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     @extend_schema(responses={204: None, **_errors(*ONE_ERRORS, 409)})
     def destroy(self, request, *args, **kwargs):
         job = self.get_object()
-        if operations.cancel([job]).reserved:
+        if operations.cancel([job], actor=request.user.get_username()).reserved:
             raise Conflict(f"Job {job.id} is reserved by worker {job.reserved_by or '?'}; it "
                            f"cannot be cancelled while it runs.", code="reserved")
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+    @extend_schema(request=None, responses={200: s.CancelledSerializer,
+                                            **_errors(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, *args, **kwargs):
+        """Cancel a job: deleted if no worker holds it, else the running job is asked to
+        stop (it ends as cancelled when it checks ``job.cancelled``)."""
+        try:
+            job_id = str(uuid.UUID(kwargs["pk"]))
+        except ValueError:
+            raise Http404(f"{kwargs['pk']!r} is not a job id.")
+        try:
+            result = operations.cancel_job(job_id, actor=request.user.get_username())
+        except operations.JobNotQueuedError as exc:
+            if exc.finished:
+                raise Conflict(str(exc), code="not_queued")
+            raise Http404(str(exc))
+        return Response({"id": job_id, "result": result})
 
 
 # -- failed jobs -------------------------------------------------------------------------
@@ -258,6 +392,8 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     lookup_value_regex = "[^/]+"
     model_permissions = {"GET": ["view_failedjob"], "POST": ["change_failedjob"],
                          "DELETE": ["delete_failedjob"]}
+    query_handlers = frozenset({"list"})
+    body_handlers = frozenset({"retry_all"})  # retry/ takes no body: a field sent is a 400
 
     def get_serializer_class(self):
         if self.action == "retrieve":
@@ -288,14 +424,20 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     @extend_schema(responses={204: None, **_errors(*ONE_ERRORS)})
     def destroy(self, request, *args, **kwargs):
         failed = self.get_object()
-        operations.forget(FailedJob.objects.filter(id=failed.id))
+        try:
+            operations.forget([failed], actor=request.user.get_username())
+        except operations.FailedJobNotFound as exc:  # forgotten or retried meanwhile
+            raise Http404(str(exc))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    def _retry(self, failed: list[FailedJob]) -> Response:
+    def _retry(self, failed: list[FailedJob] | None = None, *, queue: str | None = None
+               ) -> Response:
         try:
-            ids = operations.retry(failed)
+            ids = operations.retry(failed, queue=queue, actor=self.request.user.get_username())
         except IntegrityError:
             raise Conflict("A queued job with the same id exists already.", code="duplicate")
+        except operations.FailedJobNotFound as exc:  # retried or forgotten meanwhile
+            raise Http404(str(exc))
         return Response({"retried": len(ids), "ids": ids})
 
     @extend_schema(request=None, responses={200: s.RetriedSerializer,
@@ -312,10 +454,7 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
         """Queue every failed job (or every one of ``queue``) again."""
         body = s.RetryAllSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        qs = FailedJob.objects.order_by("failed_at")
-        if "queue" in body.validated_data:
-            qs = qs.filter(queue=body.validated_data["queue"])
-        return self._retry(list(qs))
+        return self._retry(queue=body.validated_data.get("queue"))
 
 
 # -- locks and throttles -----------------------------------------------------------------
@@ -326,6 +465,7 @@ class LockListView(JobGuardAPIView, ListAPIView):
 
     serializer_class = s.LockSerializer
     model_permissions = {"GET": ["view_lock"]}
+    query_handlers = frozenset({"get"})
 
     def get_queryset(self):
         return operations.inspect_locks(_store(self.request))
@@ -341,6 +481,7 @@ class LockDetailView(JobGuardAPIView, GenericAPIView):
 
     serializer_class = s.LockSerializer
     model_permissions = {"GET": ["view_lock"], "DELETE": ["change_lock"]}
+    query_handlers = frozenset({"get", "delete"})
 
     def _find(self, store: Any, key: str) -> operations.LockRow:
         for row in operations.inspect_locks(store):
@@ -374,6 +515,7 @@ class ThrottleListView(JobGuardAPIView, ListAPIView):
 
     serializer_class = s.ThrottleSerializer
     model_permissions = {"GET": ["view_throttle"]}
+    query_handlers = frozenset({"get"})
 
     def get_queryset(self):
         return _throttles(_store(self.request))
@@ -389,6 +531,7 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
 
     serializer_class = s.ThrottleSerializer
     model_permissions = {"GET": ["view_throttle"], "DELETE": ["change_throttle"]}
+    query_handlers = frozenset({"get", "delete"})
 
     @extend_schema(parameters=KEY_PARAMS, responses={200: s.ThrottleSerializer,
                                                       **_errors(400, *ONE_ERRORS, 501)})
@@ -412,6 +555,69 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+# -- paused queues -----------------------------------------------------------------------
+
+
+class PausedQueueListView(JobGuardAPIView, ListAPIView):
+    """The paused queues: workers claim none of their jobs until they are resumed."""
+
+    serializer_class = s.PausedQueueSerializer
+    model_permissions = {"GET": ["view_pausedqueue"]}
+
+    def get_queryset(self):
+        return operations.paused_queues()
+
+    @extend_schema(responses={200: s.PausedQueueSerializer(many=True),
+                              **_errors(*READ_ERRORS, 404)})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+
+def _queue_name(queue: str) -> str:
+    try:
+        return operations.check_queue_name(queue)
+    except operations.QueueNameError as exc:
+        raise exceptions.ValidationError({"queue": [str(exc)]})
+
+
+class PauseQueueView(JobGuardAPIView, APIView):
+    """Pause a queue (running jobs finish); 200 with ``paused: false`` if it was already."""
+
+    model_permissions = {"POST": ["change_pausedqueue"]}
+    body_handlers = frozenset({"post"})
+
+    @extend_schema(request=s.PauseSerializer, responses={
+        200: s.PausedQueueSerializer, **_errors(400, 401, 403, 409, 415)})
+    def post(self, request, queue: str):
+        name = _queue_name(queue)
+        body = s.PauseSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            operations.pause(name, force=body.validated_data["force"],
+                             actor=request.user.get_username())
+        except operations.QueueNameError as exc:
+            raise exceptions.ValidationError({"queue": [str(exc)]}, code="unknown_queue")
+        row = next((r for r in operations.paused_queues() if r.queue == name), None)
+        if row is None:
+            raise Conflict(f"Queue {name!r} was resumed meanwhile.", code="resumed")
+        return Response(s.PausedQueueSerializer(row).data)
+
+
+class ResumeQueueView(JobGuardAPIView, APIView):
+    """Resume a paused queue; 404 if it is not paused."""
+
+    model_permissions = {"POST": ["change_pausedqueue"]}
+
+    @extend_schema(request=None, responses={204: None, **_errors(*ONE_ERRORS)})
+    def post(self, request, queue: str):
+        name = _queue_name(queue)
+        try:
+            operations.resume(name, actor=request.user.get_username())
+        except operations.QueueNameError as exc:
+            raise Http404(str(exc))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
 # -- stats -------------------------------------------------------------------------------
 
 
@@ -423,6 +629,20 @@ class StatsView(JobGuardAPIView, APIView):
     @extend_schema(responses={200: s.StatsSerializer, **_errors(401, 403)})
     def get(self, request):
         return Response(s.StatsSerializer(operations.stats()).data)
+
+
+# -- schedules ---------------------------------------------------------------------------
+
+
+class ScheduleListView(JobGuardAPIView, APIView):
+    """Periodic schedules with their last and next run (read only)."""
+
+    model_permissions = {"GET": ["view_scheduletick"]}
+    pagination_class = None  # schedules come from settings: a short list, not paginated
+
+    @extend_schema(responses={200: s.ScheduleSerializer(many=True), **_errors(401, 403)})
+    def get(self, request):
+        return Response(s.ScheduleSerializer(schedules.schedule_status(), many=True).data)
 
 
 # -- dispatch ----------------------------------------------------------------------------
@@ -492,6 +712,7 @@ class DispatchView(JobGuardAPIView, APIView):
     """Queue a job by name. Only names in ``JOBGUARD['API_DISPATCHABLE_JOBS']`` are accepted."""
 
     model_permissions = {"POST": ["add_queuedjob"]}
+    body_handlers = frozenset({"post"})
 
     @extend_schema(request=s.DispatchSerializer, responses={
         201: s.DispatchedSerializer,
@@ -515,7 +736,7 @@ class DispatchView(JobGuardAPIView, APIView):
         for field, values in (("args", args), ("kwargs", kwargs)):
             try:  # JSON input is plain data; this catches reserved keys such as __jobguard__
                 serialization.encode(values, path=field)
-            except TypeError as exc:
+            except (TypeError, ValueError) as exc:  # and NUL, lone surrogates
                 raise exceptions.ValidationError({field: [str(exc)]})
         errors = check_arguments(job_class, args, kwargs)
         if errors:
@@ -536,6 +757,9 @@ class DispatchView(JobGuardAPIView, APIView):
 class NotFoundView(JobGuardAPIView, APIView):
     """Any other path under the API: a JSON 404 like every other error here."""
 
+    # No data behind it: any caller the permission classes let in gets the 404.
+    model_permissions = {method: [] for method in ("GET", "POST", "PUT", "PATCH", "DELETE")}
+
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         raise Http404("No such endpoint.")
@@ -552,21 +776,23 @@ if AutoSchema is not None:
 
         renderer_classes = [OpenApiJsonRenderer, OpenApiYamlRenderer]
         model_permissions = {"GET": ["view_queuedjob"]}
+        query_handlers = frozenset({"get"})  # drf-spectacular's ?format=, ?lang=, ?version=
         custom_settings = {
             "TITLE": "django-jobguard API",
             "DESCRIPTION": "Queued and failed jobs, locks, throttles, stats and dispatch.",
             "VERSION": "1",
         }
 
+        #: The API's URL patterns, given by ``urls.py`` (``as_view(endpoint_patterns=...)``).
+        endpoint_patterns: list = []
+
         @extend_schema(exclude=True)
         def get(self, request, *args, **kwargs):
             from django.urls import include, path
 
-            from django_jobguard.api import urls
-
             route = getattr(request.resolver_match, "route", "") or request.path.lstrip("/")
             prefix = route[: -len("schema/")] if route.endswith("schema/") else ""
-            self.patterns = [path(prefix, include(urls.endpoint_patterns))]
+            self.patterns = [path(prefix, include(self.endpoint_patterns))]
             return super().get(request, *args, **kwargs)
 else:  # pragma: no cover - drf-spectacular not installed
     SchemaView = None

@@ -12,6 +12,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+from django_jobguard import durations
 from django_jobguard.limits import Limit, rate_limiter, window_key
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import get_store
@@ -40,14 +41,11 @@ class RateLimited(JobMiddleware):
                  store: str | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"RateLimited needs a limiter name, not {name!r}.")
-        if release_after is not None and release_after < 0:
-            raise ValueError(f"release_after must not be negative, not {release_after!r}.")
-        if jitter is not None and jitter < 0:
-            raise ValueError(f"jitter must not be negative, not {jitter!r}.")
         self.name = name
-        self.release_after = release_after
+        self.release_after = durations.seconds(release_after, allow_none=True,
+                                               name="RateLimited(release_after=...)")
         self.dont_release = dont_release
-        self.jitter = jitter
+        self.jitter = durations.seconds(jitter, allow_none=True, name="RateLimited(jitter=...)")
         self.store = store
 
     def __repr__(self) -> str:
@@ -67,7 +65,8 @@ class RateLimited(JobMiddleware):
             logger.info("%s [%s] dropped: limiter %r is full (%s).", job.name, job.job_id,
                         self.name, ", ".join(decision.blocked))
             return None
-        job.defer(self.delay(decision.retry_after, limits), reason="rate_limited")
+        job.defer(self.delay(decision.retry_after, limits), reason="rate_limited",
+                  detail=f"rate limit {self.name!r} was full")
         return None
 
     def delay(self, retry_after: float, limits: list[Limit]) -> float:

@@ -13,19 +13,17 @@ store that cannot be reached) is not the service failing: it is never counted or
 
 from __future__ import annotations
 
-import datetime
 import logging
 import random
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
-
-from django_jobguard.conf import jobguard_settings
+from django_jobguard import clock, durations, keys
 from django_jobguard.exceptions import JobTimeoutError, StoreUnavailableError
 from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
+from django_jobguard.outcome import Outcome
 from django_jobguard.stores import counters, get_store
 
 if TYPE_CHECKING:
@@ -48,22 +46,6 @@ def _matcher(value: ExceptionFilter | None, what: str) -> Callable[[BaseExceptio
         return lambda exc: bool(value(exc))
     raise TypeError(f"ThrottlesExceptions({what}=...) takes an exception class, a tuple of "
                     f"them or a callable(exception), not {value!r}.")
-
-
-def really_succeeded(job: Job) -> bool:
-    """``handle()`` ran and returned, and nothing released, deferred or failed the job."""
-    return job._handled and job._released is None and job._failed is None
-
-
-def is_last_attempt(job: Job) -> bool:
-    """Whether an exception now fails the job for good, as the worker decides: its
-    ``retry_until`` has passed, or (without one) it used all of its ``tries``."""
-    deadline = job._payload.get("retry_until") if isinstance(job._payload, dict) else None
-    if deadline:
-        return timezone.now() >= datetime.datetime.fromisoformat(deadline)
-    worker = getattr(job, "_worker", None)
-    tries = job.tries if job.tries is not None else (worker.options.tries if worker else 1)
-    return 0 < tries <= job.attempts()
 
 
 class ThrottlesExceptions(JobMiddleware):
@@ -121,17 +103,15 @@ class ThrottlesExceptions(JobMiddleware):
 
     def circuit_key(self, job: Job) -> str:
         if self.key is not None:
-            key = self.key(job) if callable(self.key) else self.key
-            return f"jobguard:circuit:{key}"
+            return keys.circuit(self.key(job) if callable(self.key) else self.key)
         if self.by_job:
-            return f"jobguard:circuit:{job.name}:{job.job_id or id(job)}"
-        return f"jobguard:circuit:{job.name}"
+            return keys.circuit(job.name, job.job_id or id(job))
+        return keys.circuit(job.name)
 
     def probe_lease(self, job: Job) -> float:
         """How long the probe holds the half-open circuit before another job may probe: the
-        decay, or the job's timeout if longer (a slow probe is not doubled)."""
-        timeout = job.timeout if job.timeout is not None else jobguard_settings.DEFAULT_TIMEOUT
-        return max(self.decay_seconds, float(timeout or 0))
+        decay, or the run's timeout if longer (a slow probe is not doubled)."""
+        return max(self.decay_seconds, job.context.policy.timeout)
 
     def handle(self, job: Job, next: Next) -> Any:
         store = get_store(self.store)
@@ -141,7 +121,8 @@ class ThrottlesExceptions(JobMiddleware):
         entry = store.circuit_enter(key, owner=owner, probe_lease=self.probe_lease(job),
                                     **settings)
         if not entry.admitted:
-            job.defer(self._wait(entry), reason="circuit_open")
+            job.defer(self._wait(entry), reason="circuit_open",
+                      detail=f"circuit {keys.label(key)!r} was open")
             return None
         try:
             result = next(job)
@@ -160,11 +141,18 @@ class ThrottlesExceptions(JobMiddleware):
             if not counted:
                 raise
             self._report(job, exc)
-            if isinstance(exc, JobTimeoutError) or is_last_attempt(job):
+            context = job.context
+            if isinstance(exc, JobTimeoutError) or context.policy.is_last_attempt(
+                    context.attempt, clock.now()):
                 raise  # the worker fails it with the real exception (or applies its timeout rules)
-            job.release(self.backoff)
+            # A counted exception puts the job back as a retry: the run used its attempt, and
+            # the exception is its last error, but it does not count towards max_exceptions
+            # (the middleware handled it).
+            job.context.request(Outcome.released(
+                durations.due(self.backoff), reason="released", exception=exc,
+                counts_exception=False))
             return None
-        outcome = counters.SUCCESS if really_succeeded(job) else counters.NEUTRAL
+        outcome = counters.SUCCESS if job.context.really_succeeded else counters.NEUTRAL
         try:
             store.circuit_leave(key, owner=owner, outcome=outcome, **settings)
         except StoreUnavailableError as exc:

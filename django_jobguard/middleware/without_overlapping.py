@@ -13,24 +13,23 @@ failed). The owner is the job id plus a random suffix per run, so a stale run ca
 a newer run's lock. ``expire_after`` bounds how long a killed worker keeps the lock; with
 ``renew=True`` a thread extends the lock while ``handle()`` runs, so ``expire_after`` can be
 short without a long job losing it. ``job.lock_token`` is the lock's fencing token.
+
+``@without_overlapping`` for function jobs is in :mod:`django_jobguard.decorators`.
 """
 
 from __future__ import annotations
 
-import ast
 import datetime
 import enum
-import inspect
 import logging
 import secrets
-import textwrap
 import threading
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
+from django_jobguard import durations, keys
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import Store, get_store
 
@@ -43,11 +42,7 @@ _warned_unbounded: set[str] = set()
 
 
 def _seconds(value: Any, name: str) -> float:
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"WithoutOverlapping({name}=...) must be seconds >= 0, not {value!r}.")
-    return float(value)
+    return durations.seconds(value, name=f"WithoutOverlapping({name}=...)")
 
 
 class WithoutOverlapping(JobMiddleware):
@@ -87,8 +82,7 @@ class WithoutOverlapping(JobMiddleware):
 
     def lock_key(self, job: Job) -> str:
         """``jobguard:overlap:<job name>:<key>``, or ``jobguard:overlap:<key>`` when shared."""
-        return f"jobguard:overlap:{self.key}" if self.shared else \
-            f"jobguard:overlap:{job.name}:{self.key}"
+        return keys.overlap(job.name, self.key, shared=self.shared)
 
     def handle(self, job: Job, next: Next) -> Any:
         store = get_store(self.store)
@@ -98,7 +92,8 @@ class WithoutOverlapping(JobMiddleware):
                               job_id=job.job_id or "")
         if token is None:
             if not self.dont_release:
-                job.defer(self.release_after, reason="overlap")
+                job.defer(self.release_after, reason="overlap",
+                          detail=f"overlap lock {keys.label(key)!r} was held")
             return None  # dropped: deleted as done, not failed
         if not self.expire_after and job.name not in _warned_unbounded:
             _warned_unbounded.add(job.name)
@@ -151,99 +146,3 @@ class _Renewer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-
-
-# -- the decorator for function jobs ----------------------------------------------------------
-
-
-class _OverlapFactory:
-    """Builds a ``WithoutOverlapping`` per run from the function job's arguments."""
-
-    def __init__(self, key: Callable[..., Any] | None, options: dict[str, Any]) -> None:
-        self.key = key
-        self.options = options
-        WithoutOverlapping("", **options)  # validate the options now, at import time
-
-    @property
-    def expire_after(self) -> float:
-        return _seconds(self.options.get("expire_after", 0), "expire_after")
-
-    def __call__(self, job: Any) -> WithoutOverlapping:
-        key = self.key(*job.args, **job.kwargs) if self.key is not None else ""
-        return WithoutOverlapping(key, **self.options)
-
-
-def without_overlapping(
-    func: Any = None,
-    *,
-    key: Callable[..., Any] | None = None,
-    **options: Any,
-) -> Any:
-    """``WithoutOverlapping`` for a function job; stack it with ``@job`` in either order::
-
-        @without_overlapping(key=lambda invoice_id: invoice_id, shared=True, expire_after=60)
-        @job
-        def charge_invoice(invoice_id): ...
-
-    ``key`` gets the job's arguments and returns the overlap key (default: one at a time for
-    the whole job); the other options are ``WithoutOverlapping``'s.
-    """
-    from django_jobguard.jobs import extend_function_job
-
-    if key is not None and not callable(key):
-        raise TypeError(f"@without_overlapping(key=...) takes a function of the job's "
-                        f"arguments, not {key!r}.")
-    factory = _OverlapFactory(key, options)
-
-    def decorate(target: Any) -> Any:
-        return extend_function_job(target, middleware=factory)
-
-    return decorate(func) if func is not None else decorate
-
-
-# -- finding jobs whose overlap lock never expires (system check jobguard.W002) ---------------
-
-_source_cache: dict[Any, bool] = {}
-
-
-def _unbounded_in_source(function: Any) -> bool:
-    """Whether ``function``'s source builds ``WithoutOverlapping(...)`` without an
-    ``expire_after`` (or with a literal 0). Only literal calls are seen; anything dynamic
-    (a variable, ``**options``, a helper function) is given the benefit of the doubt."""
-    if function in _source_cache:
-        return _source_cache[function]
-    found = False
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
-        tree = None
-    for node in ast.walk(tree) if tree is not None else ():
-        if not isinstance(node, ast.Call):
-            continue
-        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-        if name != "WithoutOverlapping":
-            continue
-        keywords = {kw.arg: kw.value for kw in node.keywords}
-        if None in keywords:  # **options: cannot tell
-            continue
-        value = keywords.get("expire_after")
-        if value is None or (isinstance(value, ast.Constant) and not value.value):
-            found = True
-            break
-    _source_cache[function] = found
-    return found
-
-
-def has_unbounded_overlap(job_class: type) -> bool:
-    """True when ``job_class`` (as far as can be told without running it) uses
-    ``WithoutOverlapping`` with no ``expire_after``."""
-    for factory in getattr(job_class, "middleware_factories", None) or ():
-        if isinstance(factory, _OverlapFactory) and not factory.expire_after:
-            return True
-    from django_jobguard.jobs import FunctionJob, Job
-
-    method = getattr(job_class, "middleware", None)
-    function = getattr(method, "__func__", method)
-    if function in (Job.middleware, FunctionJob.middleware, None):
-        return False
-    return _unbounded_in_source(function)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from django_jobguard.conf import jobguard_settings
@@ -33,3 +36,11 @@ def get_store(alias: str | None = None) -> Store:
 def reset() -> None:
     """Forget created stores (after settings change in tests)."""
     _stores.clear()
+
+
+def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBGUARD":  # a store's configuration may have changed (tests)
+        reset()
+
+
+setting_changed.connect(_reset_on_change)

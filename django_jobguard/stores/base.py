@@ -10,6 +10,8 @@ import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django_jobguard import durations, keys
+
 #: Longest lock key every store accepts (the ``Lock.key`` column).
 MAX_KEY_LENGTH = 255
 #: Longest owner token (the ``Lock.owner`` column).
@@ -35,14 +37,8 @@ def check_owner(owner: str) -> str:
 
 
 def check_ttl(ttl: float | None) -> float | None:
-    """Seconds as a float (``None`` = no expiry), or ``ValueError`` for a bad value."""
-    if ttl is None:
-        return None
-    if isinstance(ttl, datetime.timedelta):
-        ttl = ttl.total_seconds()
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
-        raise ValueError(f"A lock ttl must be seconds >= 0 (or None), not {ttl!r}.")
-    return float(ttl) or None
+    """Seconds as a float (``None``/0 = no expiry), or ``ValueError`` for a bad value."""
+    return durations.seconds(ttl, name="A lock ttl", allow_none=True) or None
 
 
 @dataclass(frozen=True)
@@ -63,8 +59,7 @@ class LockInfo:
     @property
     def kind(self) -> str:
         """``unique``, ``overlap`` or ``other`` from the key's prefix."""
-        parts = self.key.split(":")
-        return parts[1] if len(parts) > 2 and parts[0] == "jobguard" else "other"
+        return keys.kind(self.key)
 
 
 @dataclass(frozen=True)

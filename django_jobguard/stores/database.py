@@ -1,10 +1,9 @@
 """Locks and counters in the database (the default store; works on SQLite too).
 
-Locks. Acquire is one ``INSERT … ON CONFLICT (key) DO UPDATE … WHERE free RETURNING token`` on
-PostgreSQL and SQLite: atomic without a check-then-insert race, and one round trip. Other
-databases (MySQL) use a conditional UPDATE, then an INSERT that the unique index on ``key``
-makes atomic. Release and extend are single conditional UPDATEs. Every time comes from the
-database clock, never the calling process's.
+Locks. Acquire is atomic without a check-then-insert race (the statements are the dialect's:
+one upsert where the database has ``ON CONFLICT``, see :mod:`django_jobguard.dialects`).
+Release and extend are single conditional UPDATEs. Every time comes from the database clock,
+never the calling process's.
 
 A released lock keeps its row (``owner`` empty) so the fencing token goes on counting up;
 tokens also never go below the database time in microseconds, so they keep increasing after
@@ -20,19 +19,14 @@ import datetime
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from django.db import (
-    DEFAULT_DB_ALIAS,
-    IntegrityError,
-    OperationalError,
-    connections,
-    transaction,
-)
-from django.db.models import BigIntegerField, F, Func, Q, Value
-from django.db.models.functions import Greatest, Now
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
+from django.db.models import Q, Value
+from django.utils.functional import cached_property
 
+from django_jobguard import clock
+from django_jobguard.dialects import Dialect, ThrottleRow, dialect_for
 from django_jobguard.models import Lock, Throttle
 from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
@@ -47,52 +41,9 @@ from django_jobguard.stores.base import (
     check_ttl,
 )
 
-# The database clock in microseconds since the epoch, per vendor.
-_NOW_US = {
-    "postgresql": "(EXTRACT(EPOCH FROM STATEMENT_TIMESTAMP()) * 1000000)::bigint",
-    "sqlite": "(CAST(STRFTIME('%%s', 'now') AS INTEGER) * 1000000"
-              " + CAST(SUBSTR(STRFTIME('%%f', 'now'), 4) AS INTEGER) * 1000)",
-    "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
-}
-_NOW = {
-    "postgresql": "STATEMENT_TIMESTAMP()",
-    "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",
-}
-_IN_SECONDS = {
-    "postgresql": "STATEMENT_TIMESTAMP() + MAKE_INTERVAL(secs => %s)",
-    "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %s || ' seconds')",
-}
-_GREATEST = {"postgresql": "GREATEST", "sqlite": "MAX"}
-
-_RELEASE = "UPDATE {table} SET {owner} = '', {expires_at} = NULL WHERE {key} = %s AND {owner} = %s"
-
-_UPSERT = """
-INSERT INTO {table} ({key}, {owner}, {token}, {acquired_at}, {expires_at}, {job_id})
-VALUES (%s, %s, {now_us}, {now}, {expiry}, %s)
-ON CONFLICT ({key}) DO UPDATE
-   SET {owner} = excluded.{owner},
-       {token} = {greatest}({table}.{token} + 1, excluded.{token}),
-       {acquired_at} = excluded.{acquired_at},
-       {expires_at} = excluded.{expires_at},
-       {job_id} = excluded.{job_id}
- WHERE {table}.{owner} = '' OR {table}.{expires_at} <= {now}
-RETURNING {token}"""
-
-
-class _NowMicros(Func):
-    """The database clock in microseconds (the token floor on the generic path)."""
-
-    output_field = BigIntegerField()
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list]:
-        sql = _NOW_US.get(connection.vendor)
-        if sql is None:  # unknown backend: the best we have is this process's clock
-            return "%s", [time.time_ns() // 1000]
-        return sql, []
-
 
 def _expiry(ttl: float | None) -> Any:
-    return Now() + Value(datetime.timedelta(seconds=ttl)) if ttl else None
+    return clock.db_now() + Value(datetime.timedelta(seconds=ttl)) if ttl else None
 
 
 class DatabaseStore(Store):
@@ -101,14 +52,14 @@ class DatabaseStore(Store):
     def __init__(self, *, alias: str, database: str = DEFAULT_DB_ALIAS) -> None:
         super().__init__(alias=alias)
         self.using = database
-        self._upsert_sql: dict[tuple[str, bool | None], str] = {}
-        self._throttle_statements: dict[str, dict[str, str]] = {}
+
+    @cached_property
+    def _dialect(self) -> Dialect:
+        """The storage primitives of the store's database (looked up once: hot path)."""
+        return dialect_for(self.using)
 
     def _locks(self):
         return Lock.objects.using(self.using)
-
-    def _free(self):
-        return Q(owner="") | Q(expires_at__lte=Now())
 
     # -- locks -----------------------------------------------------------------------------
 
@@ -117,63 +68,14 @@ class DatabaseStore(Store):
         check_key(key)
         check_owner(owner)
         ttl = check_ttl(ttl)
-        connection = connections[self.using]
-        if connection.vendor in _UPSERT_VENDORS:
-            sql = self._sql(connection, bool(ttl))
-            params = [key, owner, *([ttl] if ttl else []), job_id[:64]]
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                row = cursor.fetchone()
-            return int(row[0]) if row else None
-        return self._acquire_generic(key, owner, ttl, job_id[:64])
-
-    def _sql(self, connection: Any, with_ttl: bool | None) -> str:
-        """The upsert (``with_ttl`` True/False) or the release (``None``) for this vendor."""
-        cached = self._upsert_sql.get((connection.vendor, with_ttl))
-        if cached is None:
-            vendor, quote, meta = connection.vendor, connection.ops.quote_name, Lock._meta
-            columns = {f.name: quote(f.column) for f in meta.concrete_fields}
-            if with_ttl is None:
-                cached = _RELEASE.format(table=quote(meta.db_table), **columns)
-            else:
-                cached = _UPSERT.format(
-                    table=quote(meta.db_table), now_us=_NOW_US[vendor], now=_NOW[vendor],
-                    expiry=_IN_SECONDS[vendor] if with_ttl else "NULL",
-                    greatest=_GREATEST[vendor], **columns,
-                )
-            self._upsert_sql[(vendor, with_ttl)] = cached
-        return cached
-
-    def _acquire_generic(self, key: str, owner: str, ttl: float | None,
-                         job_id: str) -> int | None:
-        with transaction.atomic(using=self.using):
-            taken = self._locks().filter(self._free(), key=key).update(
-                owner=owner, token=Greatest(F("token") + 1, _NowMicros()),
-                acquired_at=Now(), expires_at=_expiry(ttl), job_id=job_id,
-            )
-            if not taken:
-                try:
-                    with transaction.atomic(using=self.using):
-                        self._locks().create(key=key, owner=owner, token=_NowMicros(),
-                                             acquired_at=Now(), expires_at=_expiry(ttl),
-                                             job_id=job_id)
-                except IntegrityError:
-                    return None
-            return self._locks().filter(key=key, owner=owner).values_list(
-                "token", flat=True).get()
+        return self._dialect.acquire_lock(key, owner, ttl=ttl, job_id=job_id[:64])
 
     def release(self, key: str, owner: str) -> bool:
-        connection = connections[self.using]
-        if connection.vendor not in _UPSERT_VENDORS:
-            return bool(self._locks().filter(key=key, owner=owner).update(owner="",
-                                                                           expires_at=None))
-        with connection.cursor() as cursor:  # the hot path: skip the ORM's compile step
-            cursor.execute(self._sql(connection, None), [key, owner])
-            return cursor.rowcount > 0
+        return self._dialect.release_lock(key, owner)
 
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
         ttl = check_ttl(ttl)
-        held = Q(expires_at__isnull=True) | Q(expires_at__gt=Now())
+        held = Q(expires_at__isnull=True) | Q(expires_at__gt=clock.db_now())
         return bool(self._locks().filter(held, key=key, owner=owner).update(
             expires_at=_expiry(ttl)))
 
@@ -183,7 +85,7 @@ class DatabaseStore(Store):
 
     def _held(self):
         return self._locks().exclude(owner="").filter(
-            Q(expires_at__isnull=True) | Q(expires_at__gt=Now())
+            Q(expires_at__isnull=True) | Q(expires_at__gt=clock.db_now())
         )
 
     def _info(self, row: Lock) -> LockInfo:
@@ -205,32 +107,19 @@ class DatabaseStore(Store):
         Freed rows stay for that hour so their key's token keeps counting from the row; after
         it, the clock floor alone is far above any token the deleted row had.
         """
-        expired = self._locks().exclude(owner="").filter(expires_at__lte=Now()).update(
+        expired = self._locks().exclude(owner="").filter(expires_at__lte=clock.db_now()).update(
             owner="", expires_at=None)
-        old = Now() - Value(datetime.timedelta(hours=1))
+        old = clock.db_now() - Value(datetime.timedelta(hours=1))
         self._locks().filter(owner="", acquired_at__lte=old)._raw_delete(self.using)
         return expired
 
     def now(self) -> datetime.datetime:
-        connection = connections[self.using]
-        sql = {
-            "postgresql": "SELECT statement_timestamp()",
-            "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        }.get(connection.vendor, "SELECT UTC_TIMESTAMP(6)")
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            value = cursor.fetchone()[0]
-        if isinstance(value, str):
-            value = datetime.datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        return value
+        return self._dialect.now()
 
     # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
-    # Each write is one transaction: lock every row with SELECT ... FOR UPDATE in key order,
-    # INSERTing the missing ones first (on SQLite always first, so that it takes its write lock
-    # at once even without IMMEDIATE mode), read the database clock, apply the rules, write
-    # back. A deadlock or "database is locked" retries the transaction (unless the caller's own
+    # Each write is one transaction: lock every row in key order (the dialect's row locks,
+    # which create the missing rows), read the database clock, apply the rules, write back.
+    # A deadlock or "database is locked" retries the transaction (unless the caller's own
     # transaction surrounds it). Reads that change nothing skip the transaction.
 
     def _throttles(self):
@@ -239,90 +128,21 @@ class DatabaseStore(Store):
     def _now_us(self) -> int:
         return _to_us(self.now())
 
-    def _locked(self, keys: list[str], kind: str) -> dict[str, Any]:
-        """Lock the rows of ``keys`` (made first where missing) in key order; ``{key: row}``
-        with the row's ``data``, ``value`` and ``state``."""
-        connection = connections[self.using]
-        if connection.vendor not in _UPSERT_VENDORS:
-            return self._locked_generic(keys, kind)
-        sql = self._throttle_sql(connection)
-        with connection.cursor() as cursor:  # the hot path: no ORM compile, no model rows
-            select = sql["lock"].format(keys=", ".join(["%s"] * len(keys)))
-            if connection.vendor != "sqlite":
-                cursor.execute(select, keys)
-                rows = {r[0]: _ThrottleRow(*r) for r in cursor.fetchall()}
-                if len(rows) == len(keys):
-                    return rows
-            for key in keys:
-                cursor.execute(sql["insert"], [key, kind])
-            cursor.execute(select, keys)
-            return {r[0]: _ThrottleRow(*r) for r in cursor.fetchall()}
+    def _locked(self, keys: list[str], kind: str) -> dict[str, ThrottleRow]:
+        """Lock the rows of ``keys`` (made first where missing) in key order; ``{key: row}``."""
+        return self._dialect.lock_throttles(keys, kind)
 
-    def _peek(self, key: str) -> Any:
+    def _peek(self, key: str) -> ThrottleRow | None:
         """The row of ``key`` without locking it (``None`` if there is none)."""
-        connection = connections[self.using]
-        if connection.vendor not in _UPSERT_VENDORS:
-            return self._throttles().filter(key=key).first()
-        with connection.cursor() as cursor:
-            cursor.execute(self._throttle_sql(connection)["peek"], [key])
-            found = cursor.fetchone()
-        return _ThrottleRow(*found) if found else None
-
-    def _locked_generic(self, keys: list[str], kind: str) -> dict[str, Any]:
-        def lock() -> dict[str, Throttle]:
-            rows = self._throttles().select_for_update().filter(key__in=keys).order_by("key")
-            return {row.key: row for row in rows}
-
-        rows = lock()
-        if len(rows) == len(keys):
-            return rows
-        self._throttles().bulk_create([Throttle(key=key, kind=kind) for key in keys],
-                                      ignore_conflicts=True)
-        return lock()
-
-    def _throttle_sql(self, connection: Any) -> dict[str, str]:
-        """Lock, insert and write statements on the throttle table for this vendor."""
-        cached = self._throttle_statements.get(connection.vendor)
-        if cached is None:
-            quote, meta = connection.ops.quote_name, Throttle._meta
-            c = {f.name: quote(f.column) for f in meta.concrete_fields}
-            table = quote(meta.db_table)
-            lock = " FOR UPDATE" if connection.vendor != "sqlite" else ""
-            columns = f"{c['key']}, {c['data']}, {c['value']}, {c['state']}"
-            cached = {
-                "peek": f"SELECT {columns} FROM {table} WHERE {c['key']} = %s",
-                # {keys} is filled with one placeholder per key (1-3 keys: not cached)
-                "lock": f"SELECT {columns} FROM {table} WHERE {c['key']} IN ({{keys}}) "
-                        f"ORDER BY {c['key']}{lock}",
-                "insert": f"INSERT INTO {table} ({c['key']}, {c['kind']}, {c['hits']}, "
-                          f"{c['limit']}, {c['state']}, {c['value']}, {c['data']}) "
-                          f"VALUES (%s, %s, 0, 0, '', 0, '') ON CONFLICT ({c['key']}) "
-                          f"DO NOTHING",
-                "write": f"UPDATE {table} SET {c['kind']} = %s, {c['hits']} = %s, "
-                         f"{c['limit']} = %s, {c['state']} = %s, {c['value']} = %s, "
-                         f"{c['data']} = %s, {c['resets_at']} = %s, {c['expires_at']} = %s, "
-                         f"{c['updated_at']} = {_NOW[connection.vendor]} "
-                         f"WHERE {c['key']} = %s",
-            }
-            self._throttle_statements[connection.vendor] = cached
-        return cached
+        return self._dialect.peek_throttle(key)
 
     def _write(self, key: str, *, kind: str, hits: int, limit: int, state: str, value: float,
                data: str, resets_at: int | None, expires_at: int) -> None:
         """Store a window's or circuit's new state (times in µs of the store clock)."""
-        connection = connections[self.using]
-        resets = _from_us(resets_at) if resets_at else None
-        expires = _from_us(expires_at)
-        if connection.vendor not in _UPSERT_VENDORS:
-            self._throttles().filter(key=key).update(
-                kind=kind, hits=hits, limit=limit, state=state, value=value, data=data,
-                resets_at=resets, expires_at=expires, updated_at=Now())
-            return
-        adapt = connection.ops.adapt_datetimefield_value
-        with connection.cursor() as cursor:
-            cursor.execute(self._throttle_sql(connection)["write"],
-                           [kind, hits, limit, state, value, data, adapt(resets),
-                            adapt(expires), key])
+        self._dialect.write_throttle(
+            key, kind=kind, hits=hits, limit=limit, state=state, value=value, data=data,
+            resets_at=_from_us(resets_at) if resets_at else None,
+            expires_at=_from_us(expires_at))
 
     def _serialized(self, work: Callable[[], Any]) -> Any:
         """Run ``work`` in a transaction, retried on deadlocks and busy databases."""
@@ -362,7 +182,7 @@ class DatabaseStore(Store):
         return RateDecision(allowed=outcome.allowed, now=_from_us(outcome.now),
                             retry_after=outcome.wait / 1_000_000, blocked=outcome.blocked)
 
-    def _circuit(self, row: Any, now: int) -> counters.Circuit:
+    def _circuit(self, row: ThrottleRow | None, now: int) -> counters.Circuit:
         if row is None or not row.data:
             return counters.Circuit()
         return counters.load_circuit(counters.decode_circuit(row.data), now,
@@ -443,7 +263,7 @@ class DatabaseStore(Store):
         return bool(self._throttles().filter(key=key).delete()[0])
 
     def clean_expired_throttles(self) -> int:
-        return self._throttles().filter(expires_at__lte=Now()).delete()[0]
+        return self._throttles().filter(expires_at__lte=clock.db_now()).delete()[0]
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -462,16 +282,3 @@ def _circuit_decision(key: str, entry: counters.Entry) -> CircuitDecision:
     return CircuitDecision(key=key, state=c.state, failures=c.failures, admitted=entry.admitted,
                            probe=entry.probe, retry_after=entry.wait / 1_000_000,
                            until=_from_us(c.until) if c.until else None)
-
-
-_UPSERT_VENDORS = set(_IN_SECONDS)
-
-
-@dataclass(frozen=True)
-class _ThrottleRow:
-    """What a locked throttle row holds for the counters (the raw-SQL path's row)."""
-
-    key: str
-    data: str
-    value: float
-    state: str

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.core.checks import Error
 
+from django_jobguard import clock
 from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
@@ -173,7 +174,8 @@ class RedisStore(Store):
         pipe.pttl(key)
         pipe.time()
         data, pttl, (seconds, micros) = pipe.execute()
-        now = datetime.datetime.fromtimestamp(seconds + micros / 1_000_000, tz=datetime.UTC)
+        now = datetime.datetime.fromtimestamp(seconds + micros / 1_000_000 + clock.offset(),
+                                              tz=datetime.UTC)
         return self._info(key, data, pttl, now) if data else None
 
     def _info(self, key: str, data: dict, pttl: int, now: datetime.datetime) -> LockInfo:
@@ -212,7 +214,32 @@ class RedisStore(Store):
     @_reachable
     def now(self) -> datetime.datetime:
         seconds, micros = self.client.time()
-        return datetime.datetime.fromtimestamp(seconds + micros / 1_000_000, tz=datetime.UTC)
+        return datetime.datetime.fromtimestamp(seconds + micros / 1_000_000 + clock.offset(),
+                                               tz=datetime.UTC)
+
+    @_reachable
+    def shorten_ttls(self, seconds: float, prefix: str = "jobguard:") -> int:
+        """Bring every expiry under ``prefix`` ``seconds`` closer (deleting what runs out):
+        how the test clock moves Redis's TTLs along with its "now". Returns the keys changed."""
+        keys = list(self.client.scan_iter(match=f"{prefix}*", count=500))
+        if not keys:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.pttl(key)
+        changed = 0
+        pipe_set = self.client.pipeline(transaction=False)
+        for key, pttl in zip(keys, pipe.execute(), strict=True):
+            if pttl is None or pttl < 0:
+                continue  # no expiry
+            left = pttl - math.ceil(seconds * 1000)
+            if left > 0:
+                pipe_set.pexpire(key, left)
+            else:
+                pipe_set.delete(key)
+            changed += 1
+        pipe_set.execute()
+        return changed
 
     # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
     # One Lua script per primitive mirrors counters.py with the server's clock (TIME). State
@@ -228,7 +255,7 @@ class RedisStore(Store):
         merged = counters.merge_windows(
             (w.key, w.limit, counters.us(w.decay)) for w in windows)
         keys = sorted(merged)
-        args: list[Any] = ["" if _at is None else _at]
+        args: list[Any] = [_script_now(_at)]
         for key in keys:
             args += list(merged[key])
         reply = self._counter(_RATE_HIT, keys, args)
@@ -239,7 +266,7 @@ class RedisStore(Store):
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
         reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [key], [
-            "" if _at is None else _at, owner, max_attempts, counters.us(decay),
+            _script_now(_at), owner, max_attempts, counters.us(decay),
             counters.us(probe_lease)])
         return _circuit_decision(key, reply)
 
@@ -249,7 +276,7 @@ class RedisStore(Store):
         if outcome not in (counters.SUCCESS, counters.FAILURE, counters.NEUTRAL):
             raise ValueError(f"unknown circuit outcome {outcome!r}")
         reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [key], [
-            "" if _at is None else _at, owner, max_attempts, counters.us(decay), outcome])
+            _script_now(_at), owner, max_attempts, counters.us(decay), outcome])
         return _circuit_decision(key, reply)
 
     @_reachable
@@ -286,6 +313,15 @@ class RedisStore(Store):
     @_reachable
     def reset_throttle(self, key: str) -> bool:
         return bool(self._script(_RESET_THROTTLE)(keys=[key]))
+
+
+def _script_now(at: int | None) -> Any:
+    """The ``now`` argument of a counter script: ``at``, the test clock's now, or '' for the
+    server's ``TIME``."""
+    if at is not None:
+        return at
+    shifted = clock.store_now_us()
+    return "" if shifted is None else shifted
 
 
 def _circuit_decision(key: str, reply: list[str]) -> CircuitDecision:

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_jobguard import queue, unique
+from django_jobguard import operations
 from django_jobguard.models import FailedJob, QueuedJob
 
 from . import scenario_jobs as jobs
@@ -75,7 +75,7 @@ class Demo:
             if on_tick is not None:
                 on_tick()
             totals = {"waiting": 0, "delayed": 0, "reserved": 0}
-            for counts in queue.stats().values():
+            for counts in operations.queue_stats().values():
                 for key in totals:
                     totals[key] += counts[key]
             runs = JobRun.objects.filter(started_at__gte=self.t0)
@@ -106,9 +106,7 @@ class Demo:
 
     def drop_waiting(self, job_class: type) -> None:
         """Delete ``job_class``'s rows that are still waiting (and free their unique locks)."""
-        for row in self.waiting_rows(job_class):
-            unique.release(row.payload)
-            row.delete()
+        operations.cancel(self.waiting_rows(job_class))
 
 
 def _fmt_run(demo: Demo, run: JobRun) -> str:

@@ -14,7 +14,7 @@ import pytest
 from demo.models import JobRun
 
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.conftest import MANAGE, ROOT, worker_env
+from tests.support import MANAGE, ROOT, worker_env
 
 CHAOS_ENV = {"JOBGUARD_RETRY_AFTER": "2", "JOBGUARD_DEFAULT_TIMEOUT": "1",
              "JOBGUARD_EXTRA_JOB_MODULES": "tests.chaos.jobs"}

@@ -4,6 +4,7 @@ JOBGUARD_EXTRA_JOB_MODULES=tests.chaos.jobs)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from demo.models import JobRun
@@ -138,3 +139,22 @@ class GuardedRecordOnce(GuardedRecord):
     (``MaxAttemptsExceededError``) instead of running again."""
 
     tries = 1
+
+
+class EndsTheProcess(Job):
+    """Job code that tries to end its worker: ``sys.exit(0)``, ``os._exit(0)`` or a
+    ``KeyboardInterrupt`` raised by the job itself (issue 12 item 1)."""
+
+    tries = 1
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def handle(self):
+        JobRun.objects.create(label="ends", key=self.how, job_id=self.job_id or "",
+                              pid=os.getpid(), started_at=timezone.now())
+        if self.how == "sys.exit":
+            sys.exit(0)
+        if self.how == "os._exit":
+            os._exit(0)
+        raise KeyboardInterrupt

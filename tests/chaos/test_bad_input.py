@@ -6,17 +6,19 @@ constraint Django puts on SQLite refuse it at INSERT.)"""
 
 from __future__ import annotations
 
+import datetime
 import uuid
 
 import pytest
 from demo.models import JobRun
 from django.test import override_settings
+from django.utils import timezone
 
 from django_jobguard import dispatch_many
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, QueuedJob
-from tests import jobs
 from tests.chaos.conftest import chaos_env
+from tests.support import jobs
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -35,13 +37,20 @@ BAD_ROWS = [
      ["Unknown payload tag", "pickle"]),
     ("unknown model", RECORD, {"args": [{"__jobguard__": "model", "model": "nope.gone",
                                          "pk": 1}], "kwargs": {}}, ["Cannot rebuild", "nope"]),
+    ("retry_until not a date", RECORD, {"args": ["a"], "kwargs": {}, "retry_until": "not-a-date"},
+     ["'retry_until' must be an ISO 8601 time"]),
+    ("retry_until out of range", RECORD,
+     {"args": ["a"], "kwargs": {}, "retry_until": "0001-01-01T00:00:00+23:59"},
+     ["'retry_until'", "out of the range of dates"]),
     ("huge payload", RECORD, {"args": ["x" * (LIMIT * 2)], "kwargs": {}},
      ["bytes, over JOBGUARD['MAX_PAYLOAD_BYTES']"]),
 ]
 
 
 def _insert(name: str, payload) -> str:
-    row = QueuedJob.objects.create(id=uuid.uuid4(), name=name, queue="default", payload=payload)
+    # Queued before UNKNOWN_JOB_GRACE (10 min): an unknown name is failed, not put back.
+    row = QueuedJob.objects.create(id=uuid.uuid4(), name=name, queue="default", payload=payload,
+                                   created_at=timezone.now() - datetime.timedelta(minutes=11))
     return str(row.id)
 
 

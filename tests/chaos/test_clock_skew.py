@@ -18,10 +18,9 @@ from django_jobguard import dispatch_many
 from django_jobguard.models import QueuedJob
 from django_jobguard.stores import get_store
 from django_jobguard.worker import Worker, WorkerOptions
-from tests import jobs
 from tests.chaos import jobs as chaos_jobs
 from tests.chaos.conftest import chaos_env
-from tests.utils import wait_for
+from tests.support import jobs, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -90,4 +89,4 @@ def test_idle_wait_for_a_delayed_job_uses_the_database_clock(monkeypatch):
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + datetime.timedelta(seconds=SKEW))
     worker = Worker(WorkerOptions(queues=["default"], sleep=120))
-    assert 30 < worker._until_next_due() <= 61
+    assert 30 < worker.seconds_until_next_due() <= 61

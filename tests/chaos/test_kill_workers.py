@@ -20,10 +20,8 @@ from demo.models import JobRun
 
 from django_jobguard import dispatch_many
 from django_jobguard.models import QueuedJob
-from tests import jobs
 from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
-from tests.conftest import POSTGRES
-from tests.utils import wait_for
+from tests.support import POSTGRES, jobs, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -87,13 +87,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from django_jobguard import dispatch_many, unique
+from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
+from django_jobguard.unique_jobs import lock_key
 from tests.chaos import jobs as chaos_jobs
 from tests.chaos.conftest import LONG_LEASE, chaos_env
-from tests.conftest import POSTGRES
-from tests.utils import wait_for
+from tests.support import POSTGRES, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -191,7 +191,7 @@ class Run:
             # its unique lock is only released after one of those.
             if not QueuedJob.objects.filter(id=job_id).update(priority=F("priority")):
                 return "gone"  # finished before we got to it
-            lock = self.store.get_lock(unique.lock_key(original))
+            lock = self.store.get_lock(lock_key(original))
             if lock is None:  # only unique_for running out may free a queued job's lock
                 assert timezone.now() > self.dispatched_at[job_id] + datetime.timedelta(
                     seconds=Guarded.unique_for), f"unique lock of queued job {job_id} is gone"

@@ -17,10 +17,8 @@ from django.db import connection
 
 from django_jobguard import dispatch_many
 from django_jobguard.models import QueuedJob
-from tests import jobs
 from tests.chaos.conftest import Outcome, chaos_env
-from tests.conftest import requires_postgres
-from tests.utils import wait_for
+from tests.support import jobs, requires_postgres, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True),
               requires_postgres]

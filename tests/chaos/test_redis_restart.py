@@ -48,7 +48,7 @@ from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import LockInfo, get_store
 from tests.chaos import jobs as chaos_jobs
 from tests.chaos.conftest import Outcome, chaos_env
-from tests.utils import wait_for
+from tests.support import wait_for
 
 pytestmark = [
     pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True),

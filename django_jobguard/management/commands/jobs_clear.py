@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from django_jobguard import queue, unique
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -16,13 +16,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         queues = sorted({q.strip() for q in (opts["queue"] or "").split(",") if q.strip()})
-        if opts["keep_locks"]:
-            count = queue.clear(queues or None)
-        else:
-            payloads: list = []
-            count = queue.clear(queues or None, deleted_payloads=payloads)
-            released = sum(unique.release(payload) for payload in payloads)
-            if released:
-                self.stdout.write(f"Released {released} unique lock(s).")
+        result = operations.clear(queues or None, keep_locks=opts["keep_locks"],
+                                  actor="manage.py jobs_clear")
+        if result.locks_released:
+            self.stdout.write(f"Released {result.locks_released} unique lock(s).")
         where = f"the [{', '.join(queues)}] queue(s)" if queues else "all queues"
-        self.stdout.write(self.style.SUCCESS(f"Cleared {count} job(s) from {where}."))
+        self.stdout.write(self.style.SUCCESS(f"Cleared {result.cleared} job(s) from {where}."))

@@ -2,10 +2,9 @@
 
 from datetime import timedelta
 
-from django.core.management.base import BaseCommand
-from django.utils import timezone
+from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard.models import FailedJob
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -15,8 +14,9 @@ class Command(BaseCommand):
         parser.add_argument("--hours", type=float, help="Only failed jobs older than this.")
 
     def handle(self, *args, **opts):
-        qs = FailedJob.objects.all()
-        if opts["hours"] is not None:
-            qs = qs.filter(failed_at__lt=timezone.now() - timedelta(hours=opts["hours"]))
-        deleted, _ = qs.delete()
+        hours = opts["hours"]
+        if hours is not None and hours < 0:
+            raise CommandError("--hours must not be negative.")
+        deleted = operations.flush(None if hours is None else timedelta(hours=hours),
+                                   actor="manage.py jobs_flush")
         self.stdout.write(self.style.SUCCESS(f"{deleted} failed job(s) deleted."))

@@ -1,9 +1,8 @@
 """``manage.py jobs_forget <id>``: delete one failed job (``queue:forget``)."""
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard.models import FailedJob
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -14,9 +13,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         try:
-            deleted, _ = FailedJob.objects.filter(id=opts["id"]).delete()
-        except ValidationError:
-            deleted = 0
-        if not deleted:
+            operations.forget([opts["id"]], actor="manage.py jobs_forget")
+        except (ValueError, operations.FailedJobNotFound):
             raise CommandError(f"No failed job matches {opts['id']}.")
         self.stdout.write(self.style.SUCCESS("Failed job deleted."))

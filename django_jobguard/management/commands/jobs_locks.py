@@ -8,8 +8,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard.operations import LockRow, inspect_locks
+from django_jobguard import operations
+from django_jobguard.operations import LockRow
 from django_jobguard.stores import get_store
+
+ACTOR = "manage.py jobs_locks"
 
 
 def _as_dict(row: LockRow) -> dict:
@@ -55,17 +58,17 @@ class Command(BaseCommand):
         if opts["release"] or opts["clean"]:
             missing = []
             for key in opts["release"]:
-                if store.force_release(key):
+                if operations.force_release(store, key, actor=ACTOR):
                     self.stdout.write(self.style.SUCCESS(f"Released {key}."))
                 else:
                     missing.append(key)
             if opts["clean"]:
-                count = store.clean_expired()
+                count = operations.clean_locks(store, actor=ACTOR)
                 self.stdout.write(self.style.SUCCESS(f"Removed {count} expired lock(s)."))
             if missing:
                 raise CommandError(f"Not held: {', '.join(missing)}.")
             return
-        statuses = [row for row in inspect_locks(store, using=opts["database"])
+        statuses = [row for row in operations.inspect_locks(store, using=opts["database"])
                     if row.key.startswith(opts["prefix"])]
         statuses.sort(key=lambda row: row.key)
         if opts["stale"]:

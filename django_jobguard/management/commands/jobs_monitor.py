@@ -5,7 +5,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard import queue
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -26,16 +26,8 @@ class Command(BaseCommand):
                 thresholds[name] = int(limit) if limit else opts["max"]
             except ValueError:
                 raise CommandError(f"{part!r}: the threshold after ':' must be a number.")
-        counts = queue.stats()
-        names = list(thresholds) or sorted(counts)
-        report, alert = [], False
-        for name in names:
-            c = counts.get(name, {"waiting": 0, "delayed": 0, "reserved": 0, "failed": 0})
-            size = c["waiting"] + c["delayed"] + c["reserved"]
-            limit = thresholds.get(name, opts["max"])
-            status = "ALERT" if size >= limit else "OK"
-            alert = alert or status == "ALERT"
-            report.append({"queue": name, "size": size, **c, "max": limit, "status": status})
+        health = operations.monitor(thresholds, default_max=opts["max"])
+        report = [queue.as_dict() for queue in health.queues]
         if opts["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:
@@ -44,7 +36,6 @@ class Command(BaseCommand):
                 self.stdout.write(f"{r['queue']:<20} size {r['size']:>7} (waiting {r['waiting']},"
                                   f" delayed {r['delayed']}, reserved {r['reserved']}, failed "
                                   f"{r['failed']})  max {r['max']}  " + style(r["status"]))
-        if alert:
-            over = ", ".join(r["queue"] for r in report if r["status"] == "ALERT")
-            self.stderr.write(f"Over threshold: {over}")
+        if health.alerts:
+            self.stderr.write(f"Over threshold: {', '.join(health.alerts)}")
             sys.exit(1)

@@ -3,9 +3,8 @@
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
-from django_jobguard.models import FailedJob
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -17,6 +16,6 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if opts["hours"] < 0:
             raise CommandError("--hours must not be negative.")
-        cutoff = timezone.now() - timedelta(hours=opts["hours"])
-        deleted, _ = FailedJob.objects.filter(failed_at__lt=cutoff).delete()
+        deleted = operations.prune_failed(timedelta(hours=opts["hours"]),
+                                          actor="manage.py jobs_prune_failed")
         self.stdout.write(self.style.SUCCESS(f"{deleted} entries deleted."))

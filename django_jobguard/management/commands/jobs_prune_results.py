@@ -4,8 +4,7 @@ from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard import results
-from django_jobguard.conf import jobguard_settings
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -22,11 +21,14 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         days = opts["days"]
         if days is None:
-            days = jobguard_settings.RESULT_RETENTION_DAYS
-            if not days:
+            retention = operations.result_retention()
+            if retention is None:
                 raise CommandError("JOBGUARD['RESULT_RETENTION_DAYS'] is 0 (keep results "
                                    "forever); pass --days to prune anyway.")
-        if days < 0:
+        elif days < 0:
             raise CommandError("--days must not be negative.")
-        deleted = results.prune(older_than=timedelta(days=days), using=opts["database"])
+        else:
+            retention = timedelta(days=days)
+        deleted = operations.prune_results(retention, actor="manage.py jobs_prune_results",
+                                           using=opts["database"])
         self.stdout.write(self.style.SUCCESS(f"{deleted} job result(s) deleted."))

@@ -1,10 +1,8 @@
 """``manage.py jobs_retry <id…|all>``: queue failed jobs again (``queue:retry``)."""
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobguard import queue
-from django_jobguard.models import FailedJob
+from django_jobguard import operations
 
 
 class Command(BaseCommand):
@@ -16,21 +14,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         ids = opts["ids"]
-        qs = FailedJob.objects.all()
-        if ids != ["all"]:
-            if "all" in ids:
-                raise CommandError("Give either 'all' or ids, not both.")
-            try:
-                qs = qs.filter(id__in=ids)
-                found = {str(i) for i in qs.values_list("id", flat=True)}
-            except ValidationError:
-                raise CommandError("Failed job ids are UUIDs.")
-            missing = [i for i in ids if i not in found]
-            if missing:
-                raise CommandError(f"No failed job matches {', '.join(missing)}.")
-        if opts["queue"]:
-            qs = qs.filter(queue=opts["queue"])
-        retried = queue.retry_failed(list(qs))
+        if ids != ["all"] and "all" in ids:
+            raise CommandError("Give either 'all' or ids, not both.")
+        try:
+            retried = operations.retry(None if ids == ["all"] else ids,
+                                       queue=opts["queue"] or None, actor="manage.py jobs_retry")
+        except (ValueError, operations.FailedJobNotFound) as exc:
+            raise CommandError(str(exc))
         for job_id in retried:
             self.stdout.write(f"Queued failed job {job_id} again.")
         self.stdout.write(self.style.SUCCESS(f"{len(retried)} job(s) queued again."))

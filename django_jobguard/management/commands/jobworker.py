@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.worker import Worker, WorkerOptions
+from django_jobguard.worker import WorkerOptions, run_worker_process
 
 
 def _csv_floats(value: str) -> list[float]:
@@ -50,7 +50,8 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Process one job and exit.")
         parser.add_argument("--batch", type=int, default=0,
                             help="Jobs to reserve per claim (default: "
-                                 "JOBGUARD['CLAIM_BATCH_SIZE']).")
+                                 "JOBGUARD['CLAIM_BATCH_SIZE'], adaptive unless set: one "
+                                 "without a backlog, up to 16 with one).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Worker processes to run under one supervisor.")
         parser.add_argument("--database", default="default",
@@ -66,6 +67,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
+        for error in check_skip_locked(databases=[opts["database"]]):
+            raise CommandError(f"{error.msg} ({error.id})")
         options = WorkerOptions(
             queues=queues, sleep=opts["sleep"], tries=opts["tries"], timeout=opts["timeout"],
             backoff=opts["backoff"], max_jobs=opts["max_jobs"], max_time=opts["max_time"],
@@ -89,19 +92,3 @@ class Command(BaseCommand):
         self.stdout.write(style(line) if style else line)
         self.stdout.flush()
 
-
-def run_worker_process(options: WorkerOptions, *, verbosity: int,
-                       write: Any = None) -> int:
-    """Run one worker in this process with log lines at ``verbosity`` (used by the supervisor)."""
-    if write is None:
-        def write(line: str, state: str) -> None:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-
-    def log(line: str, state: str) -> None:
-        if verbosity >= 2 or (verbosity >= 1 and state != "RUNNING"):
-            write(line, state)
-
-    if verbosity >= 3:
-        logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
-    return Worker(options, log=log, log_running=verbosity >= 2).run()

@@ -1,0 +1,99 @@
+"""``job.context``: what a running job knows about its run, in one public place.
+
+The worker builds a :class:`JobContext` for every run (the job id, which attempt this is, the
+worker, the database alias, the effective :class:`~django_jobguard.retry.RetryPolicy` and the
+decoded envelope) and the run records on it what happened (``handle()`` started, returned;
+a release, deferral or failure asked for). Middleware and the django.tasks backend read it
+instead of private attributes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.db import DEFAULT_DB_ALIAS
+
+from django_jobguard.envelope import Envelope
+from django_jobguard.outcome import Kind, Outcome
+from django_jobguard.progress import RunReporter, check_fraction
+from django_jobguard.retry import RetryPolicy
+
+
+@dataclass
+class JobContext:
+    """One run of one job. A job that was only constructed (or runs by ``dispatch_sync()``)
+    has a detached context: no id, attempt 1, no worker."""
+
+    job_id: str | None = None
+    #: 1 for the first run; counts runs that began (deferrals give theirs back).
+    attempt: int = 1
+    worker_id: str | None = None
+    #: Database alias holding the queue row.
+    using: str = DEFAULT_DB_ALIAS
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    envelope: Envelope = field(default_factory=Envelope)
+    #: Exceptions that reached the worker in earlier runs (``max_exceptions``).
+    exceptions: int = 0
+    #: The last of them, as stored on the row (``module.Class: message``).
+    last_error: str = ""
+
+    # What happened during this run.
+    started_at: datetime.datetime | None = None
+    handle_started: bool = False
+    handle_finished: bool = False
+    handle_returned: bool = False
+    #: A release, deferral or failure the job or a middleware asked for.
+    requested: Outcome | None = None
+    #: Progress writes and cancel reads of this run (``None`` outside a worker).
+    reporter: RunReporter | None = None
+    #: Whether the job saw ``job.cancelled`` true (the run then ends as cancelled).
+    cancel_seen: bool = False
+
+    def cancelled(self) -> bool:
+        """Whether an operator asked this run to stop (read at most once a second)."""
+        if self.reporter is not None and self.reporter.cancelled():
+            self.cancel_seen = True
+        return self.cancel_seen
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the run is (0 to 1), stored at most once a second."""
+        if self.reporter is None:
+            check_fraction(fraction)
+        else:
+            self.reporter.progress(fraction, message)
+
+    def request(self, outcome: Outcome) -> None:
+        """Ask for ``outcome`` once the run ends; a failure asked for is never overridden."""
+        if self.requested is not None and self.requested.kind is Kind.FAILED:
+            return
+        self.requested = outcome
+
+    @property
+    def really_succeeded(self) -> bool:
+        """``handle()`` ran and returned, and nothing released, deferred or failed the job
+        (only this closes a circuit)."""
+        return self.handle_returned and self.requested is None
+
+
+class JobLike(Protocol):
+    """What the layers under :class:`~django_jobguard.jobs.Job` (registry, unique locks, the
+    pipeline) use of a job; ``Job`` implements it. They depend on this, not on ``Job``."""
+
+    name: str
+    context: JobContext
+    keep_result: bool
+    delete_when_missing_models: bool
+
+    @property
+    def job_id(self) -> str | None: ...
+
+    def handle(self) -> Any: ...
+
+    def middleware(self) -> list[Any]: ...
+
+    def failed(self, exception: BaseException) -> None: ...
+
+    @classmethod
+    def from_envelope(cls, envelope: Envelope) -> JobLike: ...

@@ -1,0 +1,198 @@
+"""The interface every database dialect implements: the storage primitives of the queue
+(push, claim, ack, NOTIFY/LISTEN) and of the database store (lock upsert and release,
+throttle row locks), plus the database clock they all measure time with.
+
+A dialect serves one connection alias and holds no connection or cursor: Django connections
+are per thread, so each primitive takes ``connections[self.using]`` when it runs. What it
+caches is SQL text, which is the same for every thread.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from django_jobguard.models import QueuedJob
+
+
+@dataclass
+class NewJob:
+    """A job about to be inserted (built by dispatch, inserted by :meth:`Dialect.push`)."""
+
+    name: str
+    queue: str
+    payload: str          # the job's envelope, already encoded: compact JSON text, stored as is
+    priority: int = 0
+    at: datetime.datetime | None = None   # run at this aware time, or
+    delay: float | None = None            # this many seconds after the database's now
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+
+
+#: Where the payload is among the queue table's concrete columns (the order claims read them).
+PAYLOAD_INDEX = [f.name for f in QueuedJob._meta.concrete_fields].index("payload")
+
+
+@dataclass(frozen=True)
+class ThrottleRow:
+    """What a locked throttle row holds for the counters (see stores/counters.py)."""
+
+    key: str
+    data: str
+    value: float
+    state: str
+
+
+class Listener(ABC):
+    """A connection that waits for NOTIFY, so idle workers wake as soon as a job is pushed."""
+
+    @abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """True when a notification arrived within ``timeout`` seconds."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the listening connection (never raises)."""
+
+
+class Dialect(ABC):
+    """The primitives one database backend needs, for the connection alias ``using``."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} using={self.using!r}>"
+
+    # -- clock -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def now(self) -> datetime.datetime:
+        """The database clock, aware (UTC): what every visibility and expiry is measured by."""
+
+    # -- queue -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
+        """Insert ``jobs`` (payload text as it is), ``batch_size`` rows per statement, and
+        notify listeners where the database can (delivered when the transaction commits)."""
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Wake workers listening on ``queues`` (after commit); a no-op without NOTIFY."""
+        return None
+
+    @abstractmethod
+    def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
+              count_attempts: bool = True) -> list[QueuedJob]:
+        """Lease up to ``limit`` due rows of ``queue`` to ``worker_id`` for ``lease`` seconds
+        (one attempt counted each, unless ``count_attempts=False``: rows claimed ahead, whose
+        attempt counts when they start). A payload that does not decode stays text."""
+
+    @abstractmethod
+    def ack(self, job_id: Any, reserved_by: str) -> bool:
+        """Delete the row ``job_id`` if ``reserved_by`` still holds it."""
+
+    def ack_and_start(self, job_id: Any, reserved_by: str,
+                      start_id: Any) -> tuple[bool, bool]:
+        """Ack ``job_id`` and count the attempt of ``start_id``, the row claimed ahead that
+        the worker runs next (both owner-checked): ``(acked, started)``. One round trip
+        where the dialect can (the default: two statements in one transaction)."""
+        from django.db import transaction
+        from django.db.models import F
+
+        with transaction.atomic(using=self.using):
+            acked = self.ack(job_id, reserved_by)
+            started = QueuedJob.objects.using(self.using).filter(
+                id=start_id, reserved_by=reserved_by).update(attempts=F("attempts") + 1)
+        return acked, bool(started)
+
+    def listen(self) -> Listener | None:
+        """A :class:`Listener` on its own connection, or ``None`` where there is no LISTEN."""
+        return None
+
+    # -- locks (stores/database.py) --------------------------------------------------------
+
+    @abstractmethod
+    def acquire_lock(self, key: str, owner: str, *, ttl: float | None,
+                     job_id: str) -> int | None:
+        """Take the lock ``key`` if it is free or expired: its new fencing token, or ``None``.
+
+        Atomic against concurrent acquirers; inside a transaction it is part of it."""
+
+    @abstractmethod
+    def release_lock(self, key: str, owner: str) -> bool:
+        """Free ``key`` if ``owner`` holds it (the row stays, so its token keeps counting)."""
+
+    # -- throttle rows (stores/database.py) ------------------------------------------------
+
+    @abstractmethod
+    def lock_throttles(self, keys: Sequence[str], kind: str) -> dict[str, ThrottleRow]:
+        """Lock the throttle rows of ``keys`` in key order until the transaction ends,
+        creating missing ones (of ``kind``) first; ``{key: row}``."""
+
+    @abstractmethod
+    def peek_throttle(self, key: str) -> ThrottleRow | None:
+        """The throttle row of ``key`` without locking it (``None`` if there is none)."""
+
+    @abstractmethod
+    def write_throttle(self, key: str, *, kind: str, hits: int, limit: int, state: str,
+                       value: float, data: str, resets_at: datetime.datetime | None,
+                       expires_at: datetime.datetime) -> None:
+        """Store a rate window's or circuit's state; ``updated_at`` is the database clock."""
+
+
+def load_payload(text: Any) -> Any:
+    """Decode a claimed payload. One that does not decode (corrupt, or nested too deep for
+    the decoder) is kept as text, so the worker fails the job with a reason instead of the
+    claim raising after it leased the rows."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob]:
+    """Claimed rows from the values of a raw statement (every concrete column in field order),
+    converted as the ORM converts what it reads (e.g. SQLite's text to datetimes and UUIDs),
+    all but the payload, which :func:`job_from_values` decodes itself."""
+    fetched = list(fetched)
+    if not fetched:
+        return []
+    connection = connections[using]
+    meta = QueuedJob._meta
+    converters = []
+    for index, model_field in enumerate(meta.concrete_fields):
+        if index == PAYLOAD_INDEX:
+            continue
+        column = model_field.get_col(meta.db_table)
+        functions = [*connection.ops.get_db_converters(column),
+                     *column.get_db_converters(connection)]
+        if functions:
+            converters.append((index, column, functions))
+    rows = []
+    for values in fetched:
+        values = list(values)
+        for index, column, functions in converters:
+            for convert in functions:
+                values[index] = convert(values[index], column, connection)
+        rows.append(job_from_values(using, values))
+    return rows
+
+
+def job_from_values(using: str, values: list[Any]) -> QueuedJob:
+    """A claimed :class:`QueuedJob` from its column values (in concrete field order, payload
+    as stored text); ``payload_text_length`` tells the worker how long that text was."""
+    text = values[PAYLOAD_INDEX]
+    if isinstance(text, (str, bytes)):
+        values[PAYLOAD_INDEX] = load_payload(text)
+    row = QueuedJob.from_db(using, None, values)
+    row.payload_text_length = len(text) if isinstance(text, str) else None
+    return row

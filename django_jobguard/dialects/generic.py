@@ -1,0 +1,266 @@
+"""The ORM path: MySQL 8 / MariaDB, and any other backend Django supports.
+
+Claims lock their candidates with ``SELECT … FOR UPDATE SKIP LOCKED`` (plain FOR UPDATE
+where the backend lacks SKIP LOCKED) and lease them in the same transaction. A lock is taken
+with a conditional UPDATE, then an INSERT that the unique index on ``key`` makes atomic.
+Times come from the database clock through Django's ``Now()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import BigIntegerField, Exists, F, Func, Q, TextField, Value
+from django.db.models.functions import Greatest
+from django.db.models.sql import Query
+
+from django_jobguard import clock
+from django_jobguard.dialects.base import Dialect, ThrottleRow, claimed_rows
+from django_jobguard.models import Lock, PausedQueue, QueuedJob, Throttle
+
+if TYPE_CHECKING:
+    from django_jobguard.dialects.base import NewJob
+
+_THROTTLE_COLUMNS = ("key", "data", "value", "state")
+
+
+class _NowMicros(Func):
+    """The database clock in microseconds (the fencing-token floor); without SQL for it, the
+    best there is: this process's clock."""
+
+    output_field = BigIntegerField()
+
+    def __init__(self, sql: str | None) -> None:
+        super().__init__()
+        self.sql = sql
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list]:
+        if self.sql is None:
+            return "%s", [time.time_ns() // 1000 + round(clock.offset() * 1_000_000)]
+        return self.sql, []
+
+
+def _expiry(ttl: float | None) -> Any:
+    return clock.db_now() + Value(datetime.timedelta(seconds=ttl)) if ttl else None
+
+
+class GenericDialect(Dialect):
+    """Any backend, through the ORM."""
+
+    #: The database clock as a UTC timestamp (``None``: Django's ``Now()``).
+    NOW: str | None = None
+    #: The database clock in microseconds since the epoch (``None``: this process's clock).
+    NOW_US: str | None = None
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        self._claimed_sql: dict[int, str] = {}
+        shift = clock.offset()
+        if shift and self.NOW is not None:  # a test clock (django_jobguard.clock)
+            self.NOW = f"({self.NOW} + INTERVAL {round(shift * 1_000_000)} MICROSECOND)"
+        if shift and self.NOW_US is not None:
+            self.NOW_US = f"({self.NOW_US} + {round(shift * 1_000_000)})"
+
+    # -- clock -----------------------------------------------------------------------------
+
+    def now(self) -> datetime.datetime:
+        connection = connections[self.using]
+        if self.NOW is None:
+            sql, params = Query(None).get_compiler(connection=connection).compile(
+                clock.db_now())
+        else:
+            sql, params = self.NOW, []
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {sql}{connection.features.bare_select_suffix}", params)
+            value = cursor.fetchone()[0]
+        if isinstance(value, str):
+            value = datetime.datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return value
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
+        rows = [self._row(job) for job in jobs]
+        if len(rows) == 1:
+            rows[0].save(force_insert=True, using=self.using)
+        else:
+            QueuedJob.objects.using(self.using).bulk_create(rows, batch_size=batch_size)
+
+    @staticmethod
+    def _row(job: NewJob) -> QueuedJob:
+        # The payload goes in as the text it is (a text parameter, which JSON columns take),
+        # not through the JSON field's encoder.
+        row = QueuedJob(id=job.id, name=job.name, queue=job.queue, priority=job.priority,
+                        payload=Value(job.payload, output_field=TextField()))
+        if job.at is not None:
+            row.available_at = job.at
+        elif job.delay or clock.offset():
+            row.available_at = clock.db_now() + Value(datetime.timedelta(
+                seconds=job.delay or 0))
+        return row
+
+    def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
+              count_attempts: bool = True) -> list[QueuedJob]:
+        jobs = QueuedJob.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            paused = PausedQueue.objects.using(self.using).filter(queue=queue)
+            candidates = jobs.filter(~Exists(paused), queue=queue,
+                                     available_at__lte=clock.db_now()).order_by(
+                "-priority", "available_at")
+            if connections[self.using].features.has_select_for_update_skip_locked:
+                candidates = candidates.select_for_update(skip_locked=True)
+            else:
+                candidates = candidates.select_for_update()
+            ids = list(candidates.values_list("id", flat=True)[:limit])
+            if not ids:
+                return []
+            jobs.filter(id__in=ids).update(
+                attempts=F("attempts") + int(count_attempts),
+                reserved_at=clock.db_now(),
+                reserved_by=worker_id,
+                available_at=clock.db_now() + Value(datetime.timedelta(seconds=lease)),
+            )
+            # Read back in SQL, the payload as text: the JSON field's decoder would raise out
+            # of the claim on a payload it cannot decode.
+            connection = connections[self.using]
+            prep = QueuedJob._meta.pk.get_db_prep_value
+            with connection.cursor() as cursor:
+                cursor.execute(self._claimed_statement(len(ids)),
+                               [*(prep(i, connection) for i in ids), worker_id])
+                return claimed_rows(self.using, cursor.fetchall())
+
+    def _claimed_statement(self, count: int) -> str:
+        sql = self._claimed_sql.get(count)
+        if sql is None:
+            quote, meta = connections[self.using].ops.quote_name, QueuedJob._meta
+            columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
+            sql = (f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)} "
+                   f"IN ({', '.join(['%s'] * count)}) "
+                   f"AND {quote(meta.get_field('reserved_by').column)} = %s")
+            self._claimed_sql[count] = sql
+        return sql
+
+    def ack(self, job_id: Any, reserved_by: str) -> bool:
+        held = QueuedJob.objects.using(self.using).filter(id=job_id, reserved_by=reserved_by)
+        return bool(held._raw_delete(self.using))
+
+    # -- locks -----------------------------------------------------------------------------
+
+    def acquire_lock(self, key: str, owner: str, *, ttl: float | None,
+                     job_id: str) -> int | None:
+        locks = Lock.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            taken = locks.filter(Q(owner="") | Q(expires_at__lte=clock.db_now()),
+                                 key=key).update(
+                owner=owner, token=Greatest(F("token") + 1, _NowMicros(self.NOW_US)),
+                acquired_at=clock.db_now(), expires_at=_expiry(ttl), job_id=job_id,
+            )
+            if not taken:
+                try:
+                    with transaction.atomic(using=self.using):
+                        locks.create(key=key, owner=owner, token=_NowMicros(self.NOW_US),
+                                     acquired_at=clock.db_now(), expires_at=_expiry(ttl),
+                                     job_id=job_id)
+                except IntegrityError:
+                    return None
+            return locks.filter(key=key, owner=owner).values_list("token", flat=True).get()
+
+    def release_lock(self, key: str, owner: str) -> bool:
+        return bool(Lock.objects.using(self.using).filter(key=key, owner=owner).update(
+            owner="", expires_at=None))
+
+    # -- throttle rows ---------------------------------------------------------------------
+
+    def lock_throttles(self, keys: Sequence[str], kind: str) -> dict[str, ThrottleRow]:
+        throttles = Throttle.objects.using(self.using)
+
+        def lock() -> dict[str, ThrottleRow]:
+            rows = throttles.select_for_update().filter(key__in=keys).order_by("key")
+            return {r[0]: ThrottleRow(*r) for r in rows.values_list(*_THROTTLE_COLUMNS)}
+
+        rows = lock()
+        if len(rows) == len(keys):
+            return rows
+        throttles.bulk_create([Throttle(key=key, kind=kind) for key in keys],
+                              ignore_conflicts=True)
+        return lock()
+
+    def peek_throttle(self, key: str) -> ThrottleRow | None:
+        found = Throttle.objects.using(self.using).filter(key=key).values_list(
+            *_THROTTLE_COLUMNS).first()
+        return ThrottleRow(*found) if found else None
+
+    def write_throttle(self, key: str, *, kind: str, hits: int, limit: int, state: str,
+                       value: float, data: str, resets_at: datetime.datetime | None,
+                       expires_at: datetime.datetime) -> None:
+        Throttle.objects.using(self.using).filter(key=key).update(
+            kind=kind, hits=hits, limit=limit, state=state, value=value, data=data,
+            resets_at=resets_at, expires_at=expires_at, updated_at=clock.db_now())
+
+
+# The columns a push writes, and one row of them: Django's ``Now() + delay`` on MySQL.
+_PUSH_COLUMNS = ("id", "queue", "name", "payload", "attempts", "exceptions", "priority",
+                 "available_at", "reserved_by", "last_error")
+_MYSQL_PUSH_ROW = ("(%s, %s, %s, %s, 0, 0, %s,"
+                   " COALESCE(%s, CURRENT_TIMESTAMP(6) + INTERVAL %s MICROSECOND), '', '')")
+
+
+class MySQLDialect(GenericDialect):
+    """MySQL 8 / MariaDB 10.6+: the ORM path, with the clock read in SQL and the push as one
+    raw multi-row INSERT (it runs for every dispatch)."""
+
+    NOW = "UTC_TIMESTAMP(6)"
+    NOW_US = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        self._push_sql: dict[int, str] = {}
+
+    def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
+        connection = connections[self.using]
+        prep_id = QueuedJob._meta.pk.get_db_prep_value
+        adapt = connection.ops.adapt_datetimefield_value
+        with connection.cursor() as cursor:
+            for start in range(0, len(jobs), batch_size):
+                batch = jobs[start:start + batch_size]
+                params: list[Any] = []
+                for job in batch:
+                    params += [prep_id(job.id, connection), job.queue, job.name, job.payload,
+                               job.priority, adapt(job.at),
+                               round(((job.delay or 0) + clock.offset()) * 1_000_000)]
+                cursor.execute(self._push_statement(len(batch)), params)
+
+    def _push_statement(self, rows: int) -> str:
+        sql = self._push_sql.get(rows)
+        if sql is None:
+            quote = connections[self.using].ops.quote_name
+            sql = (f"INSERT INTO {quote(QueuedJob._meta.db_table)} "
+                   f"({', '.join(map(quote, _PUSH_COLUMNS))}) "
+                   f"VALUES {', '.join([_MYSQL_PUSH_ROW] * rows)}")
+            self._push_sql[rows] = sql
+        return sql
+
+
+#: The first server versions with ``SELECT … FOR UPDATE SKIP LOCKED``.
+SKIP_LOCKED_SINCE = {"MariaDB": (10, 6), "MySQL": (8, 0, 1)}
+
+
+def missing_skip_locked(connection: Any) -> str | None:
+    """Why the database behind ``connection`` cannot claim with ``FOR UPDATE SKIP LOCKED``
+    (naming its server and version), or ``None`` when it can. SQLite needs none: it has one
+    writer at a time."""
+    if connection.vendor == "sqlite" or connection.features.has_select_for_update_skip_locked:
+        return None
+    if connection.vendor == "mysql":
+        server = "MariaDB" if connection.mysql_is_mariadb else "MySQL"
+        version = ".".join(map(str, connection.mysql_version))
+        needed = ".".join(map(str, SKIP_LOCKED_SINCE[server]))
+        return (f"{server} {version} has no SELECT ... FOR UPDATE SKIP LOCKED "
+                f"(jobguard needs {server} >= {needed})")
+    return f"{connection.display_name} has no SELECT ... FOR UPDATE SKIP LOCKED"

@@ -1,0 +1,218 @@
+"""PostgreSQL: SKIP LOCKED claims, NOTIFY riding along with the INSERT, LISTEN for idle
+workers, and the per-job statements (push of one job, claim, ack) through psycopg's
+server-binding cursor so that they can be prepared once per connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.dialects.base import Listener, job_from_values
+from django_jobguard.dialects.sql import SQLDialect
+from django_jobguard.models import PausedQueue, QueuedJob
+
+try:
+    import psycopg
+except ImportError:  # psycopg2: Django's cursors, and no LISTEN (workers poll at --sleep)
+    psycopg = None
+
+if TYPE_CHECKING:
+    from django_jobguard.dialects.base import NewJob
+
+NOTIFY_CHANNEL = "jobguard"
+
+# One statement per batch, whatever its size: the rows travel as seven arrays (no per-row SQL
+# to compile or quote), delays are added to the database clock, and the NOTIFY rides along in
+# the same round trip (delivered when the caller's transaction commits).
+_PUSH_SQL = """
+    {notify_head}INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
+                             available_at, reserved_by, last_error)
+    SELECT t.id, t.queue, t.name, t.payload::jsonb, 0, 0, t.priority,
+           COALESCE(t.at, {now} + make_interval(secs => COALESCE(t.delay, 0))),
+           '', ''
+      FROM unnest(%s::uuid[], %s::varchar[], %s::varchar[], %s::text[], %s::smallint[],
+                  %s::timestamptz[], %s::float8[])
+           AS t(id, queue, name, payload, priority, at, delay){notify_tail}"""
+
+# One job (a view's dispatch()): plain VALUES through a server-binding cursor, which psycopg
+# can prepare; the batch statement's seven arrays cost more to quote than the row itself.
+_PUSH_ONE_SQL = """
+    {notify_head}INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
+                             available_at, reserved_by, last_error)
+    VALUES (%s, %s, %s, %s::jsonb, 0, 0, %s::smallint,
+            COALESCE(%s::timestamptz,
+                     {now} + make_interval(secs => COALESCE(%s::float8, 0))),
+            '', ''){notify_tail}"""
+
+_NOTIFY_HEAD = "WITH inserted AS ("
+_NOTIFY_TAIL = f"""
+    RETURNING queue)
+    SELECT pg_notify('{NOTIFY_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM inserted) q"""
+
+# One statement: pick due rows in order, skip rows another worker is taking, lease them; a
+# paused queue (a row in the paused-queue table) gives nothing.
+# The candidates are picked and locked ONCE, in a MATERIALIZED CTE. With the older
+# ``WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`` a plan made while the table
+# looked empty (a cached generic plan, or statistics from autovacuum on a drained queue)
+# runs the subquery again for every row of the table: each run sorts the queue and locks
+# another row, so a burst of 20k jobs stalled 4 claimers for minutes (bench/throughput.py).
+_CLAIM_SQL = """
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM {table}
+         WHERE queue = %(queue)s AND available_at <= {now}
+           AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s)
+         ORDER BY priority DESC, available_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    UPDATE {table} AS q SET attempts = q.attempts + %(count)s, reserved_at = {now},
+           reserved_by = %(worker)s,
+           available_at = {now} + make_interval(secs => %(lease)s)
+      FROM picked WHERE q.id = picked.id
+    RETURNING {columns}"""
+
+_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s"
+
+# The ack of one job and the start of the next one claimed ahead (its attempt counted), in
+# one round trip: with a batch a job costs this statement alone, as it did when claims
+# counted every row they leased.
+_ACK_AND_START_SQL = """
+    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s RETURNING 1),
+         started AS (UPDATE {table} SET attempts = attempts + 1
+                      WHERE id = %s AND reserved_by = %s RETURNING 1)
+    SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started)"""
+
+
+class PostgreSQLDialect(SQLDialect):
+    """PostgreSQL 13+ (psycopg 3 for LISTEN and prepared per-job statements)."""
+
+    NOW = "STATEMENT_TIMESTAMP()"
+    NOW_US = "(EXTRACT(EPOCH FROM STATEMENT_TIMESTAMP()) * 1000000)::bigint"
+    IN_SECONDS = "STATEMENT_TIMESTAMP() + MAKE_INTERVAL(secs => %s)"
+    GREATEST = "GREATEST"
+
+    def shifted_clock(self, seconds: float) -> tuple[str, str, str]:
+        now = f"(STATEMENT_TIMESTAMP() + MAKE_INTERVAL(secs => {float(seconds)!r}))"
+        return (now, f"(EXTRACT(EPOCH FROM {now}) * 1000000)::bigint",
+                f"{now} + MAKE_INTERVAL(secs => %s)")
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        meta = QueuedJob._meta
+        fields = meta.concrete_fields
+        parts = {"table": meta.db_table, "now": self.NOW,
+                 "paused": PausedQueue._meta.db_table}
+        self._push_sql = {
+            (one, wake): (_PUSH_ONE_SQL if one else _PUSH_SQL).format(
+                **parts, notify_head=_NOTIFY_HEAD if wake else "",
+                notify_tail=_NOTIFY_TAIL if wake else "")
+            for one in (True, False) for wake in (True, False)
+        }
+        #: The claim statement (``%(queue)s``, ``%(limit)s``, ``%(worker)s``, ``%(lease)s``
+        #: and ``%(count)s``, 1 or 0 added to ``attempts``), for EXPLAIN in tests and diagnostics.
+        self.claim_sql = _CLAIM_SQL.format(**parts,
+                                           columns=", ".join(f"q.{f.column}" for f in fields))
+        self._ack_sql = _ACK_SQL.format(**parts)
+        self._ack_and_start_sql = _ACK_AND_START_SQL.format(**parts)
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
+        wake = jobguard_settings.USE_NOTIFY
+        if len(jobs) == 1:
+            job = jobs[0]
+            self._execute(self._push_sql[True, wake], [
+                job.id, job.queue, job.name, job.payload, job.priority, job.at, job.delay])
+            return
+        sql = self._push_sql[False, wake]
+        with connections[self.using].cursor() as cursor:
+            for start in range(0, len(jobs), batch_size):
+                batch = jobs[start:start + batch_size]
+                cursor.execute(sql, [[job.id for job in batch], [job.queue for job in batch],
+                                     [job.name for job in batch],
+                                     [job.payload for job in batch],
+                                     [job.priority for job in batch],
+                                     [job.at for job in batch], [job.delay for job in batch]])
+
+    def notify(self, queues: Iterable[str]) -> None:
+        if not jobguard_settings.USE_NOTIFY:
+            return
+        with connections[self.using].cursor() as cursor:
+            for queue in sorted(queues):
+                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
+
+    def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
+              count_attempts: bool = True) -> list[QueuedJob]:
+        # Rows are built straight from the cursor (no RawQuerySet): this runs once per job or
+        # batch, and the ORM's per-query work was a third of a no-op job. Never prepared: its
+        # best plan depends on how full the queue is, and a generic plan cached while the
+        # queue was empty would seq-scan and sort a burst on every claim.
+        fetched = self._execute(self.claim_sql, {"queue": queue, "limit": limit,
+                                                 "worker": worker_id, "lease": lease,
+                                                 "count": int(count_attempts)},
+                                fetch=True, prepare=False)
+        return [job_from_values(self.using, list(values)) for values in fetched]
+
+    def ack(self, job_id: Any, reserved_by: str) -> bool:
+        return self._execute(self._ack_sql, [job_id, reserved_by]) > 0
+
+    def ack_and_start(self, job_id: Any, reserved_by: str,
+                      start_id: Any) -> tuple[bool, bool]:
+        ((acked, started),) = self._execute(self._ack_and_start_sql,
+                                            [job_id, reserved_by, start_id, reserved_by],
+                                            fetch=True)
+        return acked > 0, started > 0
+
+    def listen(self) -> Listener | None:
+        if psycopg is None:
+            return None
+        params = connections[self.using].get_connection_params()
+        for option in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+            params.pop(option, None)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        return PostgreSQLListener(conn)
+
+    def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
+                 fetch: bool = False, prepare: bool | None = None) -> Any:
+        """Run a statement of the per-job path (push of one job, claim, ack).
+
+        With psycopg 3 it goes through a server-binding cursor on Django's connection, so
+        when the database ``OPTIONS`` set ``prepare_threshold`` (Django turns prepared
+        statements off by default, for connection poolers) the statement is prepared once per
+        connection instead of parsed and planned per job (``prepare=False`` opts a statement
+        out). Errors still surface as Django's ``DatabaseError``; with queries logged (DEBUG,
+        tests) it takes Django's cursor so they are seen. Returns the rows, or the row count.
+        """
+        wrapper = connections[self.using]
+        if psycopg is None or wrapper.queries_logged:
+            with wrapper.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchall() if fetch else cursor.rowcount
+        wrapper.ensure_connection()
+        with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cursor:
+            cursor.execute(sql, params, prepare=prepare)
+            return cursor.fetchall() if fetch else cursor.rowcount
+
+
+class PostgreSQLListener(Listener):
+    """LISTEN on its own autocommit connection (never the thread's Django connection)."""
+
+    def __init__(self, raw_connection: Any) -> None:
+        self._conn = raw_connection
+
+    def wait(self, timeout: float) -> bool:
+        woke = False
+        for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+            woke = True
+        if woke:  # drain the rest so the next wait blocks again
+            for _ in self._conn.notifies(timeout=0):
+                pass
+        return woke
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception:
+            pass

@@ -1,0 +1,114 @@
+"""SQLite: claims and pushes in raw SQL, times as the ``STRFTIME`` text Django stores.
+
+SQLite takes its write lock when a writing statement starts (or at ``BEGIN IMMEDIATE``), so
+concurrent claims and lock upserts serialize: no SKIP LOCKED and no row locks are needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from django_jobguard import clock
+from django_jobguard.dialects.base import claimed_rows
+from django_jobguard.dialects.sql import SQLDialect
+from django_jobguard.models import PausedQueue, QueuedJob
+
+if TYPE_CHECKING:
+    from django_jobguard.dialects.base import NewJob
+
+_CLOCK = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now'{modifier})"
+
+_PUSH_ROW = f"(%s, %s, %s, %s, 0, 0, %s, COALESCE(%s, {_CLOCK.format(modifier=', %s')}), '', '')"
+_PUSH_SQL = """INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
+                         available_at, reserved_by, last_error)
+VALUES {rows}"""
+_PUSH_PARAMS_PER_ROW = _PUSH_ROW.count("%s")
+
+_CLAIM_SQL = """
+    UPDATE {table} SET attempts = attempts + %s, reserved_at = {now}, reserved_by = %s,
+           available_at = {in_seconds}
+     WHERE id IN (SELECT id FROM {table}
+                   WHERE queue = %s AND available_at <= {now}
+                     AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %s)
+                   ORDER BY priority DESC, available_at
+                   LIMIT %s)
+    RETURNING {columns}"""
+
+_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s"
+
+
+class SQLiteDialect(SQLDialect):
+    """SQLite 3.35+ (RETURNING)."""
+
+    NOW = _CLOCK.format(modifier="")
+    NOW_US = ("(CAST(STRFTIME('%%s', 'now') AS INTEGER) * 1000000"
+              " + CAST(SUBSTR(STRFTIME('%%f', 'now'), 4) AS INTEGER) * 1000)")
+    IN_SECONDS = _CLOCK.format(modifier=", '+' || %s || ' seconds'")
+    GREATEST = "MAX"
+    ROW_LOCK = ""
+    INSERT_THROTTLES_FIRST = True
+
+    def shifted_clock(self, seconds: float) -> tuple[str, str, str]:
+        shift = f"'{float(seconds):+.6f} seconds'"
+        return (_CLOCK.format(modifier=f", {shift}"),
+                f"({self.NOW_US} + {round(seconds * 1_000_000)})",
+                _CLOCK.format(modifier=f", {shift}, '+' || %s || ' seconds'"))
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        meta = QueuedJob._meta
+        fields = meta.concrete_fields
+        self._table = meta.db_table
+        self._push_sql: dict[int, str] = {}
+        shift = clock.offset()
+        self._push_row = _PUSH_ROW if not shift else _PUSH_ROW.replace(
+            _CLOCK.format(modifier=", %s"),
+            _CLOCK.format(modifier=f", '{float(shift):+.6f} seconds', %s"))
+        self._claim_sql = _CLAIM_SQL.format(table=meta.db_table, now=self.NOW,
+                                            paused=PausedQueue._meta.db_table,
+                                            in_seconds=self.IN_SECONDS,
+                                            columns=", ".join(f.column for f in fields))
+        self._ack_sql = _ACK_SQL.format(table=meta.db_table)
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
+        connection = connections[self.using]
+        adapt = connection.ops.adapt_datetimefield_value
+        per_statement = max(1, min(batch_size, (connection.features.max_query_params or 999)
+                                   // _PUSH_PARAMS_PER_ROW))
+        with connection.cursor() as cursor:
+            for start in range(0, len(jobs), per_statement):
+                batch = jobs[start:start + per_statement]
+                params: list[Any] = []
+                for job in batch:
+                    # The delay as a STRFTIME modifier, written out here: SQLite reads neither
+                    # '+-5 seconds' nor the exponent of a REAL ('1.0e-05').
+                    params += [job.id.hex, job.queue, job.name, job.payload, job.priority,
+                               adapt(job.at), f"{job.delay or 0:+.6f} seconds"]
+                cursor.execute(self._push_statement(len(batch)), params)
+
+    def _push_statement(self, rows: int) -> str:
+        sql = self._push_sql.get(rows)
+        if sql is None:
+            sql = _PUSH_SQL.format(table=self._table, rows=", ".join([self._push_row] * rows))
+            self._push_sql[rows] = sql
+        return sql
+
+    def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
+              count_attempts: bool = True) -> list[QueuedJob]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(self._claim_sql,
+                           [int(count_attempts), worker_id, lease, queue, queue, limit])
+            return claimed_rows(self.using, cursor.fetchall())
+
+    def ack(self, job_id: Any, reserved_by: str) -> bool:
+        connection = connections[self.using]
+        job_id = QueuedJob._meta.pk.get_db_prep_value(job_id, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(self._ack_sql, [job_id, reserved_by])
+            return cursor.rowcount > 0
+

@@ -1,0 +1,88 @@
+"""What operators do: the one layer that the admin, the REST API and the management commands
+call, and that the worker's housekeeping runs.
+
+- :mod:`.queued`: cancel (never a reserved job), cancel-or-stop one job, run now, clear;
+- :mod:`.failed`: retry, forget, flush, prune;
+- :mod:`.locks`: locks and throttles of any store, with a "stale" verdict; force-release,
+  reset, clean;
+- :mod:`.pausing`: pause and resume queues;
+- :mod:`.monitoring`: stats and the monitor's thresholds;
+- :mod:`.maintenance`: housekeeping (what every worker does once a minute); pruning results.
+
+Job states are defined once, on the model (:class:`~django_jobguard.models.QueuedJobQuerySet`,
+database clock); :data:`STATES` is their names.
+
+Audit log (:mod:`.audit`): every destructive action that changes something is logged once, at
+WARNING on the ``django_jobguard.operations`` logger, with what was done, how many and by whom
+(``actor``: the user's name from the admin and the API, ``manage.py <command>`` from a
+command).
+
+Call these through this package (``operations.retry(...)``), not their modules.
+"""
+
+from django_jobguard.models import STATES
+from django_jobguard.operations.failed import (
+    FailedJobNotFound,
+    FailedSelection,
+    flush,
+    forget,
+    parse_ids,
+    prune_failed,
+    retry,
+)
+from django_jobguard.operations.locks import (
+    LockRow,
+    ThrottleRow,
+    UnknownStoreError,
+    clean_locks,
+    force_release,
+    inspect_locks,
+    inspect_throttles,
+    reset_throttle,
+    store_for,
+    usable_stores,
+)
+from django_jobguard.operations.maintenance import (
+    Housekeeping,
+    housekeeping,
+    prune_results,
+    result_retention,
+)
+from django_jobguard.operations.monitoring import (
+    MonitorReport,
+    QueueHealth,
+    monitor,
+    queue_stats,
+    stats,
+)
+from django_jobguard.operations.pausing import (
+    QueueNameError,
+    check_queue_name,
+    is_known_queue,
+    pause,
+    paused_queues,
+    resume,
+)
+from django_jobguard.operations.queued import (
+    DELETED,
+    STOPPING,
+    CancelResult,
+    ClearResult,
+    JobNotQueuedError,
+    cancel,
+    cancel_job,
+    clear,
+    run_now,
+)
+from django_jobguard.operations.workers import DEAD_WORKER_AFTER_LEASES, live_workers
+
+__all__ = [
+    "DEAD_WORKER_AFTER_LEASES", "DELETED", "STATES", "STOPPING", "CancelResult", "ClearResult",
+    "FailedJobNotFound", "FailedSelection", "Housekeeping", "JobNotQueuedError", "LockRow",
+    "MonitorReport", "QueueHealth", "QueueNameError", "ThrottleRow", "UnknownStoreError",
+    "cancel", "cancel_job", "check_queue_name", "clean_locks", "clear", "flush",
+    "force_release", "forget", "housekeeping", "inspect_locks", "inspect_throttles",
+    "is_known_queue", "live_workers", "monitor", "parse_ids", "pause", "paused_queues",
+    "prune_failed", "prune_results", "queue_stats", "reset_throttle", "result_retention",
+    "resume", "retry", "run_now", "stats", "store_for", "usable_stores",
+]

@@ -1,0 +1,57 @@
+"""Housekeeping: what every worker does once a minute, and pruning job results."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+from django.db import DEFAULT_DB_ALIAS
+
+from django_jobguard import results
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.operations import audit
+from django_jobguard.operations.workers import dead_workers
+from django_jobguard.stores import get_store
+
+
+def result_retention() -> datetime.timedelta | None:
+    """How long finished results are kept (``RESULT_RETENTION_DAYS``; ``None``: forever)."""
+    days = float(jobguard_settings.RESULT_RETENTION_DAYS or 0)
+    return datetime.timedelta(days=days) if days else None
+
+
+def prune_results(older_than: datetime.timedelta, *, actor: str = "",
+                  using: str = DEFAULT_DB_ALIAS) -> int:
+    """Delete results that finished more than ``older_than`` ago, and results whose job is
+    gone (cleared). Returns how many."""
+    if older_than < datetime.timedelta(0):
+        raise ValueError("The age of results to delete must not be negative.")
+    deleted = results.prune(older_than=older_than, using=using)
+    if deleted:
+        audit.record("prune_results", deleted, f"Pruned {deleted} job result(s) older than "
+                     f"{older_than}", actor)
+    return deleted
+
+
+@dataclass(frozen=True)
+class Housekeeping:
+    """What one :func:`housekeeping` run removed."""
+
+    expired_locks: int
+    expired_throttles: int
+    results: int
+    dead_workers: int
+
+
+def housekeeping(*, using: str = DEFAULT_DB_ALIAS) -> Housekeeping:
+    """Drop the expired locks and throttles of the default store, results kept past
+    ``RESULT_RETENTION_DAYS`` and the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES``
+    leases. Any live worker runs this every minute; routine, so not in the audit log."""
+    store = get_store()
+    locks = store.clean_expired()
+    throttles = store.clean_expired_throttles()
+    retention = result_retention()
+    pruned = results.prune(older_than=retention, using=using) if retention else 0
+    dead = dead_workers(using=using).delete()[0]
+    return Housekeeping(expired_locks=locks, expired_throttles=throttles, results=pruned,
+                        dead_workers=dead)

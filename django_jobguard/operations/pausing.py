@@ -1,0 +1,79 @@
+"""Pausing and resuming queues: persisted as :class:`PausedQueue` rows that every dialect's
+claim statement excludes, with a NOTIFY so that listening workers notice a resume at once."""
+
+from __future__ import annotations
+
+import re
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+
+from django_jobguard import queue as job_queue
+from django_jobguard import registry
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.models import FailedJob, PausedQueue, QueuedJob, Worker
+from django_jobguard.operations import audit
+
+#: What a queue name may look like (what ``--queue a,b`` can name): no spaces or commas.
+QUEUE_NAME = re.compile(r"[^\s,]{1,100}")
+
+
+class QueueNameError(ValueError):
+    """A queue name that is malformed, unknown (pause without ``force``) or not paused."""
+
+
+def check_queue_name(name: str) -> str:
+    """``name`` stripped, or :class:`QueueNameError` saying what is wrong with it."""
+    name = (name or "").strip()
+    if not QUEUE_NAME.fullmatch(name):
+        raise QueueNameError(f"Invalid queue name {name!r}: 1 to 100 characters, without "
+                             f"spaces or commas.")
+    return name
+
+
+def is_known_queue(name: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether ``name`` is a queue jobguard has heard of: the default queue, a registered
+    job's queue, a queue with queued or failed jobs, or one a worker serves."""
+    if name == jobguard_settings.DEFAULT_QUEUE:
+        return True
+    if any(getattr(job, "queue", None) == name for job in registry.all_jobs().values()):
+        return True
+    if QueuedJob.objects.using(using).filter(queue=name).exists():
+        return True
+    if FailedJob.objects.using(using).filter(queue=name).exists():
+        return True
+    return any(name in row.split(",") for row in
+               Worker.objects.using(using).values_list("queues", flat=True))
+
+
+def pause(name: str, *, force: bool = False, actor: str = "",
+          using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Stop workers claiming from queue ``name`` (running jobs finish); False if it was
+    paused already. An unknown queue is refused unless ``force`` (to pause ahead of time)."""
+    name = check_queue_name(name)
+    if not force and not is_known_queue(name, using=using):
+        raise QueueNameError(f"Unknown queue {name!r}: no job, worker or registered job uses "
+                             f"it (pass force to pause it ahead of time).")
+    try:
+        with transaction.atomic(using=using):
+            PausedQueue.objects.using(using).create(queue=name, paused_by=actor[:150])
+    except IntegrityError:
+        return False
+    audit.record("pause", 1, f"Paused queue {name!r}", actor)
+    return True
+
+
+def resume(name: str, *, actor: str = "", using: str = DEFAULT_DB_ALIAS) -> None:
+    """Let workers claim from ``name`` again, waking listening workers;
+    :class:`QueueNameError` if it was not paused."""
+    name = check_queue_name(name)
+    with transaction.atomic(using=using):
+        deleted, _ = PausedQueue.objects.using(using).filter(queue=name).delete()
+        if not deleted:
+            raise QueueNameError(f"Queue {name!r} is not paused.")
+        job_queue.notify([name], using=using)
+    audit.record("resume", 1, f"Resumed queue {name!r}", actor)
+
+
+def paused_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[PausedQueue]:
+    """The paused queues, by name."""
+    return list(PausedQueue.objects.using(using).order_by("queue"))

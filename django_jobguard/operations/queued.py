@@ -1,0 +1,136 @@
+"""Queued jobs: cancel (never a reserved job), cancel-or-stop one job, run now, clear."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+from django_jobguard import queue as job_queue
+from django_jobguard import unique_jobs
+from django_jobguard.envelope import unique_ref
+from django_jobguard.models import FailedJob, JobResult, QueuedJob
+from django_jobguard.operations import audit
+
+
+@dataclass
+class CancelResult:
+    cancelled: list[str]
+    reserved: list[str]
+
+
+def cancel(jobs: Iterable[QueuedJob], *, actor: str = "",
+           using: str = DEFAULT_DB_ALIAS) -> CancelResult:
+    """Delete jobs that no worker holds and free their unique locks; reserved ones stay.
+
+    Each delete re-checks the state in SQL, so a job a worker claims meanwhile is not deleted.
+    """
+    result = CancelResult(cancelled=[], reserved=[])
+    for row in jobs:
+        # _raw_delete: one DELETE whose WHERE re-checks the state (Django's delete() could
+        # load the rows first and then delete them by id).
+        if QueuedJob.objects.using(using).unreserved().filter(id=row.id)._raw_delete(using):
+            unique_jobs.release(unique_ref(row.payload))
+            result.cancelled.append(str(row.id))
+        else:
+            result.reserved.append(str(row.id))
+    if result.cancelled:
+        audit.record("cancel", len(result.cancelled),
+                     f"Cancelled {len(result.cancelled)} queued job(s)", actor)
+    return result
+
+
+class JobNotQueuedError(LookupError):
+    """A cancel of a job that is no longer queued; ``finished`` when the tables show it ran
+    (a failed job, a kept result), False when it may never have existed."""
+
+    def __init__(self, message: str, *, finished: bool) -> None:
+        super().__init__(message)
+        self.finished = finished
+
+
+#: What :func:`cancel_job` did: deleted a job no worker held, or asked a running one to stop.
+DELETED, STOPPING = "deleted", "stopping"
+
+
+def cancel_job(job_id: str, *, actor: str = "", using: str = DEFAULT_DB_ALIAS) -> str:
+    """Cancel one job: delete it if no worker holds it (freeing its unique lock) and return
+    ``"deleted"``, or ask the running job to stop (``job.cancelled``) and return
+    ``"stopping"``. :class:`JobNotQueuedError` says why a job that is not queued cannot be."""
+    for _ in range(3):  # the job may change state between the two statements
+        row = QueuedJob.objects.using(using).filter(id=job_id).first()
+        if row is None:
+            raise _not_queued(job_id, using)
+        if cancel([row], actor=actor, using=using).cancelled:
+            return DELETED
+        if job_queue.request_cancel(row.id, using=using):
+            audit.record("cancel", 1, f"Asked running job {row.name} [{row.id}] to stop",
+                         actor)
+            return STOPPING
+    raise _not_queued(job_id, using)
+
+
+def _not_queued(job_id: str, using: str) -> JobNotQueuedError:
+    """Why ``job_id`` cannot be cancelled, as precisely as the tables tell."""
+    failed = FailedJob.objects.using(using).filter(id=job_id).first()
+    if failed is not None:
+        return JobNotQueuedError(f"Job {job_id} cannot be cancelled: it failed at "
+                                 f"{failed.failed_at:%Y-%m-%d %H:%M:%S} and is in failed "
+                                 f"jobs.", finished=True)
+    result = JobResult.objects.using(using).filter(id=job_id).first()
+    if result is not None:
+        return JobNotQueuedError(f"Job {job_id} cannot be cancelled: it has finished "
+                                 f"({result.status}).", finished=True)
+    return JobNotQueuedError(f"Job {job_id} cannot be cancelled: it is not queued (it "
+                             f"finished, or never existed).", finished=False)
+
+
+def run_now(jobs: QuerySet[QueuedJob]) -> int:
+    """Make delayed jobs due at once; reserved jobs are left to their worker."""
+    return jobs.unreserved().update(available_at=Now())
+
+
+@dataclass
+class ClearResult:
+    cleared: int
+    locks_released: int
+
+
+def clear(queues: Sequence[str] | None = None, *, keep_locks: bool = False, actor: str = "",
+          using: str = DEFAULT_DB_ALIAS) -> ClearResult:
+    """Delete waiting and delayed jobs (reserved ones finish) of ``queues`` or all queues, and
+    free their unique locks unless ``keep_locks`` (Laravel's ``queue:clear`` keeps them).
+
+    To free exactly the locks of the deleted rows, the rows are locked first (SKIP LOCKED), so
+    one a worker claims meanwhile is neither deleted nor has its lock freed.
+    """
+    rows = QueuedJob.objects.using(using).unreserved()
+    if queues:
+        rows = rows.filter(queue__in=list(queues))
+    if keep_locks:
+        cleared, payloads = rows._raw_delete(using), []
+    else:
+        payloads = _delete_locked(rows, using=using)
+        cleared = len(payloads)
+    released = sum(unique_jobs.release(unique_ref(payload)) for payload in payloads)
+    if cleared:
+        where = f"queue(s) {', '.join(queues)}" if queues else "all queues"
+        locks = "unique locks kept" if keep_locks else f"{released} unique lock(s) released"
+        audit.record("clear", cleared, f"Cleared {cleared} queued job(s) from {where} "
+                     f"({locks})", actor)
+    return ClearResult(cleared=cleared, locks_released=released)
+
+
+def _delete_locked(rows: QuerySet[QueuedJob], *, using: str, batch_size: int = 500) -> list:
+    """Lock ``rows``, delete them in batches and return their payloads."""
+    skip_locked = connections[using].features.has_select_for_update_skip_locked
+    with transaction.atomic(using=using):
+        found = list(rows.select_for_update(skip_locked=skip_locked).values_list("id",
+                                                                                "payload"))
+        for start in range(0, len(found), batch_size):
+            chunk = [row_id for row_id, _ in found[start:start + batch_size]]
+            QueuedJob.objects.using(using).filter(id__in=chunk)._raw_delete(using)
+    return [payload for _, payload in found]

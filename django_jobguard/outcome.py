@@ -1,0 +1,83 @@
+"""How one run of a job ended: the value the pipeline decides and then applies to the row.
+
+A run is *done* (``handle()`` returned), *dropped* (a middleware let it go without running it,
+or a model argument vanished and the job deletes itself), *released* (back to the queue, the
+run counted as an attempt: ``job.release()`` or an exception with tries left), *deferred*
+(back to the queue without using an attempt: an overlap lock, a full rate limit, an open
+circuit, a store outage), *failed* (for good, into failed jobs) or *cancelled* (an operator
+asked it to stop and it saw ``job.cancelled``, or it was cancelled before it started: the row
+is deleted, no failed job is kept).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from django_jobguard.durations import NOW, Due
+
+
+class Kind(enum.Enum):
+    DONE = "done"
+    DROPPED = "dropped"
+    RELEASED = "released"
+    DEFERRED = "deferred"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one run, and why (``reason``: ``exception``, ``overlap``, …)."""
+
+    kind: Kind
+    reason: str = ""
+    #: When a released or deferred job may run again.
+    due: Due = NOW
+    #: The job's exception (failed, or released to retry after it).
+    exception: BaseException | None = None
+    #: ``handle()``'s return value (done).
+    result: Any = None
+    #: Whether going back to the queue used one of the job's tries.
+    counts_attempt: bool = True
+    #: Whether ``exception`` counts towards ``max_exceptions`` (not when a middleware
+    #: handled it, as ``ThrottlesExceptions`` does).
+    counts_exception: bool = True
+    #: For people: why a job waits (``circuit 'sms' was open``), or which limit ended it.
+    detail: str = ""
+
+    @classmethod
+    def done(cls, result: Any = None) -> Outcome:
+        return cls(Kind.DONE, result=result)
+
+    @classmethod
+    def dropped(cls, reason: str = "dropped") -> Outcome:
+        return cls(Kind.DROPPED, reason=reason)
+
+    @classmethod
+    def released(cls, due: Due, *, reason: str = "released",
+                 exception: BaseException | None = None, counts_exception: bool = True,
+                 detail: str = "") -> Outcome:
+        return cls(Kind.RELEASED, reason=reason, due=due, exception=exception,
+                   counts_exception=counts_exception, detail=detail)
+
+    @classmethod
+    def deferred(cls, due: Due, *, reason: str = "deferred", counts_attempt: bool = False,
+                 detail: str = "") -> Outcome:
+        return cls(Kind.DEFERRED, reason=reason, due=due, counts_attempt=counts_attempt,
+                   detail=detail)
+
+    @classmethod
+    def failed(cls, exception: BaseException, *, reason: str = "failed",
+               detail: str = "") -> Outcome:
+        return cls(Kind.FAILED, reason=reason, exception=exception, detail=detail)
+
+    @classmethod
+    def cancelled(cls, detail: str = "cancelled by an operator") -> Outcome:
+        return cls(Kind.CANCELLED, reason="cancelled", detail=detail)
+
+    @property
+    def goes_back(self) -> bool:
+        """Released or deferred: the row returns to the queue."""
+        return self.kind in (Kind.RELEASED, Kind.DEFERRED)

@@ -1,0 +1,426 @@
+"""One claimed job, top to bottom: rebuild it, run it, decide its outcome, apply the outcome.
+
+:meth:`Pipeline.process` is the whole path of one row:
+
+0. **start** it: a row claimed ahead counts its attempt now (the claim counted it for a row
+   started at once), so a job its worker never began has not used a try;
+1. **rebuild** the job from its row: the registered class, the envelope decoded once, the
+   arguments (an unknown name, a corrupt payload or a missing model → failed, or deleted with
+   ``delete_when_missing_models``), and its :class:`~django_jobguard.context.JobContext`;
+2. **fail** it if it already used its attempts (or its ``retry_until`` passed);
+3. **run** middleware and ``handle()`` under the job's timeout (a
+   ``ShouldBeUniqueUntilProcessing`` lock is released once every middleware let the job
+   through, just before ``handle()``) and decide the :class:`~django_jobguard.outcome.Outcome`;
+4. **apply** it: ack (and release the unique lock), put the row back (a release, a deferral,
+   a store outage before ``handle()``, an exception with tries left), or move it to failed
+   jobs. Every write is owner-checked: a worker that lost its lease logs LOST and changes
+   nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, transaction
+from django.utils import timezone
+
+from django_jobguard import clock, queue, registry, results, signals, unique_jobs, workflows
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.context import JobContext
+from django_jobguard.durations import Due
+from django_jobguard.envelope import Envelope, encoded_size, unique_ref
+from django_jobguard.exceptions import (
+    JobCancelledError,
+    JobTimeoutError,
+    MaxAttemptsExceededError,
+    PayloadError,
+    StoreUnavailableError,
+)
+from django_jobguard.handling import run_middleware
+from django_jobguard.outcome import Kind, Outcome
+from django_jobguard.progress import RunReporter
+from django_jobguard.retry import Defaults, RetryPolicy
+from django_jobguard.serialization import MissingModelError
+from django_jobguard.timeouts import time_limit
+
+if TYPE_CHECKING:
+    from django_jobguard.context import JobLike
+    from django_jobguard.models import QueuedJob
+
+logger = logging.getLogger("django_jobguard.worker")
+
+#: A job stopped by a store outage before ``handle()`` comes back after this many seconds, plus
+#: up to ``STORE_OUTAGE_JITTER`` (so that the jobs put back together do not all return at once).
+STORE_OUTAGE_DELAY = 2.0
+STORE_OUTAGE_JITTER = 3.0
+#: Seconds the worker then waits before its next job, so it does not spin through the queue
+#: putting back job after job while the store restarts.
+STORE_OUTAGE_PAUSE = 1.0
+
+#: What a worker logs for each outcome (``LOST``: the row was no longer ours to change).
+STATES = {Kind.DONE: "DONE", Kind.DROPPED: "SKIPPED", Kind.RELEASED: "RELEASED",
+          Kind.DEFERRED: "RELEASED", Kind.FAILED: "FAILED", Kind.CANCELLED: "CANCELLED"}
+MISSING_MODEL = "missing_model"
+
+Log = Callable[[str, str], None]
+
+
+class Pipeline:
+    """Processes claimed rows for the worker ``worker_id`` (see the module docstring)."""
+
+    def __init__(self, *, worker_id: str, using: str = DEFAULT_DB_ALIAS,
+                 defaults: Defaults | None = None, log: Log | None = None,
+                 log_running: bool = True,
+                 pause: Callable[[float], Any] = time.sleep) -> None:
+        self.worker_id = worker_id
+        self.using = using
+        self.defaults = defaults or Defaults()
+        self.log = log or (lambda line, state: None)
+        # Whether ``log`` wants RUNNING lines: the line is not even built otherwise.
+        self.log_running = log_running
+        self.pause = pause
+        self._stamp: tuple[int, str] = (-1, "")
+
+    def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
+        """Run one claimed row to its outcome; returns the state logged (DONE, FAILED, …).
+
+        ``then`` is the row claimed ahead that runs next: its ack starts it (one round trip).
+        A row the worker cannot take to an outcome (an error outside the job's own code that
+        is not a database or store outage) is failed with that error, once, instead of being
+        claimed again every lease for ever."""
+        started = time.monotonic()
+        if not queue.start(row, using=self.using):  # a row claimed ahead counts its attempt now
+            return self._lost(row, started)
+        try:
+            return self._process(row, started, then)
+        except (DatabaseError, InterfaceError, StoreUnavailableError):
+            raise  # transient: the row's lease runs out and it is retried
+        except Exception as exc:
+            return self._unprocessable(row, exc, started)
+
+    def _unprocessable(self, row: QueuedJob, exc: Exception, started: float) -> str:
+        """Fail ``row`` with ``exc`` if it is still ours (nothing was applied yet); otherwise
+        the error came after its outcome was written (a signal receiver) and is raised."""
+        logger.error("%s [%s] could not be processed: %s", row.name, row.id,
+                     queue.describe(exc), exc_info=(type(exc), exc, exc.__traceback__))
+        try:
+            with transaction.atomic(using=self.using):
+                failed = queue.fail(row, exc, reason="the worker could not process this row: "
+                                    + queue.describe(exc), using=self.using)
+        except (DatabaseError, InterfaceError):
+            failed = None
+        if failed is None:
+            raise exc
+        unique_jobs.release(unique_ref(row.payload))
+        signals.job_failed.send(sender=None, job=None, job_id=str(row.id), exception=exc)
+        return self._log(row, "FAILED", started, queue.describe(exc))
+
+    def _process(self, row: QueuedJob, started: float, then: QueuedJob | None) -> str:
+        try:
+            job = self.rebuild(row)
+        except registry.UnknownJobError as exc:
+            return self._unknown(row, exc, started)
+        except MissingModelError as exc:
+            if getattr(registry.get(row.name), "delete_when_missing_models", False):
+                return self.apply(row, None, Outcome.dropped(MISSING_MODEL), started,
+                                  detail=str(exc), then=then)
+            return self.apply(row, None, Outcome.failed(
+                exc, reason="rebuild", detail="a model argument no longer exists"), started)
+        except Exception as exc:
+            return self.apply(row, None, Outcome.failed(
+                exc, reason="rebuild", detail=_unbuildable(exc)), started)
+
+        try:
+            return self._process_built(row, job, started, then)
+        finally:
+            job.context.reporter.close()
+
+    def _process_built(self, row: QueuedJob, job: JobLike, started: float,
+                       then: QueuedJob | None) -> str:
+        if row.cancel_requested_at is not None:  # cancelled while it ran, then put back
+            return self.apply(row, job, Outcome.cancelled(), started)
+        ended = job.context.policy.out_of_attempts(row.attempts, clock.now())
+        if ended:
+            if row.wait_reason:
+                ended += f" while {row.wait_reason}"
+            error = MaxAttemptsExceededError(
+                f"{row.name} has been attempted too many times: {ended}"
+                + (f"; last error: {short_error(row.last_error)}" if row.last_error else "")
+                + ".")
+            return self.apply(row, job, Outcome.failed(error, reason="attempts", detail=ended),
+                              started)
+        return self.apply(row, job, self.run(row, job), started, then=then)
+
+    def _unknown(self, row: QueuedJob, exc: registry.UnknownJobError, started: float) -> str:
+        """A job this worker does not know: put back with back-off while it is younger than
+        ``UNKNOWN_JOB_GRACE`` (a newer worker of a rolling deploy may know it), without using
+        an attempt; failed after that, naming both causes."""
+        grace = float(jobguard_settings.UNKNOWN_JOB_GRACE or 0)
+        age = (timezone.now() - row.created_at).total_seconds() if row.created_at else grace
+        if age < grace:
+            # 1 s at first, then half the row's age (60 s at most), never past the grace.
+            delay = max(0.5, min(grace - age, 60.0, max(1.0, age / 2)))
+            if not queue.release(row, due=Due(delay=delay), count_attempt=False,
+                                 wait_reason=f"its job is not registered in worker "
+                                             f"{self.worker_id}", using=self.using):
+                return self._lost(row, started)
+            logger.warning("%s [%s] is not registered in this worker; put back for %.1f s "
+                           "(UNKNOWN_JOB_GRACE: %g s left).", row.name, row.id, delay,
+                           grace - age)
+            return self._log(row, "RELEASED", started,
+                             f"unknown job, retry in {delay:g} s")
+        error = registry.UnknownJobError(
+            f"No job is registered as {row.name!r} in the workers that took it in the "
+            f"{grace:g} s of JOBGUARD['UNKNOWN_JOB_GRACE'] since it was queued. Either the code "
+            f"that defines it is not deployed to the workers yet (a rolling deploy still "
+            f"going: raise UNKNOWN_JOB_GRACE, then retry it with jobs_retry), or it is not "
+            f"registered (renamed or removed, or its module is neither <app>/jobs.py nor "
+            f"listed in JOBGUARD['JOB_MODULES']).")
+        return self.apply(row, None, Outcome.failed(
+            error, reason="rebuild", detail="its job is not registered in any worker that took "
+                                            "it during UNKNOWN_JOB_GRACE"), started)
+
+    # -- 1. rebuild ------------------------------------------------------------------------
+
+    def rebuild(self, row: QueuedJob) -> JobLike:
+        """The job of ``row`` with its context; :class:`PayloadError` (or the registry's /
+        a missing model's error) when it cannot be rebuilt."""
+        job_class = registry.get(row.name)
+        try:
+            envelope = Envelope.decode(row.payload)
+        except PayloadError as exc:
+            raise PayloadError(f"Corrupt payload for {row.name}: {exc}") from None
+        self._check_size(row)
+        try:
+            job = job_class.from_envelope(envelope)
+        except MissingModelError:
+            raise
+        except (TypeError, ValueError, KeyError, LookupError) as exc:
+            raise PayloadError(f"Cannot rebuild {row.name} from its payload: {exc}") from exc
+        job.context = JobContext(
+            job_id=str(row.id), attempt=row.attempts, worker_id=self.worker_id,
+            using=self.using, envelope=envelope, exceptions=row.exceptions,
+            last_error=row.last_error,
+            policy=RetryPolicy.for_job(job, defaults=self.defaults,
+                                       retry_until=envelope.retry_until),
+            reporter=RunReporter(str(row.id), worker_id=self.worker_id, using=self.using),
+        )
+        return job
+
+    @staticmethod
+    def _check_size(row: QueuedJob) -> None:
+        """A row written around dispatch() may be over ``MAX_PAYLOAD_BYTES``. The claim knows
+        the length of the stored text; encoded for the limit (UTF-8) a stored character
+        takes at most 4 bytes, so only a long text needs the exact size."""
+        limit = jobguard_settings.MAX_PAYLOAD_BYTES
+        text_length = getattr(row, "payload_text_length", None)
+        if not limit or (text_length is not None and text_length * 4 <= limit):
+            return
+        size = encoded_size(row.payload)
+        if size > limit:
+            raise PayloadError(f"Payload of {row.name} is {size} bytes, over "
+                               f"JOBGUARD['MAX_PAYLOAD_BYTES'] = {limit}.")
+
+    # -- 3. run ----------------------------------------------------------------------------
+
+    def run(self, row: QueuedJob, job: JobLike) -> Outcome:
+        """Middleware and ``handle()`` under the job's time limit, and what came of it."""
+        context = job.context
+        if self.log_running:
+            self.log(self._line(row, "RUNNING"), "RUNNING")
+        signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
+        context.started_at = clock.now()
+        try:
+            with time_limit(context.policy.timeout, finished=lambda: context.handle_finished):
+                result = run_middleware(job)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
+            # flag, never into these): the job failed, the worker goes on.
+            logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
+                           "stop.", row.name, row.id, exc)
+            return self._after_exception(row, job, exc)
+        except Exception as exc:
+            if context.cancel_seen:  # it stopped because it was asked to
+                return Outcome.cancelled()
+            if isinstance(exc, StoreUnavailableError) and not context.handle_started:
+                return self._store_outage(row, exc)
+            return self._after_exception(row, job, exc)
+        if context.cancel_seen:
+            return Outcome.cancelled()
+        if context.requested is not None:
+            return context.requested
+        return Outcome.done(result) if context.handle_started else Outcome.dropped("skipped")
+
+    def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
+        """Retry with backoff, or fail on the last attempt / too many exceptions."""
+        context = job.context
+        requested = context.requested
+        if requested is not None and requested.kind is Kind.FAILED:
+            return Outcome.failed(exc, reason="exception", detail=requested.detail)
+        ending = context.policy.ends_on(
+            timed_out=isinstance(exc, JobTimeoutError), attempt=context.attempt,
+            exceptions=context.exceptions + 1, now=clock.now())
+        if ending:
+            return Outcome.failed(exc, reason="exception", detail=ending)
+        logger.info("%s [%s] raised %r; retrying.", row.name, row.id, exc)
+        return Outcome.released(Due(delay=context.policy.backoff_for(context.attempt)),
+                                reason="exception", exception=exc)
+
+    @staticmethod
+    def _store_outage(row: QueuedJob, exc: StoreUnavailableError) -> Outcome:
+        """A store could not be reached before ``handle()`` started: the job never ran, so
+        it goes back without using an attempt (whatever ``DEFERRALS_CONSUME_ATTEMPTS`` says).
+        The outage is not the job's exception: it neither counts towards ``max_exceptions``
+        nor becomes ``last_error``."""
+        delay = STORE_OUTAGE_DELAY + random.uniform(0, STORE_OUTAGE_JITTER)
+        logger.warning("Store %r is unavailable (%s); %s [%s] goes back to the queue for "
+                       "%.1f s without using an attempt.", exc.store, exc.error, row.name,
+                       row.id, delay)
+        return Outcome.deferred(Due(delay=delay), reason="store_unavailable",
+                                detail=f"store {exc.store!r} was unavailable")
+
+    # -- 4. apply --------------------------------------------------------------------------
+
+    def apply(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, started: float, *,
+              detail: str = "", then: QueuedJob | None = None) -> str:
+        """Write ``outcome`` to the row and tell everyone; returns the state logged (an ack
+        also starts ``then``, the row claimed ahead that runs next)."""
+        if outcome.kind is Kind.FAILED:
+            return self._fail(row, job, outcome, started)
+        if outcome.goes_back:
+            state = self._put_back(row, job, outcome, started)
+            if outcome.reason == "store_unavailable":
+                self.pause(STORE_OUTAGE_PAUSE)
+            return state
+        return self._ack(row, job, outcome, started, detail=detail, then=then)
+
+    def _ack(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, started: float, *,
+             detail: str = "", then: QueuedJob | None = None) -> str:
+        # The result row turns SUCCESSFUL in the transaction that deletes the queue row, so
+        # nobody sees the job gone from the queue while its result still says RUNNING.
+        # A chain's next link (or a batch's counts) is written in that transaction too.
+        keep = job is not None and job.keep_result
+        cancelled = outcome.kind is Kind.CANCELLED
+        follow = workflows.involved(row.payload)
+        with transaction.atomic(using=self.using) if keep or follow else nullcontext():
+            if not queue.ack(row, then=then, using=self.using):
+                return self._lost(row, started)
+            if keep and cancelled:
+                self._store_result(row, results.FAILED, job.context.started_at,
+                                   ran=job.context.handle_started,
+                                   exception=JobCancelledError(outcome.detail))
+            elif keep:
+                self._store_result(row, results.SUCCESSFUL, job.context.started_at,
+                                   ran=job.context.handle_started, return_value=outcome.result)
+            if follow:
+                workflows.finished(row.payload, succeeded=not cancelled, job_id=str(row.id),
+                                   using=self.using)
+        unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
+        if job is None:  # a job deleted because a model argument is gone
+            return self._log(row, "DELETED", started, detail)
+        if cancelled:
+            return self._log(row, "CANCELLED", started, outcome.detail)
+        signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
+                                   result=outcome.result)
+        return self._log(row, STATES[outcome.kind], started, detail)
+
+    def _put_back(self, row: QueuedJob, job: JobLike, outcome: Outcome, started: float) -> str:
+        exception = outcome.exception
+        if not queue.release(row, due=outcome.due, count_attempt=outcome.counts_attempt,
+                             exception=exception, count_exception=outcome.counts_exception,
+                             wait_reason=outcome.detail if outcome.kind is Kind.DEFERRED else "",
+                             using=self.using):
+            return self._lost(row, started)
+        if job.keep_result:
+            results.mark_ready(row, worker_id=self.worker_id, ran=job.context.handle_started,
+                               exception=exception, using=self.using)
+        delay = _seconds(outcome.due)
+        signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
+                                  reason=outcome.reason, exception=exception)
+        return self._log(row, STATES[outcome.kind], started,
+                         f"{outcome.reason}, retry in {delay:g} s")
+
+    def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
+              started: float) -> str:
+        exc = outcome.exception
+        # The job's own exception is its last error; a limit (attempts) or a row that could
+        # not be rebuilt keeps the one an earlier run left on the row.
+        own = outcome.reason not in ("attempts", "rebuild")
+        keep = job is None or job.keep_result  # no job: a result row may exist (django.tasks)
+        with transaction.atomic(using=self.using):
+            if queue.fail(row, exc, reason=outcome.detail,
+                          last_error=queue.error_text(exc) if own else None,
+                          using=self.using) is None:
+                return self._lost(row, started)
+            if keep:
+                self._store_result(row, results.FAILED, None, exception=exc,
+                                   ran=job is not None and job.context.handle_started,
+                                   only_existing=job is None)
+            workflows.finished(row.payload, succeeded=False, job_id=str(row.id),
+                               using=self.using)
+        unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
+        if job is not None:
+            try:
+                job.failed(exc)
+            except Exception:
+                logger.exception("%s.failed() raised.", row.name)
+        signals.job_failed.send(sender=type(job) if job else None, job=job, job_id=str(row.id),
+                                exception=exc)
+        logger.error("%s [%s] failed: %s", row.name, row.id, queue.describe(exc),
+                     exc_info=(type(exc), exc, exc.__traceback__))
+        return self._log(row, "FAILED", started, queue.describe(exc))
+
+    def _lost(self, row: QueuedJob, started: float) -> str:
+        return self._log(row, "LOST", started, "lease expired; another worker has it")
+
+    def _store_result(self, row: QueuedJob, status: str, started_at: Any, *, ran: bool,
+                      return_value: Any = None, exception: BaseException | None = None,
+                      only_existing: bool = False) -> None:
+        """Record the outcome in the job's result row (jobs with ``keep_result``)."""
+        results.mark_finished(row, status=status, worker_id=self.worker_id, ran=ran,
+                              started_at=started_at, return_value=return_value,
+                              exception=exception, only_existing=only_existing,
+                              using=self.using)
+
+    # -- log lines -------------------------------------------------------------------------
+
+    def _line(self, row: QueuedJob, state: str, elapsed: float | None = None,
+              detail: str = "") -> str:
+        second = int(time.time())
+        if self._stamp[0] != second:  # formatting the local time once a second is enough
+            self._stamp = (second, timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"))
+        head = f"{self._stamp[1]} {row.name} [{row.id}] "
+        tail = f" {state}" + (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "")
+        line = head + "." * max(3, 100 - len(head) - len(tail)) + tail
+        return f"{line} ({detail})" if detail else line
+
+    def _log(self, row: QueuedJob, state: str, started: float, detail: str = "") -> str:
+        self.log(self._line(row, state, time.monotonic() - started, detail), state)
+        return state
+
+
+def short_error(text: str) -> str:
+    """``Class: message`` from a stored error (``module.Class: message`` and a traceback)."""
+    line = text.partition("\n")[0]
+    path, sep, message = line.partition(": ")
+    return f"{path.rsplit('.', 1)[-1]}{sep}{message}" if sep else line
+
+
+def _unbuildable(exc: BaseException) -> str:
+    if isinstance(exc, PayloadError):
+        return "its payload could not be decoded"
+    return "it could not be rebuilt from its row"
+
+
+def _seconds(due: Due) -> float:
+    """Seconds until ``due`` for log lines and the ``job_released`` signal (informational:
+    the row itself is scheduled on the database clock)."""
+    if due.at is not None:
+        return max((due.at - clock.now()).total_seconds(), 0.0)
+    return due.delay or 0.0
+

@@ -1,0 +1,52 @@
+"""The pytest plugin (entry point ``pytest11``): jobguard's fixtures, with no conftest.
+
+- ``jobguard_capture``: a :class:`~django_jobguard.testing.Capture` active for the test.
+- ``jobguard_drain``: :func:`~django_jobguard.testing.drain`, to call when the test wants.
+- ``jobguard_inline``: inline mode (each dispatch runs at once) for the test.
+- ``jobguard_clock``: a running test clock (``jobguard_clock.advance(minutes=5)``).
+
+They need the database like any other test (``@pytest.mark.django_db`` or the ``db`` fixture).
+Nothing from Django is imported until a fixture is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def jobguard_capture() -> Iterator[Any]:
+    """Record the jobs the test dispatches (``jobguard_capture.assert_dispatched(...)``)."""
+    from django_jobguard.testing.recording import capture
+
+    with capture() as jobs:
+        yield jobs
+
+
+@pytest.fixture
+def jobguard_drain() -> Callable[..., Any]:
+    """``jobguard_drain(queue=None, recursive=True, delayed=False)`` runs the queued jobs."""
+    from django_jobguard.testing.draining import drain
+
+    return drain
+
+
+@pytest.fixture
+def jobguard_inline() -> Iterator[None]:
+    """Run every job the test dispatches at once (``JOBGUARD["TEST_MODE"] = "inline"``)."""
+    from django_jobguard.testing.inline_mode import inline
+
+    with inline():
+        yield
+
+
+@pytest.fixture
+def jobguard_clock() -> Iterator[Any]:
+    """A running test clock: ``jobguard_clock.advance(minutes=5)`` moves jobguard's now."""
+    from django_jobguard.testing.time_travel import clock
+
+    with clock() as test_clock:
+        yield test_clock

@@ -1,0 +1,95 @@
+"""Unique jobs: a second dispatch of the same job is dropped while one is queued or running.
+
+The lock ``jobguard:unique:<job name>:<unique id>`` is taken at dispatch with the job's id as
+owner, and stored in the envelope (key, store, owner) so that the worker releases exactly that
+lock, even when the job can no longer be rebuilt. A release never frees a lock a newer
+dispatch owns: every release is owner-checked.
+
+When the lock is released:
+
+- ``ShouldBeUnique``: when the job succeeds, is dropped by middleware, or fails for good
+  (tries used up, ``fail()``, timeout with ``fail_on_timeout``, missing model). NOT when it is
+  released back to the queue for a retry or deferred by middleware.
+- ``ShouldBeUniqueUntilProcessing``: just before ``handle()`` runs, after all middleware let
+  the job through; a deferral by middleware (``WithoutOverlapping``) keeps it.
+- A worker killed mid-job: at ``unique_for`` seconds, or when crash recovery ends the job.
+
+The ``@unique`` / ``@unique_until_processing`` decorators for function jobs are in
+:mod:`django_jobguard.decorators`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django_jobguard import durations, keys
+from django_jobguard.envelope import UniqueRef
+from django_jobguard.stores import get_store
+
+if TYPE_CHECKING:
+    from django_jobguard.context import JobLike
+
+logger = logging.getLogger("django_jobguard.unique")
+
+
+class ShouldBeUnique:
+    """Mixin: at most one copy of this job (per ``unique_id()``) queued or running."""
+
+    #: Seconds the lock lasts at most (0 = until the job finishes or fails for good).
+    unique_for: ClassVar[float] = 0
+
+    def unique_id(self) -> str:
+        """What makes two dispatches "the same job" (default: one per job name)."""
+        return ""
+
+    def unique_via(self) -> str | None:
+        """Store alias holding the lock (default ``JOBGUARD['STORE']``)."""
+        return None
+
+
+class ShouldBeUniqueUntilProcessing(ShouldBeUnique):
+    """Mixin: unique while queued; the lock is released when a worker starts the job."""
+
+
+def lock_key(job: JobLike) -> str:
+    """The lock's key; computed once at dispatch and kept in the envelope."""
+    return keys.unique(job.name, job.unique_id())
+
+
+def ref_for(job: JobLike, job_id: Any) -> UniqueRef | None:
+    """The lock a dispatch of ``job`` as ``job_id`` would own (``None``: not a unique job)."""
+    if not isinstance(job, ShouldBeUnique):
+        return None
+    durations.seconds(job.unique_for, name=f"{job.name}.unique_for")  # fail before any lock
+    return UniqueRef(key=lock_key(job), store=get_store(job.unique_via()).alias,
+                     owner=str(job_id))
+
+
+def acquire(job: JobLike, ref: UniqueRef) -> bool:
+    """Take ``ref``'s lock for the dispatch; ``False`` when another copy holds it."""
+    ttl = durations.seconds(job.unique_for, name=f"{job.name}.unique_for") or None
+    return get_store(ref.store).acquire(ref.key, ref.owner, ttl=ttl, job_id=ref.owner) \
+        is not None
+
+
+def release(ref: UniqueRef | None) -> bool:
+    """Release ``ref``'s lock if its owner still holds it.
+
+    A store error is logged, not raised: the job's outcome is already recorded, and the lock
+    ends at ``unique_for`` (or ``manage.py jobs_locks --release``).
+    """
+    if ref is None:
+        return False
+    try:
+        return get_store(ref.store).release(ref.key, ref.owner)
+    except Exception:
+        logger.exception("Could not release unique lock %s; it stays until it expires.",
+                         ref.key)
+        return False
+
+
+def release_on_start(job: JobLike) -> None:
+    """``ShouldBeUniqueUntilProcessing``: free the lock as ``handle()`` starts."""
+    if isinstance(job, ShouldBeUniqueUntilProcessing):
+        release(job.context.envelope.unique)

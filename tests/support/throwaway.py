@@ -1,0 +1,25 @@
+"""A throwaway Django project for pytester runs (the pytest plugin, the docs' examples)."""
+
+from __future__ import annotations
+
+SETTINGS = """
+SECRET_KEY = "throwaway"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_jobguard",
+                  "shop"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "shop.sqlite3"}}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+"""
+
+
+def run_project(pytester, files: dict[str, str]):
+    """Write ``files`` (path → text) beside the settings and an empty ``shop`` app, run pytest
+    there in a subprocess (the plugin comes from its entry point: no conftest) and return the
+    result."""
+    pytester.makepyfile(**{"shop/__init__.py": "", "throwaway_settings.py": SETTINGS,
+                           **{path.removesuffix(".py"): text for path, text in files.items()}})
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    assert not list(pytester.path.rglob("conftest.py"))
+    # --ds: this run's own DJANGO_SETTINGS_MODULE is in the environment the subprocess gets.
+    return pytester.runpytest_subprocess("--ds=throwaway_settings", "-p", "no:randomly",
+                                         "-p", "no:cacheprovider")

@@ -1,0 +1,61 @@
+"""The PostgreSQL claim picks and locks its rows once, whatever plan the planner chooses.
+
+With ``WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`` a plan made on stale
+statistics re-ran the pick for every row of the table, each run locking another row (found by
+bench/throughput.py: 4 claimers stalled for minutes on a 20k burst). The claim now picks in a
+MATERIALIZED CTE; here the planner is pushed towards that bad plan shape and the pick must
+still run exactly once and lease exactly ``limit`` rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+
+from django_jobguard import dispatch_many
+from django_jobguard.dialects import dialect_for
+from django_jobguard.models import QueuedJob
+from tests.support import jobs, requires_postgres
+
+pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
+
+
+def _nodes(node: dict):
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _generic_plan_made_on_an_empty_queue(cursor, sql: str) -> None:
+    """Prepare ``sql`` and cache its generic plan while the table is empty and analyzed (what
+    a worker with ``prepare_threshold`` gets after idling, or autovacuum on a drained queue)."""
+    table = QueuedJob._meta.db_table
+    cursor.execute(f"VACUUM ANALYZE {table}")
+    positional = (sql.replace("%(queue)s", "$1").replace("%(limit)s", "$2")
+                  .replace("%(worker)s", "$3").replace("%(lease)s", "$4")
+                  .replace("%(count)s", "$5"))
+    cursor.execute(f"PREPARE jg_claim (text, int, text, float8, int) AS {positional}")
+    cursor.execute("SET plan_cache_mode = force_generic_plan")
+    cursor.execute("EXECUTE jg_claim ('default', 1, 'w', 90, 1)")  # plans now, on 0 rows
+
+
+@pytest.mark.parametrize("limit", [1, 5])
+def test_claim_locks_in_one_pass_even_with_a_plan_from_an_empty_queue(limit):
+    sql = dialect_for("default").claim_sql
+    with connection.cursor() as cursor:
+        _generic_plan_made_on_an_empty_queue(cursor, sql)
+        try:
+            dispatch_many([jobs.Noop(i) for i in range(300)])  # the burst
+            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE jg_claim "
+                           f"('default', {limit}, 'w', 90, 1)")
+            plan = cursor.fetchone()[0]
+        finally:
+            cursor.execute("DEALLOCATE jg_claim")
+            cursor.execute("RESET plan_cache_mode")
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    nodes = list(_nodes(plan[0]["Plan"]))
+    lock_rows = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert lock_rows and all(n["Actual Loops"] == 1 for n in lock_rows), nodes
+    assert QueuedJob.objects.filter(reserved_by="w").count() == limit

@@ -1,0 +1,275 @@
+"""ThrottlesExceptions and Skip, in-process on both stores (the multi-process circuit test is
+in test_limits_processes.py)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import pytest
+from demo.models import Profile
+from django.utils import timezone
+
+from django_jobguard import Skip, ThrottlesExceptions
+from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.stores import get_store
+from tests.support import limit_jobs, make_due, wait_for, work
+from tests.support.limit_jobs import Flaky
+
+pytestmark = pytest.mark.django_db
+
+KEY = f"jobguard:circuit:{Flaky.name}"
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls():
+    limit_jobs.CALLS.clear()
+
+
+def configure(monkeypatch, outcomes, **circuit):
+    monkeypatch.setattr(Flaky, "outcomes", list(outcomes))
+    # Backoffs keep each retry for the next round (make_due), one run per work().
+    monkeypatch.setattr(Flaky, "circuit", {"max_attempts": 3, "decay_seconds": 60,
+                                           "backoff": 30, **circuit})
+
+
+def circuit(key: str = KEY):
+    return next((t for t in get_store().throttles() if t.key == key), None)
+
+
+def run_rounds(n: int) -> list[str]:
+    states = []
+    for _ in range(n):
+        states += work()
+        make_due()
+    return states
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="max_attempts"):
+        ThrottlesExceptions(0)
+    with pytest.raises(ValueError, match="decay_seconds"):
+        ThrottlesExceptions(5, 0)
+    with pytest.raises(ValueError, match="backoff"):
+        ThrottlesExceptions(5, 60, -1)
+    with pytest.raises(ValueError, match="not both"):
+        ThrottlesExceptions(by="x", by_job=True)
+    with pytest.raises(TypeError, match="when=..."):
+        ThrottlesExceptions(when=42)
+    with pytest.raises(TypeError, match="report"):
+        ThrottlesExceptions(report="yes")
+
+
+def test_counted_exception_is_released_with_backoff_and_not_seen_by_the_worker(
+        store_alias, monkeypatch, released):
+    configure(monkeypatch, ["fail"], backoff=30)
+    Flaky().dispatch()
+    assert work() == ["RELEASED"]
+    row = QueuedJob.objects.get()
+    assert row.attempts == 1  # a counted failure is a real run: it used a try
+    assert row.exceptions == 0  # handled by the middleware: max_exceptions untouched
+    assert row.last_error.startswith("tests.support.limit_jobs.GatewayDown: flaky failed")
+    assert "Traceback" in row.last_error
+    assert [(r["reason"], r["delay"]) for r in released] == [("released", 30.0)]
+    info = circuit()
+    assert (info.kind, info.state, info.hits, info.limit) == ("circuit", "closed", 1, 3)
+
+
+def test_max_attempts_open_the_circuit_and_open_deferrals_keep_tries(
+        store_alias, monkeypatch, released):
+    configure(monkeypatch, ["fail"] * 3)
+    Flaky().dispatch()
+    assert run_rounds(3) == ["RELEASED"] * 3
+    info = circuit()
+    assert (info.state, info.hits) == ("open", 3)
+    assert 55 < (info.resets_at - get_store().now()).total_seconds() <= 60
+    attempts = QueuedJob.objects.get().attempts
+    assert run_rounds(2) == ["RELEASED"] * 2
+    assert [r["reason"] for r in released[-2:]] == ["circuit_open"] * 2
+    assert all(50 < r["delay"] <= 61 for r in released[-2:])
+    assert QueuedJob.objects.get().attempts == attempts  # open-circuit deferrals are free
+    assert len(limit_jobs.CALLS) == 3  # it did not run while open
+
+
+def test_other_classes_sharing_by_are_held_and_others_are_not(store_alias, released):
+    Profile.objects.create(name="gateway", syncs=0)
+    limit_jobs.GatewayA("a").dispatch()
+    assert work() == ["RELEASED"] * 6  # five failures retried at once (backoff 0), then held
+    assert [r["reason"] for r in released] == ["released"] * 5 + ["circuit_open"]
+    assert circuit("jobguard:circuit:gateway").state == "open"
+    limit_jobs.GatewayB("b").dispatch()
+    Flaky("independent").dispatch()
+    assert sorted(work()) == ["DONE", "RELEASED"]
+    assert [(r["sender"].__name__, r["reason"]) for r in released[6:]] == [
+        ("GatewayB", "circuit_open")]
+    assert limit_jobs.CALLS == [("independent", "ok", 1)]
+
+
+def test_half_open_lets_one_probe_through_failure_reopens_success_resets(
+        store_alias, monkeypatch):
+    configure(monkeypatch, ["fail", "fail", "fail", "fail", "ok"], decay_seconds=0.5)
+    Flaky("first").dispatch()
+    assert run_rounds(3) == ["RELEASED"] * 3
+    assert circuit().state == "open"
+    wait_for(lambda: circuit().state == "half-open", timeout=10)
+    Flaky("second").dispatch()
+    make_due()
+    states = work()  # the first job claimed is the probe; it fails and reopens the circuit
+    assert states[0] == "RELEASED" and circuit().state == "open" and circuit().hits == 4
+    assert len(limit_jobs.CALLS) == 4  # only the probe ran
+    wait_for(lambda: circuit().state == "half-open", timeout=10)
+    make_due()
+    assert sorted(work()) == ["DONE", "DONE"]  # the probe succeeded, then the other ran
+    assert circuit() is None  # reset
+    assert [c[1] for c in limit_jobs.CALLS] == ["fail"] * 4 + ["ok", "ok"]
+
+
+def test_a_release_is_not_a_success(store_alias, monkeypatch):
+    """PR #61293: the job released itself, so the failures must still count."""
+    configure(monkeypatch, ["fail", "fail", "release", "ok"])
+    Flaky().dispatch()
+    run_rounds(2)
+    assert circuit().hits == 2
+    assert run_rounds(1) == ["RELEASED"]
+    assert circuit().hits == 2 and circuit().state == "closed"
+    assert run_rounds(1) == ["DONE"]
+    assert circuit() is None
+
+
+def test_when_rejects_exceptions_to_the_worker_without_touching_the_circuit(
+        store_alias, monkeypatch):
+    configure(monkeypatch, ["uncounted"], when=limit_jobs.GatewayDown)
+    Flaky().dispatch()
+    assert work() == ["RELEASED"]
+    row = QueuedJob.objects.get()
+    assert row.exceptions == 1 and "NotCounted" in row.last_error  # the worker's normal path
+    assert circuit() is None
+
+
+def test_when_accepts_a_predicate(store_alias, monkeypatch):
+    configure(monkeypatch, ["fail", "uncounted"], when=lambda exc: "failed" in str(exc))
+    Flaky().dispatch()
+    run_rounds(2)
+    assert circuit().hits == 1
+    assert QueuedJob.objects.get().exceptions == 1
+
+
+def test_delete_when_drops_the_job_silently(store_alias, monkeypatch):
+    configure(monkeypatch, ["gone"], delete_when=(limit_jobs.Gone, KeyError))
+    Flaky().dispatch()
+    assert work() == ["DONE"]
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert circuit() is None
+
+
+def test_report_true_logs_counted_exceptions(store_alias, monkeypatch, caplog):
+    configure(monkeypatch, ["fail"], report=True)
+    Flaky().dispatch()
+    with caplog.at_level(logging.WARNING, logger="django_jobguard.limits"):
+        work()
+    (record,) = [r for r in caplog.records if r.name == "django_jobguard.limits"]
+    assert "counted by ThrottlesExceptions" in record.getMessage() and record.exc_info
+
+
+def test_report_callable_receives_the_exception(store_alias, monkeypatch):
+    seen = []
+    configure(monkeypatch, ["fail", "uncounted"], report=seen.append,
+              when=limit_jobs.GatewayDown)
+    Flaky().dispatch()
+    run_rounds(2)
+    assert [type(e).__name__ for e in seen] == ["GatewayDown"]  # only counted ones
+
+
+def test_the_last_attempt_fails_with_the_real_exception(store_alias, monkeypatch):
+    """Laravel ends with MaxAttemptsExceeded and loses the error (horizon#1514)."""
+    configure(monkeypatch, ["fail", "fail"], max_attempts=10)
+    monkeypatch.setattr(Flaky, "tries", 2)
+    Flaky().dispatch()
+    assert run_rounds(2) == ["RELEASED", "FAILED"]
+    failed = FailedJob.objects.get()
+    assert failed.exception_class == "tests.support.limit_jobs.GatewayDown"
+    assert "flaky failed" in failed.message and "Traceback" in failed.traceback
+    assert circuit().hits == 2
+
+
+def test_works_with_retry_until(store_alias, monkeypatch):
+    configure(monkeypatch, ["fail"] * 8, max_attempts=100)
+    monkeypatch.setattr(Flaky, "tries", 1)
+    monkeypatch.setattr(Flaky, "retry_until",
+                        lambda self: timezone.now() + datetime.timedelta(hours=1))
+    Flaky().dispatch()
+    assert run_rounds(6) == ["RELEASED"] * 6  # tries=1 is ignored while the deadline is ahead
+    row = QueuedJob.objects.get()
+    QueuedJob.objects.update(payload={**row.payload,
+                                      "retry_until": timezone.now().isoformat()})
+    make_due()
+    states = work()
+    assert states == ["FAILED"]
+    assert FailedJob.objects.get().exception_class.endswith("MaxAttemptsExceededError")
+
+
+def test_a_timeout_counts_and_reaches_the_worker(store_alias, monkeypatch):
+    configure(monkeypatch, ["timeout"])
+    Flaky().dispatch()
+    assert work() == ["RELEASED"]
+    assert "JobTimeoutError" in QueuedJob.objects.get().last_error
+    assert circuit().hits == 1
+
+
+def test_by_job_keeps_one_circuit_per_queued_job(store_alias, monkeypatch):
+    configure(monkeypatch, ["fail", "fail"], by_job=True)
+    first, second = Flaky("one").dispatch(), Flaky("two").dispatch()
+    work()
+    keys = sorted(t.key for t in get_store().throttles())
+    assert keys == sorted(f"{KEY}:{d.id}" for d in (first, second))
+
+
+def test_by_accepts_a_function_of_the_job(store_alias, monkeypatch):
+    configure(monkeypatch, ["fail"], by=lambda job: f"label-{job.label}")
+    Flaky("x").dispatch()
+    work()
+    assert circuit("jobguard:circuit:label-x").hits == 1
+
+
+def test_by_chains():
+    middleware = ThrottlesExceptions(5, 60).by("sms")
+    assert middleware.circuit_key(Flaky()) == "jobguard:circuit:sms"
+    assert "by='sms'" in repr(middleware)
+
+
+# -- Skip --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, flag, runs", [
+    ("when-bool", True, False), ("when-bool", False, True),
+    ("unless-bool", True, True), ("unless-bool", False, False),
+    ("when-job", True, False), ("when-job", False, True),
+    ("unless-noargs", True, True), ("unless-noargs", False, False),
+])
+def test_skip_when_and_unless(mode, flag, runs):
+    limit_jobs.Skipper(mode, flag).dispatch()
+    assert work() == ["DONE" if runs else "SKIPPED"]
+    assert bool(limit_jobs.CALLS) == runs
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+
+
+def test_skip_rejects_other_conditions():
+    with pytest.raises(TypeError, match="bool or a callable"):
+        Skip.when("yes")
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+def test_an_unknown_limiter_inside_is_a_configuration_error_not_a_failure(store_alias):
+    """GenerateReport's order puts RateLimited inside ThrottlesExceptions."""
+    from django_jobguard import RateLimited
+
+    class Misconfigured(limit_jobs.Flaky):
+        name = "tests.Misconfigured"
+
+        def middleware(self):
+            return [ThrottlesExceptions(3, 60), RateLimited("no-such-limiter")]
+
+    Misconfigured().dispatch()
+    assert work() == ["RELEASED"]  # the worker's own retry, with the error recorded
+    assert "UnknownLimiterError" in QueuedJob.objects.get().last_error
+    assert get_store().throttles() == []

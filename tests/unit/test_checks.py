@@ -1,0 +1,136 @@
+"""System checks: each misconfiguration has an id and a message saying what to change."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from django_jobguard.checks import check_settings, check_sqlite_mode
+
+
+def ids(errors) -> list[str]:
+    return [e.id for e in errors]
+
+
+def test_default_settings_pass():
+    assert check_settings() == []
+
+
+def test_not_a_dict():
+    with override_settings(JOBGUARD=["nope"]):
+        assert ids(check_settings()) == ["jobguard.E001"]
+
+
+def test_unknown_key():
+    with override_settings(JOBGUARD={"RETRY_AFTR": 5}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E001"] and "RETRY_AFTR" in errors[0].msg
+
+
+def test_wrong_types_and_ranges():
+    with override_settings(JOBGUARD={"RETRY_AFTER": "90", "USE_NOTIFY": 1, "CLAIM_BATCH_SIZE": 0}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E002"] * 3
+    assert any("RETRY_AFTER'] must be int or float, not str" in e.msg for e in errors)
+
+
+def test_retry_after_must_exceed_timeouts():
+    with override_settings(JOBGUARD={"RETRY_AFTER": 30, "DEFAULT_TIMEOUT": 60}):
+        errors = check_settings()
+    assert "jobguard.E003" in ids(errors)
+    assert "not less than JOBGUARD['RETRY_AFTER']" in errors[0].msg
+
+
+def test_unknown_store():
+    with override_settings(JOBGUARD={"STORE": "memcached"}):
+        assert ids(check_settings()) == ["jobguard.E004"]
+    with override_settings(JOBGUARD={"STORES": {"x": {"BACKEND": "no.such.Store"}}}):
+        assert ids(check_settings()) == ["jobguard.E004"]
+
+
+def test_redis_store_needs_a_django_redis_cache():
+    with override_settings(JOBGUARD={"STORE": "redis"},
+                           CACHES={"default": {"BACKEND":
+                                   "django.core.cache.backends.locmem.LocMemCache"}}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E004"] and "not a django-redis cache" in errors[0].msg
+
+
+def test_dispatchable_jobs_must_be_registered():
+    with override_settings(JOBGUARD={"API_DISPATCHABLE_JOBS": ["nope.Job"]}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E005"]
+
+
+def test_sqlite_without_immediate_mode_warns():
+    from django.db import connections
+
+    conn = connections["default"]
+    if conn.vendor != "sqlite":
+        pytest.skip("the warning is about SQLite databases")
+    options = conn.settings_dict.setdefault("OPTIONS", {})
+    saved = options.pop("transaction_mode", None)
+    try:
+        assert ids(check_sqlite_mode()) == ["jobguard.W001"]
+    finally:
+        if saved is not None:
+            options["transaction_mode"] = saved
+    assert check_sqlite_mode() == []
+
+
+class _OldServer:
+    """A connection to a server without SKIP LOCKED, as Django describes one."""
+
+    vendor = "mysql"
+    display_name = "MySQL"
+
+    def __init__(self, mariadb: bool, version: tuple[int, ...]) -> None:
+        self.mysql_is_mariadb = mariadb
+        self.mysql_version = version
+        self.features = type("Features", (), {"has_select_for_update_skip_locked": False})()
+
+
+@pytest.mark.parametrize(("mariadb", "version", "named", "needed"), [
+    (True, (10, 5, 8), "MariaDB 10.5.8", "MariaDB >= 10.6"),
+    (False, (5, 7, 44), "MySQL 5.7.44", "MySQL >= 8.0.1"),
+])
+def test_a_queue_database_without_skip_locked_is_an_error_naming_its_version(
+        monkeypatch, mariadb, version, named, needed):
+    from django.db import connections
+
+    from django_jobguard.checks import check_skip_locked
+
+    monkeypatch.setattr(connections._connections, "default", _OldServer(mariadb, version),
+                        raising=False)
+    errors = check_skip_locked(databases=["default"])
+    assert ids(errors) == ["jobguard.E020"]
+    assert named in errors[0].msg and needed in errors[0].msg
+
+
+def test_jobworker_refuses_a_queue_database_without_skip_locked(monkeypatch):
+    from django.core.management import CommandError, call_command
+    from django.db import connections
+
+    monkeypatch.setattr(connections._connections, "default", _OldServer(True, (10, 5, 8)),
+                        raising=False)
+    with pytest.raises(CommandError, match=r"MariaDB 10\.5\.8 .*jobguard\.E020"):
+        call_command("jobworker", "--once")
+
+
+@pytest.mark.django_db
+def test_the_test_database_has_skip_locked_or_is_sqlite():
+    from django_jobguard.checks import check_skip_locked
+
+    assert check_skip_locked(databases=["default"]) == []
+    assert check_skip_locked() == []  # `manage.py check` without --database asks no server
+@pytest.mark.parametrize("value", ["10m", -1, True, None, float("nan")])
+def test_unknown_job_grace_must_be_seconds(value):
+    with override_settings(JOBGUARD={"UNKNOWN_JOB_GRACE": value}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E040"] and "UNKNOWN_JOB_GRACE" in errors[0].msg
+
+
+@pytest.mark.parametrize("value", [0, 600, 0.5])
+def test_unknown_job_grace_accepts_seconds(value):
+    with override_settings(JOBGUARD={"UNKNOWN_JOB_GRACE": value}):
+        assert check_settings() == []

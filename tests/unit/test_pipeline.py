@@ -1,0 +1,124 @@
+"""Rows the pipeline cannot take to an outcome: each is failed once with the reason, and the
+worker goes on to the next job (issue 12, item 3)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from demo.models import JobRun
+from django.utils import timezone
+
+from django_jobguard import Job
+from django_jobguard.models import FailedJob, QueuedJob
+from tests.support import jobs, make_due, work
+
+pytestmark = pytest.mark.django_db
+
+
+def _insert(name: str, payload) -> str:
+    return str(QueuedJob.objects.create(id=uuid.uuid4(), name=name, queue="default",
+                                        payload=payload).id)
+
+
+def _work_a_few_times() -> list[str]:
+    """Run the worker three times, making every row due in between: a row that was put back
+    instead of reaching an outcome shows up as claimed again."""
+    states = []
+    for _ in range(3):
+        states += work()
+        make_due()
+    return states
+
+
+def test_a_retry_until_out_of_the_range_of_dates_fails_once_with_the_reason():
+    bad = _insert(jobs.Record.name, {"args": ["bad"], "kwargs": {},
+                                     "retry_until": "0001-01-01T00:00:00+23:59"})
+    jobs.Record("good").dispatch()
+    states = _work_a_few_times()
+    assert sorted(states) == ["DONE", "FAILED"]
+    failed = FailedJob.objects.get()
+    assert str(failed.id) == bad and failed.attempts == 1
+    assert "'retry_until'" in failed.message and "out of the range" in failed.message
+    assert list(JobRun.objects.values_list("label", flat=True)) == ["good"]
+    assert not QueuedJob.objects.exists()
+
+
+def test_an_error_outside_the_job_fails_the_row_once_and_the_worker_goes_on(scratch_jobs):
+    class BadTries(Job):
+        name = "tests.pipeline.BadTries"
+        tries = "3"  # a misconfigured class: comparing it to the attempt raises TypeError
+
+        def handle(self):
+            raise AssertionError("never runs")
+
+    handle = BadTries().dispatch()
+    jobs.Record("good").dispatch()
+    states = _work_a_few_times()
+    assert sorted(states) == ["DONE", "FAILED"]
+    failed = FailedJob.objects.get()
+    assert str(failed.id) == handle.id and failed.attempts == 1  # claimed once, not each lease
+    assert failed.exception_class == "builtins.TypeError"
+    assert failed.reason.startswith("the worker could not process this row: builtins.TypeError")
+    assert not QueuedJob.objects.exists()
+
+
+def test_an_error_after_the_outcome_is_written_is_not_a_second_outcome():
+    """A job_processed receiver that raises after the ack: the job stays done, no failed row."""
+    from django_jobguard import signals
+
+    def broken(**kwargs):
+        raise RuntimeError("receiver bug")
+
+    signals.job_processed.connect(broken)
+    try:
+        jobs.Record("good").dispatch()
+        work()
+    finally:
+        signals.job_processed.disconnect(broken)
+    assert not FailedJob.objects.exists() and not QueuedJob.objects.exists()
+    assert JobRun.objects.count() == 1
+
+
+def test_an_unknown_job_is_put_back_without_an_attempt_within_the_grace():
+    job_id = _insert("app.jobs.NotDeployedYet", {"args": [], "kwargs": {}})
+    assert work() == ["RELEASED"]
+    row = QueuedJob.objects.get(id=job_id)
+    assert row.attempts == 0 and row.available_at > row.created_at
+    assert "not registered in worker" in row.wait_reason
+    assert not FailedJob.objects.exists()
+
+
+def test_an_unknown_job_fails_at_once_with_no_grace(settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "UNKNOWN_JOB_GRACE": 0}
+    job_id = _insert("app.jobs.Removed", {"args": [], "kwargs": {}})
+    assert work() == ["FAILED"]
+    failed = FailedJob.objects.get(id=job_id)
+    assert "No job is registered as 'app.jobs.Removed'" in failed.message
+    assert "not deployed to the workers yet" in failed.message
+
+
+@pytest.mark.parametrize("raised", [SystemExit(0), KeyboardInterrupt()],
+                         ids=["SystemExit", "KeyboardInterrupt"])
+def test_a_job_raising_systemexit_is_retried_then_failed_and_the_worker_goes_on(
+        scratch_jobs, raised):
+    """Issue 12 item 1: ``sys.exit()`` in a job is that job's failure, never a worker stop."""
+
+    class Exits(Job):
+        name = "tests.pipeline.Exits"
+        tries = 2
+
+        def handle(self):
+            JobRun.objects.create(label="exits", job_id=self.job_id or "",
+                                  started_at=timezone.now())
+            raise raised
+
+    handle = Exits().dispatch()
+    jobs.Record("good").dispatch()
+    states = _work_a_few_times()
+    assert sorted(states) == ["DONE", "FAILED", "RELEASED"]  # retried once, per its tries
+    assert JobRun.objects.filter(label="exits").count() == 2
+    failed = FailedJob.objects.get()
+    assert str(failed.id) == handle.id and failed.attempts == 2
+    assert failed.exception_class == f"builtins.{type(raised).__name__}"
+    assert not QueuedJob.objects.exists()
