@@ -27,6 +27,12 @@ class JobCancelledError(JobGuardError):
     """An operator cancelled the running job (kept as a kept result's error)."""
 
 
+class WorkerRestartError(JobGuardError):
+    """Raised in a job still running a grace period after ``jobworker --reload`` saw a code
+    change: the job goes back to the queue without using an attempt and the restarted worker
+    runs it again from the start."""
+
+
 class PayloadError(JobGuardError):
     """A queued row's payload cannot be turned back into a job."""
 

@@ -40,6 +40,7 @@ from django_jobguard.exceptions import (
     MaxAttemptsExceededError,
     PayloadError,
     StoreUnavailableError,
+    WorkerRestartError,
 )
 from django_jobguard.handling import run_middleware
 from django_jobguard.outcome import Kind, Outcome
@@ -85,6 +86,8 @@ class Pipeline:
         self.log_running = log_running
         self.pause = pause
         self._stamp: tuple[int, str] = (-1, "")
+        #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
+        self.running: JobContext | None = None
 
     def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
         """Run one claimed row to its outcome; returns the state logged (DONE, FAILED, …).
@@ -236,8 +239,12 @@ class Pipeline:
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         context.started_at = clock.now()
         try:
+            self.running = context
             with time_limit(context.policy.timeout, finished=lambda: context.handle_finished):
                 result = run_middleware(job)
+        except WorkerRestartError:  # jobworker --reload: the code changed meanwhile
+            return Outcome.deferred(Due(delay=0), reason="worker_restart",
+                                    detail="its worker restarted for a code change")
         except (SystemExit, KeyboardInterrupt) as exc:
             # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
             # flag, never into these): the job failed, the worker goes on.
@@ -250,6 +257,8 @@ class Pipeline:
             if isinstance(exc, StoreUnavailableError) and not context.handle_started:
                 return self._store_outage(row, exc)
             return self._after_exception(row, job, exc)
+        finally:
+            self.running = None
         if context.cancel_seen:
             return Outcome.cancelled()
         if context.requested is not None:

@@ -40,6 +40,20 @@ EXIT_OK = 0
 EXIT_MEMORY = 12
 
 
+class StopFlag(threading.Event):
+    """A :class:`threading.Event` that a signal handler may set.
+
+    A handler runs in the main thread between two bytecodes, possibly while that thread holds
+    the event's lock inside ``wait()``; a plain Event's ``set()`` would then wait for that
+    lock for ever (seen as a worker hanging on SIGINT followed by SIGTERM). Here the lock is
+    re-entrant, so ``set()`` goes through; the interrupted ``wait()`` returns at its timeout
+    at the latest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.RLock())
+
+
 @dataclass
 class WorkerOptions:
     """What ``manage.py jobworker`` passes to :class:`Worker` (``queue:work``'s options)."""
@@ -121,7 +135,7 @@ class Worker:
         self._rss_checked = -1.0
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs_processed = 0
-        self._stop = threading.Event()
+        self._stop = StopFlag()
         self.pipeline = Pipeline(
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
@@ -404,6 +418,12 @@ def run_worker_process(options: WorkerOptions, *, verbosity: int = 1,
                        write: Callable[[str, str], None] | None = None) -> int:
     """Run one worker in this process, writing its job lines at ``verbosity`` (1: outcomes,
     2: also RUNNING, 3: debug logging). ``jobworker`` and each ``--concurrency`` child."""
+    return make_worker(options, verbosity=verbosity, write=write).run()
+
+
+def make_worker(options: WorkerOptions, *, verbosity: int = 1,
+                write: Callable[[str, str], None] | None = None) -> Worker:
+    """The worker :func:`run_worker_process` runs (``jobworker --reload`` runs it itself)."""
     if write is None:
         def write(line: str, state: str) -> None:
             sys.stdout.write(line + "\n")
@@ -415,4 +435,4 @@ def run_worker_process(options: WorkerOptions, *, verbosity: int = 1,
 
     if verbosity >= 3:
         logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
-    return Worker(options, log=log, log_running=verbosity >= 2).run()
+    return Worker(options, log=log, log_running=verbosity >= 2)

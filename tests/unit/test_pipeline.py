@@ -122,3 +122,29 @@ def test_a_job_raising_systemexit_is_retried_then_failed_and_the_worker_goes_on(
     assert str(failed.id) == handle.id and failed.attempts == 2
     assert failed.exception_class == f"builtins.{type(raised).__name__}"
     assert not QueuedJob.objects.exists()
+
+
+def test_a_job_interrupted_for_a_worker_restart_goes_back_without_using_an_attempt(
+        scratch_jobs):
+    """``jobworker --reload`` raises WorkerRestartError in a job still running after its
+    grace period (tests/integration/test_reload.py runs the real thing)."""
+    from django_jobguard.exceptions import WorkerRestartError
+
+    class Restarted(Job):
+        name = "tests.pipeline.Restarted"
+
+        def handle(self):
+            row = QueuedJob.objects.get(id=self.job_id)
+            JobRun.objects.create(label="restarted", attempt=self.context.attempt,
+                                  key=f"{row.exceptions}:{row.wait_reason}",
+                                  started_at=timezone.now())
+            if JobRun.objects.filter(label="restarted").count() == 1:
+                raise WorkerRestartError("the code changed")
+
+    Restarted().dispatch()
+    # Back at once and run again; tries=1, so a counted attempt would have failed it.
+    assert work() == ["RELEASED", "DONE"]
+    runs = list(JobRun.objects.order_by("id").values_list("attempt", "key"))
+    assert runs == [(1, "0:"), (1, "0:its worker restarted for a code change")]
+    assert not QueuedJob.objects.exists()
+    assert not FailedJob.objects.exists()

@@ -365,3 +365,24 @@ def test_the_timeout_still_covers_middleware_before_handle():
     assert work() == ["FAILED"]
     assert jobs.CALLS == []
     assert FailedJob.objects.get().exception_class.endswith("JobTimeoutError")
+
+
+def test_the_stop_flag_can_be_set_by_a_handler_that_interrupted_its_wait():
+    """A signal handler runs in the main thread, maybe while it holds the flag's lock inside
+    ``wait()`` (entered here by hand, as the handler would find it); a plain Event's set()
+    would wait for that lock for ever. Checked in a thread so a regression fails, not hangs."""
+    import threading
+
+    from django_jobguard.worker import StopFlag
+
+    flag = StopFlag()
+    done = threading.Event()
+
+    def interrupted_wait() -> None:
+        with flag._cond:  # where wait() holds it between checking the flag and blocking
+            flag.set()  # what the handler does
+        done.set()
+
+    threading.Thread(target=interrupted_wait, daemon=True).start()
+    assert done.wait(10), "set() inside the flag's own lock blocked"
+    assert flag.is_set() and flag.wait(0)

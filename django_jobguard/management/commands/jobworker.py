@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.worker import WorkerOptions, run_worker_process
+from django_jobguard.worker import WorkerOptions, make_worker, run_worker_process
 
 
 def _csv_floats(value: str) -> list[float]:
@@ -56,17 +56,25 @@ class Command(BaseCommand):
                             help="Worker processes to run under one supervisor.")
         parser.add_argument("--database", default="default",
                             help="Database alias holding the queue.")
+        parser.add_argument("--reload", action="store_true",
+                            help="Restart the worker when its code changes (development, as "
+                                 "runserver does); the running job finishes first.")
+        parser.add_argument("--reload-grace", type=float, default=5.0,
+                            help="With --reload: seconds the running job may go on after a "
+                                 "change before it goes back to the queue, its attempt unused.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         queues = [q.strip() for q in (opts["queue"] or jobguard_settings.DEFAULT_QUEUE).split(",")
                   if q.strip()]
         if not queues:
             raise CommandError("--queue needs at least one queue name.")
-        for name in ("sleep", "max_time", "rest"):
+        for name in ("sleep", "max_time", "rest", "reload_grace"):
             if opts[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
+        if opts["reload"] and opts["concurrency"] > 1:
+            raise CommandError("--reload runs one worker process; leave out --concurrency.")
         for error in check_skip_locked(databases=[opts["database"]]):
             raise CommandError(f"{error.msg} ({error.id})")
         options = WorkerOptions(
@@ -76,7 +84,13 @@ class Command(BaseCommand):
             once=opts["once"], batch=opts["batch"], using=opts["database"],
         )
         verbosity = opts["verbosity"]
-        if opts["concurrency"] > 1:
+        if opts["reload"]:
+            from django_jobguard.reloader import run_with_reloader
+
+            code = run_with_reloader(
+                lambda: make_worker(options, verbosity=verbosity, write=self._write),
+                grace=opts["reload_grace"], write=lambda line: self._write(line, "RELOAD"))
+        elif opts["concurrency"] > 1:
             from django_jobguard.supervisor import Supervisor
 
             code = Supervisor(options, processes=opts["concurrency"], verbosity=verbosity,

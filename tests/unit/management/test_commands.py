@@ -124,6 +124,10 @@ def test_jobworker_rejects_bad_options():
         call("jobworker", "--backoff", "soon", "--once")
     with pytest.raises(CommandError, match="--concurrency must be at least 1"):
         call("jobworker", "--concurrency", "0")
+    with pytest.raises(CommandError, match="--reload runs one worker process"):
+        call("jobworker", "--reload", "--concurrency", "2")
+    with pytest.raises(CommandError, match="--reload-grace must not be negative"):
+        call("jobworker", "--reload", "--reload-grace", "-1")
 
 
 def test_jobworker_once_runs_one_job():
