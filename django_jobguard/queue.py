@@ -17,8 +17,9 @@ worker now holds.
 from __future__ import annotations
 
 import datetime
+import itertools
 import traceback as tb_module
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -60,7 +61,8 @@ def claim(
     start: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[QueuedJob]:
-    """Reserve up to ``limit`` due jobs from the first of ``queues`` that has any.
+    """Reserve up to ``limit`` due jobs from the first of ``queues`` that has any
+    (:data:`ALL_QUEUES`, ``"*"``, stands for every queue not named, see :func:`_expand`).
 
     The first ``start`` of them (default: all) start now and have their attempt counted in
     the claim; the others are claimed ahead (``row.attempt_counted`` is False) and count it
@@ -70,7 +72,7 @@ def claim(
     lease = float(jobguard_settings.RETRY_AFTER)
     dialect = dialect_for(using)
     now = limit if start is None else max(0, min(start, limit))
-    for queue in queues:
+    for queue in _expand(queues, using):
         rows = dialect.claim(queue, worker_id=worker_id, limit=now, lease=lease) if now else []
         for row in rows:
             row.attempt_counted = True
@@ -84,6 +86,30 @@ def claim(
             rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
             return rows
     return []
+
+
+#: In a worker's queue list: every queue not named in it (``--queue high,*``: ``high`` first).
+ALL_QUEUES = "*"
+
+
+def _expand(queues: Sequence[str], using: str) -> Iterator[str]:
+    """``queues`` with :data:`ALL_QUEUES` replaced, when a claim reaches it, by the other
+    queues that have a due row. Those come in turn, each claim starting one queue further
+    on, so that one busy queue does not keep the others waiting."""
+    for queue in queues:
+        if queue != ALL_QUEUES:
+            yield queue
+            continue
+        others = sorted(set(
+            _claimable([], using, every=True).filter(available_at__lte=clock.db_now())
+            .exclude(queue__in=[q for q in queues if q != ALL_QUEUES])
+            .values_list("queue", flat=True).distinct().order_by()))
+        if others:
+            turn = next(_turns) % len(others)
+            yield from others[turn:] + others[:turn]
+
+
+_turns = itertools.count()
 
 
 def start(row: QueuedJob, *, using: str = DEFAULT_DB_ALIAS) -> bool:
@@ -107,10 +133,14 @@ def paused(queues: Sequence[str] | None = None, *,
     return set(rows.values_list("queue", flat=True))
 
 
-def _claimable(queues: Sequence[str], using: str):
-    """Rows of ``queues`` that are not paused (what claims may return)."""
+def _claimable(queues: Sequence[str], using: str, *, every: bool = False):
+    """Rows of ``queues`` (of every queue when ``every`` or ``queues`` holds
+    :data:`ALL_QUEUES`) that are not paused (what claims may return)."""
     paused_row = PausedQueue.objects.using(using).filter(queue=OuterRef("queue"))
-    return QueuedJob.objects.using(using).filter(~Exists(paused_row), queue__in=queues)
+    rows = QueuedJob.objects.using(using).filter(~Exists(paused_row))
+    if every or ALL_QUEUES in queues:
+        return rows
+    return rows.filter(queue__in=queues)
 
 
 def next_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> datetime.datetime | None:

@@ -237,6 +237,47 @@ def test_priority_then_age_then_queue_order():
     assert order == [9, 2, 1, 3, 4]
 
 
+def test_star_runs_every_queue_not_named_after_the_named_ones_and_skips_paused_ones():
+    from django_jobguard import operations
+
+    jobs.Noop(1).dispatch(queue="mail")
+    jobs.Noop(2).dispatch(queue="reports")
+    jobs.Noop(3).dispatch(queue="high")
+    jobs.Noop(4).dispatch(queue="held")
+    operations.pause("held")
+    order = []
+    signals.job_processed.connect(rec := lambda **kw: order.append(kw["result"]))
+    try:
+        work(queues=("high", "*"))
+    finally:
+        signals.job_processed.disconnect(rec)
+    assert order[0] == 3 and sorted(order[1:]) == [1, 2]
+    assert list(QueuedJob.objects.values_list("queue", flat=True)) == ["held"]
+
+
+def test_star_takes_the_other_queues_in_turn():
+    """With a backlog on two queues, ``*`` does not drain one before it starts the other."""
+    for n in range(4):
+        jobs.Noop(n).dispatch(queue="a")
+        jobs.Noop(10 + n).dispatch(queue="b")
+    order = []
+    signals.job_processed.connect(rec := lambda **kw: order.append(kw["result"]))
+    try:
+        work(queues=("*",), batch=1)
+    finally:
+        signals.job_processed.disconnect(rec)
+    queues = ["a" if n < 10 else "b" for n in order]
+    assert sorted(order) == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert queues[:4].count("a") == 2, queues  # alternating, not a, a, a, a, b, ...
+
+
+def test_star_is_not_a_queue_to_dispatch_to():
+    with pytest.raises(ValueError, match="'\\*' is not a queue name"):
+        jobs.Noop(1).dispatch(queue="*")
+    with pytest.raises(ValueError, match="'a,b' is not a queue name"):
+        jobs.Noop(1).dispatch(queue="a,b")
+
+
 def test_batch_claims_and_max_jobs():
     for n in range(7):
         jobs.Noop(n).dispatch()
