@@ -29,6 +29,16 @@ class JobGuardConfig(AppConfig):
         registry.autodiscover()
         from django.conf import settings
 
+        from django_jobguard.conf import jobguard_settings
+
+        if jobguard_settings.EMBEDDED_WORKER:  # worker threads in the web server (embedded.py)
+            from django.core.signals import request_started
+
+            from django_jobguard import embedded
+
+            request_started.connect(embedded.on_request_started,
+                                    dispatch_uid="jobguard.embedded_worker")
+
         tasks = getattr(settings, "TASKS", {})
         if isinstance(tasks, dict) and any(
             str(config.get("BACKEND", "")).startswith("django_jobguard.")

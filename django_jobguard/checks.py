@@ -57,6 +57,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "RESULT_RETENTION_DAYS": (int, float),
     "TEST_MODE": (str,),
     "SCHEDULE": (dict,),
+    "EMBEDDED_WORKER": (dict, type(None)),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
@@ -89,7 +90,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
-            + _check_test_mode())
+            + _check_test_mode() + _check_embedded_worker())
 
 
 def _check_reliability() -> list:
@@ -116,6 +117,34 @@ def _check_test_mode() -> list:
     return [Error(f"JOBGUARD['TEST_MODE'] must be \"\" or \"inline\", not {mode!r}.",
                   hint='Use "inline" to run every dispatch at once in tests, or leave it out.',
                   id="jobguard.E070")]
+
+
+def _check_embedded_worker() -> list:
+    """jobguard.E080: ``EMBEDDED_WORKER`` has an unknown key or a value out of range."""
+    from django_jobguard.embedded import DEFAULTS as EMBEDDED
+
+    config = jobguard_settings.EMBEDDED_WORKER
+    if not config:
+        return []
+    problems = [f"unknown key {key!r}" for key in sorted(set(config) - set(EMBEDDED))]
+    threads, tries = config.get("threads", 1), config.get("tries", 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        problems.append(f"'threads' must be an int >= 1, not {threads!r}")
+    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 0:
+        problems.append(f"'tries' must be an int >= 0 (0: unlimited), not {tries!r}")
+    for key in ("sleep", "shutdown_timeout"):
+        value = config.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            problems.append(f"{key!r} must be a number of seconds >= 0, not {value!r}")
+    queues = config.get("queues")
+    if queues is not None and (not isinstance(queues, (list, tuple)) or not queues or not all(
+            isinstance(q, str) and q and "," not in q for q in queues)):
+        problems.append(f"'queues' must be a non-empty list of queue names (or '*'), not "
+                        f"{queues!r}")
+    return [Error(f"JOBGUARD['EMBEDDED_WORKER']: {problem}.",
+                  hint='e.g. {"threads": 2, "queues": ["*"], "shutdown_timeout": 20}; '
+                       "see docs/worker.md#embedded-worker.",
+                  id="jobguard.E080") for problem in problems]
 
 
 def _check_timeouts() -> list:

@@ -54,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     # Periodic jobs by name: {"nightly": {"job": "app.jobs.Nightly", "cron": "0 3 * * *",
     # "args": [], "kwargs": {}, "timezone": "UTC", "catch_up": "last", "queue": None}}.
     "SCHEDULE": {},
+    # Worker threads inside the web server's process (small apps, development): None (off) or
+    # {"threads": 2, "queues": ["*"], "sleep": 3, "shutdown_timeout": 20, "tries": 1}.
+    "EMBEDDED_WORKER": None,
 }
 
 
