@@ -27,10 +27,21 @@ class JobCancelledError(JobGuardError):
     """An operator cancelled the running job (kept as a kept result's error)."""
 
 
-class WorkerRestartError(JobGuardError):
+class WorkerStoppedError(JobGuardError):
+    """Raised in a running job when its worker stops at once (a second Ctrl-C): the job goes
+    back to the queue without using an attempt and runs again from the start."""
+
+    reason = "worker_stop"
+    detail = "its worker was stopped at once (a second Ctrl-C)"
+
+
+class WorkerRestartError(WorkerStoppedError):
     """Raised in a job still running a grace period after ``jobworker --reload`` saw a code
     change: the job goes back to the queue without using an attempt and the restarted worker
     runs it again from the start."""
+
+    reason = "worker_restart"
+    detail = "its worker restarted for a code change"
 
 
 class PayloadError(JobGuardError):

@@ -40,7 +40,7 @@ from django_jobguard.exceptions import (
     MaxAttemptsExceededError,
     PayloadError,
     StoreUnavailableError,
-    WorkerRestartError,
+    WorkerStoppedError,
 )
 from django_jobguard.handling import run_middleware
 from django_jobguard.outcome import Kind, Outcome
@@ -176,7 +176,7 @@ class Pipeline:
                            "(UNKNOWN_JOB_GRACE: %g s left).", row.name, row.id, delay,
                            grace - age)
             return self._log(row, "RELEASED", started,
-                             f"unknown job, retry in {delay:g} s")
+                             f"unknown job, retry in {rounded(delay)} s")
         error = registry.UnknownJobError(
             f"No job is registered as {row.name!r} in the workers that took it in the "
             f"{grace:g} s of JOBGUARD['UNKNOWN_JOB_GRACE'] since it was queued. Either the code "
@@ -242,9 +242,8 @@ class Pipeline:
             self.running = context
             with time_limit(context.policy.timeout, finished=lambda: context.handle_finished):
                 result = run_middleware(job)
-        except WorkerRestartError:  # jobworker --reload: the code changed meanwhile
-            return Outcome.deferred(Due(delay=0), reason="worker_restart",
-                                    detail="its worker restarted for a code change")
+        except WorkerStoppedError as exc:  # a second Ctrl-C, or --reload past its grace
+            return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)
         except (SystemExit, KeyboardInterrupt) as exc:
             # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
             # flag, never into these): the job failed, the worker goes on.
@@ -352,7 +351,7 @@ class Pipeline:
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=outcome.reason, exception=exception)
         return self._log(row, STATES[outcome.kind], started,
-                         f"{outcome.reason}, retry in {delay:g} s")
+                         f"{outcome.reason}, retry in {rounded(delay)} s")
 
     def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
               started: float) -> str:
@@ -411,6 +410,11 @@ class Pipeline:
     def _log(self, row: QueuedJob, state: str, started: float, detail: str = "") -> str:
         self.log(self._line(row, state, time.monotonic() - started, detail), state)
         return state
+
+
+def rounded(seconds: float) -> str:
+    """Seconds for a log line: whole from 10 s on (``63``), else to a tenth (``2.5``, ``0``)."""
+    return f"{round(seconds)}" if seconds >= 10 else f"{round(seconds, 1):g}"
 
 
 def short_error(text: str) -> str:

@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 from django_jobguard import operations, queue, schedules
 from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings
+from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.pipeline import Pipeline
@@ -323,9 +324,23 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             return
 
+        interrupts = 0
+
         def on_stop(signum: int, frame: Any) -> None:
-            logger.info("Worker %s got %s; finishing the current job.", self.id,
-                        signal.Signals(signum).name)
+            # Only a second SIGINT (Ctrl-C again) stops at once: SIGTERM may come twice
+            # without anyone asking for it (systemd signals the whole cgroup, and the
+            # supervisor passes it on), and a running job must not be cut off for that.
+            nonlocal interrupts
+            if signum == signal.SIGINT:
+                interrupts += 1
+            if interrupts > 1:
+                self._stop_at_once()
+                return
+            if not self._stop.is_set():
+                logger.warning("Worker %s got %s; finishing the current job%s.", self.id,
+                               signal.Signals(signum).name,
+                               " (Ctrl-C again to stop at once)"
+                               if signum == signal.SIGINT else "")
             self._stop.set()
 
         signal.signal(signal.SIGTERM, on_stop)
@@ -334,6 +349,16 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to exit after the current job."""
         self._stop.set()
+
+    def _stop_at_once(self) -> None:
+        """In a signal handler: end the running job with :class:`WorkerStoppedError` (it goes
+        back to the queue, its attempt unused) unless ``handle()`` has already finished."""
+        self._stop.set()
+        running = self.pipeline.running
+        if running is not None and not running.handle_finished:
+            logger.warning("Worker %s got SIGINT again; stopping at once, the job goes back "
+                           "to the queue.", self.id)
+            raise WorkerStoppedError(WorkerStoppedError.detail)
 
     # -- start-up, heartbeat, shutdown -----------------------------------------------
 
