@@ -40,13 +40,13 @@ DEFAULTS: dict[str, Any] = {"threads": 1, "queues": None, "sleep": 3.0,
 
 @dataclass
 class EmbeddedWorkers:
-    """The worker threads of one process."""
+    """The worker threads of one process (the settings' keys: see :data:`DEFAULTS`)."""
 
-    threads: int = 1
-    queues: list[str] = field(default_factory=lambda: [jobguard_settings.DEFAULT_QUEUE])
-    sleep: float = 3.0
-    shutdown_timeout: float = 20.0
-    tries: int = 1
+    threads: int
+    queues: list[str]
+    sleep: float
+    shutdown_timeout: float
+    tries: int
     workers: list[Worker] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -75,16 +75,17 @@ class EmbeddedWorkers:
         """Ask every thread to stop after its job and wait up to ``timeout`` seconds
         (``shutdown_timeout``); ``False`` if one was still running a job then (its row comes
         back to the queue when its lease runs out)."""
+        if timeout is None:
+            timeout = self.shutdown_timeout
         for worker in self.workers:
             worker.stop()
-        deadline = time.monotonic() + (self.shutdown_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         running = [t.name for t in self._threads if t.is_alive()]
         if running:
             logger.warning("Embedded worker thread(s) %s still running a job after %g s; its "
-                           "lease brings it back to the queue.", ", ".join(running),
-                           self.shutdown_timeout if timeout is None else timeout)
+                           "lease brings it back to the queue.", ", ".join(running), timeout)
         return not running
 
 

@@ -89,6 +89,12 @@ class Pipeline:
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
 
+    def interruptible(self) -> JobContext | None:
+        """The running job's context while an exception raised into it still ends the run
+        (not once ``handle()`` has finished: its middleware's clean-up must go on)."""
+        running = self.running
+        return running if running is not None and not running.handle_finished else None
+
     def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
         """Run one claimed row to its outcome; returns the state logged (DONE, FAILED, …).
 

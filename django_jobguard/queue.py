@@ -101,7 +101,7 @@ def _expand(queues: Sequence[str], using: str) -> Iterator[str]:
             yield queue
             continue
         others = sorted(set(
-            _claimable([], using, every=True).filter(available_at__lte=clock.db_now())
+            _claimable([ALL_QUEUES], using).filter(available_at__lte=clock.db_now())
             .exclude(queue__in=[q for q in queues if q != ALL_QUEUES])
             .values_list("queue", flat=True).distinct().order_by()))
         if others:
@@ -133,12 +133,12 @@ def paused(queues: Sequence[str] | None = None, *,
     return set(rows.values_list("queue", flat=True))
 
 
-def _claimable(queues: Sequence[str], using: str, *, every: bool = False):
-    """Rows of ``queues`` (of every queue when ``every`` or ``queues`` holds
-    :data:`ALL_QUEUES`) that are not paused (what claims may return)."""
+def _claimable(queues: Sequence[str], using: str):
+    """Rows of ``queues`` (of every queue when it holds :data:`ALL_QUEUES`) that are not
+    paused (what claims may return)."""
     paused_row = PausedQueue.objects.using(using).filter(queue=OuterRef("queue"))
     rows = QueuedJob.objects.using(using).filter(~Exists(paused_row))
-    if every or ALL_QUEUES in queues:
+    if ALL_QUEUES in queues:
         return rows
     return rows.filter(queue__in=queues)
 

@@ -132,11 +132,9 @@ def run_child(worker: Worker, *, grace: float, write: Write) -> int:
                 return
 
     def on_interrupt(signum: int, frame: Any) -> None:
-        running = worker.pipeline.running
-        if running is not None and not running.handle_finished:
-            raise WorkerRestartError(
-                f"The job was still running {grace:g} s after a code change; the worker "
-                f"restarts and the job goes back to the queue without using an attempt.")
+        worker.interrupt_job(WorkerRestartError(
+            f"The job was still running {grace:g} s after a code change; the worker "
+            f"restarts and the job goes back to the queue without using an attempt."))
 
     signal.signal(INTERRUPT, on_interrupt)
     threading.Thread(target=watch, name="jobguard-reloader", daemon=True).start()
@@ -152,8 +150,8 @@ def _interrupt_after(worker: Worker, grace: float, finished: threading.Event) ->
     catches the error is left to finish)."""
     interrupted: set[str | None] = set()
     while not finished.wait(grace):
-        running = worker.pipeline.running
-        if running is None or running.handle_finished or running.job_id in interrupted:
+        running = worker.pipeline.interruptible()
+        if running is None or running.job_id in interrupted:
             continue
         interrupted.add(running.job_id)
         logger.warning("Job %s is still running %g s after a code change; interrupting it.",

@@ -350,15 +350,18 @@ class Worker:
         """Ask the worker to exit after the current job."""
         self._stop.set()
 
+    def interrupt_job(self, error: WorkerStoppedError) -> None:
+        """In a signal handler: raise ``error`` into the running job, which then goes back to
+        the queue with its attempt unused; nothing when no job can be interrupted."""
+        if self.pipeline.interruptible() is not None:
+            raise error
+
     def _stop_at_once(self) -> None:
-        """In a signal handler: end the running job with :class:`WorkerStoppedError` (it goes
-        back to the queue, its attempt unused) unless ``handle()`` has already finished."""
         self._stop.set()
-        running = self.pipeline.running
-        if running is not None and not running.handle_finished:
+        if self.pipeline.interruptible() is not None:
             logger.warning("Worker %s got SIGINT again; stopping at once, the job goes back "
                            "to the queue.", self.id)
-            raise WorkerStoppedError(WorkerStoppedError.detail)
+        self.interrupt_job(WorkerStoppedError(WorkerStoppedError.detail))
 
     # -- start-up, heartbeat, shutdown -----------------------------------------------
 

@@ -18,37 +18,48 @@ from tests.support.processes import MANAGE, ROOT, worker_env
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def _start(tmp_path) -> tuple[subprocess.Popen, object]:
-    log = (tmp_path / "worker.log").open("w+")
-    proc = subprocess.Popen([sys.executable, str(MANAGE), "jobworker", "--sleep", "0.2",
-                             "--memory", "0"], env=worker_env(), cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, text=True)
-    return proc, log
+class RealWorker:
+    """One ``manage.py jobworker`` process whose output (stdout and stderr) goes to a file."""
+
+    def __init__(self, tmp_path) -> None:
+        self.log = (tmp_path / "worker.log").open("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MANAGE), "jobworker", "--sleep", "0.2", "--memory", "0"],
+            env=worker_env(), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
 
 
-def _output(log) -> str:
-    log.flush()
-    log.seek(0)
-    return log.read()
+@pytest.fixture
+def worker(tmp_path):
+    started: list[RealWorker] = []
+
+    def start() -> RealWorker:
+        started.append(RealWorker(tmp_path))
+        return started[-1]
+
+    yield start
+    for real in started:
+        if real.proc.poll() is None:
+            real.proc.kill()
+            real.proc.wait()
+        real.log.close()
 
 
-def test_a_second_ctrl_c_stops_at_once_and_the_job_goes_back_unused(tmp_path):
+def test_a_second_ctrl_c_stops_at_once_and_the_job_goes_back_unused(worker):
     row = jobs.Record("long", seconds=300).dispatch()
-    proc, log = _start(tmp_path)
-    try:
-        wait_for(lambda: JobRun.objects.filter(label="long").exists(), what="the job running")
-        proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "Ctrl-C again to stop at once" in _output(log),
-                 what="the shutdown message")
-        assert proc.poll() is None  # still running the job
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    output = _output(log)
-    log.close()
+    real = worker()
+    wait_for(lambda: JobRun.objects.filter(label="long").exists(), what="the job running")
+    real.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "Ctrl-C again to stop at once" in real.output(),
+             what="the shutdown message")
+    assert real.proc.poll() is None  # still running the job
+    real.proc.send_signal(signal.SIGINT)
+    assert real.proc.wait(timeout=30) == 0
+    output = real.output()
     queued = QueuedJob.objects.get(id=row.id)
     assert queued.attempts == 0 and queued.reserved_by in ("", None), output
     assert queued.wait_reason == "its worker was stopped at once (a second Ctrl-C)"
@@ -57,20 +68,14 @@ def test_a_second_ctrl_c_stops_at_once_and_the_job_goes_back_unused(tmp_path):
     assert "RELEASED" in output and "worker_stop, retry in 0 s" in output
 
 
-def test_repeated_sigterms_let_the_job_finish(tmp_path):
+def test_repeated_sigterms_let_the_job_finish(worker):
     jobs.Record("short", seconds=1.5).dispatch()
-    proc, log = _start(tmp_path)
-    try:
-        wait_for(lambda: JobRun.objects.filter(label="short").exists(), what="the job running")
-        for _ in range(3):
-            proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    output = _output(log)
-    log.close()
+    real = worker()
+    wait_for(lambda: JobRun.objects.filter(label="short").exists(), what="the job running")
+    for _ in range(3):
+        real.proc.send_signal(signal.SIGTERM)
+    assert real.proc.wait(timeout=30) == 0
+    output = real.output()
     assert JobRun.objects.get(label="short").ended_at is not None, output
     assert not QueuedJob.objects.exists(), output
     assert "got SIGTERM; finishing the current job." in output
