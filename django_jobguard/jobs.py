@@ -259,52 +259,72 @@ def dispatch_many(
     using: str = DEFAULT_DB_ALIAS,
     batch_size: int = 500,
 ) -> list[Dispatched]:
-    """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each."""
+    """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each.
+
+    The rows go in first and the unique locks are taken after them, in one transaction: a
+    job whose lock another copy holds has its row taken out again before anyone sees it.
+    With ``on_commit=True`` inside a transaction all of it happens at the commit: until then
+    each result has the id its job will have, and a duplicate found at the commit is dropped
+    then (its result in the returned list becomes skipped; ``job_skipped_unique`` is sent).
+    """
     jobs = list(jobs)
     when = durations.due(delay)
     built = [build_row(job, when=when, queue=queue, priority=priority) for job in jobs]
-    results: list[Dispatched] = []
-    to_insert: list[tuple[Job, job_queue.NewJob, Envelope]] = []
-    skipped: list[Job] = []
-
-    def release_locks() -> None:
-        """The insert failed: give back the unique locks taken for it (owner-checked)."""
-        for _, _, envelope in to_insert:
-            unique_jobs.release(envelope.unique)
-
-    try:
-        for job, (row, envelope) in zip(jobs, built, strict=True):
-            if envelope.unique is not None and not unique_jobs.acquire(job, envelope.unique):
-                results.append(Dispatched(id=None, job_name=job.name, queue=row.queue,
-                                          skipped="unique"))
-                skipped.append(job)
-                continue
-            results.append(Dispatched(id=str(row.id), job_name=job.name, queue=row.queue))
-            to_insert.append((job, row, envelope))
-    except BaseException:
-        release_locks()
-        raise
-    for job in skipped:
-        signals.job_skipped_unique.send(sender=type(job), job=job)
+    results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue)
+               for job, (row, _) in zip(jobs, built, strict=True)]
 
     def insert() -> None:
-        try:
-            job_queue.push([row for _, row, _ in to_insert], using=using, batch_size=batch_size)
-        except BaseException:
-            release_locks()
-            raise
-        for job, row, _ in to_insert:
+        kept = _push_unique(jobs, built, using=using, batch_size=batch_size)
+        for i, (job, (row, _)) in enumerate(zip(jobs, built, strict=True)):
+            if i not in kept:
+                results[i] = Dispatched(id=None, job_name=job.name, queue=row.queue,
+                                        skipped="unique")
+                signals.job_skipped_unique.send(sender=type(job), job=job)
+        for i in sorted(kept):
+            job, (row, _) = jobs[i], built[i]
             signals.job_dispatched.send(sender=type(job), job=job, job_id=str(row.id),
                                         queue=row.queue, priority=row.priority,
                                         delay=row.delay, at=row.at)
-        signals.jobs_inserted.send(sender=Job, job_ids=[str(row.id) for _, row, _ in to_insert],
-                                   using=using)
+        if kept:
+            signals.jobs_inserted.send(sender=Job, job_ids=[str(built[i][0].id)
+                                                            for i in sorted(kept)], using=using)
 
     if on_commit:
-        transaction.on_commit(insert, using=using)
+        transaction.on_commit(insert, using=using)  # at once outside a transaction
     else:
         insert()
     return results
+
+
+def _push_unique(jobs: list[Job], built: list[tuple[job_queue.NewJob, Envelope]], *,
+                 using: str, batch_size: int) -> set[int]:
+    """Insert the rows, then take the unique locks; the indexes of the jobs kept.
+
+    Rows first: a lock is then never held by a job without a row, except when the caller's
+    transaction rolls back later, which :func:`unique_jobs.acquire` recognises. A failure
+    gives back the locks taken (owner-checked) and the transaction takes the rows away."""
+    rows = [row for row, _ in built]
+    if not any(envelope.unique for _, envelope in built):
+        job_queue.push(rows, using=using, batch_size=batch_size)
+        return set(range(len(rows)))
+    taken: list[UniqueRef] = []
+    kept: set[int] = set()
+    try:
+        with transaction.atomic(using=using):
+            job_queue.push(rows, using=using, batch_size=batch_size)
+            for i, (job, (_, envelope)) in enumerate(zip(jobs, built, strict=True)):
+                if envelope.unique is None:
+                    kept.add(i)
+                elif unique_jobs.acquire(job, envelope.unique, using=using):
+                    taken.append(envelope.unique)
+                    kept.add(i)
+            job_queue.withdraw([row.id for i, row in enumerate(rows) if i not in kept],
+                               using=using)
+    except BaseException:
+        for ref in taken:
+            unique_jobs.release(ref)
+        raise
+    return kept
 
 
 def dispatch_sync(job: Job) -> Any:

@@ -19,10 +19,11 @@ from __future__ import annotations
 import datetime
 import itertools
 import traceback as tb_module
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Value
 
 from django_jobguard import clock
@@ -36,6 +37,35 @@ def push(jobs: Sequence[NewJob], *, using: str = DEFAULT_DB_ALIAS, batch_size: i
     """Insert ``jobs`` (one INSERT per batch) and wake the workers listening, if any."""
     if jobs:
         dialect_for(using).push(jobs, batch_size=max(batch_size, 1))
+
+
+def withdraw(ids: Iterable[Any], *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Delete rows just pushed in the current transaction (a unique job found a duplicate)."""
+    ids = list(ids)
+    if ids:
+        QueuedJob.objects.using(using).filter(id__in=ids)._raw_delete(using)
+
+
+def exists(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether a queued row with ``job_id`` exists, counting one that an open transaction is
+    inserting: that waits for the transaction to end, as a second insert of the id would.
+
+    This is how a unique lock in a store that cannot roll back (Redis) is judged: its owner's
+    row is inserted before the lock is taken, so a lock whose owner has no row was left by a
+    rolled-back dispatch (or a process that died) and may be taken over. The probe inserts the
+    id in a savepoint and always rolls it back; nobody else can see it.
+    """
+    try:
+        job_id = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+    except ValueError:
+        return True  # not a job's lock: never judged as left behind
+    try:
+        with transaction.atomic(using=using):
+            QueuedJob(id=job_id, name="", queue="").save(using=using, force_insert=True)
+            transaction.set_rollback(True, using=using)
+    except IntegrityError:
+        return True
+    return False
 
 
 def notify(queues: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> None:

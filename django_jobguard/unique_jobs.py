@@ -5,6 +5,10 @@ owner, and stored in the envelope (key, store, owner) so that the worker release
 lock, even when the job can no longer be rebuilt. A release never frees a lock a newer
 dispatch owns: every release is owner-checked.
 
+The row is inserted first and the lock taken after it, in one transaction, so a lock is
+only as good as its owner's row: a second dispatch that finds the lock held by a job with
+no row (rolled back, in a store that cannot roll back) takes it over (:func:`acquire`).
+
 When the lock is released:
 
 - ``ShouldBeUnique``: when the job succeeds, is dropped by middleware, or fails for good
@@ -23,7 +27,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.db import DEFAULT_DB_ALIAS
+
 from django_jobguard import durations, keys
+from django_jobguard import queue as job_queue
 from django_jobguard.envelope import UniqueRef
 from django_jobguard.stores import get_store
 
@@ -66,11 +73,33 @@ def ref_for(job: JobLike, job_id: Any) -> UniqueRef | None:
                      owner=str(job_id))
 
 
-def acquire(job: JobLike, ref: UniqueRef) -> bool:
-    """Take ``ref``'s lock for the dispatch; ``False`` when another copy holds it."""
+def acquire(job: JobLike, ref: UniqueRef, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Take ``ref``'s lock for the dispatch; ``False`` when another copy holds it.
+
+    Call it after the job's row is inserted, in the same transaction (``dispatch()`` does).
+    A held lock counts only while its owner's row exists: a lock whose job has no row (its
+    dispatch rolled back in a store that cannot roll back, or its process died) is taken
+    over. An owner's row that an open transaction is inserting is waited for.
+    """
     ttl = durations.seconds(job.unique_for, name=f"{job.name}.unique_for") or None
-    return get_store(ref.store).acquire(ref.key, ref.owner, ttl=ttl, job_id=ref.owner) \
-        is not None
+    store = get_store(ref.store)
+    for _ in range(_TAKEOVER_ROUNDS):
+        if store.acquire(ref.key, ref.owner, ttl=ttl, job_id=ref.owner) is not None:
+            return True
+        holder = store.get_lock(ref.key)
+        if holder is None:  # freed or expired meanwhile: try again
+            continue
+        if job_queue.exists(holder.job_id or holder.owner, using=using):
+            return False
+        logger.warning("Unique lock %s was left by job %s, which is not queued (a rolled-back "
+                       "dispatch or a process that died); job %s takes it over.",
+                       ref.key, holder.owner, ref.owner)
+        store.release(ref.key, holder.owner)  # owner-checked: a newer holder keeps it
+    return False
+
+
+#: Tries at a lock that keeps changing hands before a dispatch counts it as held.
+_TAKEOVER_ROUNDS = 3
 
 
 def release(ref: UniqueRef | None) -> bool:

@@ -65,6 +65,18 @@ def test_1000_dispatches_from_8_processes_queue_exactly_one(store_alias, tmp_pat
     assert get_store().get_lock(lock_key(UniqueRecord("storm"))).owner == str(row.id)
 
 
+def test_rolled_back_dispatches_never_block_or_duplicate_a_unique_job(store_alias, tmp_path):
+    """8 processes dispatch one unique job in transactions that mostly roll back: a lock left
+    by a rollback never blocks the next dispatch (Redis cannot roll it back: it is taken over),
+    and a dispatch whose transaction is still open is waited for, never duplicated."""
+    results = run_scripts("rollback", processes=8, count=40, tmp_path=tmp_path)
+    assert sum(r["rolled_back"] for r in results) > 0
+    assert sum(r["committed"] for r in results) == 1
+    assert QueuedJob.objects.count() == 1
+    assert get_store().get_lock(lock_key(UniqueRecord("storm"))).owner == str(
+        QueuedJob.objects.get().id)
+
+
 def test_fencing_tokens_are_unique_and_increase_under_contention(store_alias, tmp_path):
     results = run_scripts("fence", 4, 50, tmp_path)
     every = [token for r in results for token in r["tokens"]]

@@ -5,6 +5,8 @@ The process sets Django up (the test database and store come from the environmen
 process starts at once, does its work and prints one JSON line with what happened.
 
 - ``dispatch``: dispatch ``UniqueRecord("storm")`` N times.
+- ``rollback``: N times, dispatch ``UniqueRecord("storm")`` in a transaction, rolled back
+  for the first half of the dispatches that were queued, committed after; counts both.
 - ``fence``: N times, take the lock ``jobguard:overlap:fence`` (retrying until free), note
   the fencing token, release it.
 """
@@ -34,6 +36,24 @@ def main() -> None:
     if mode == "dispatch":
         results = [bool(UniqueRecord("storm", label="storm").dispatch()) for _ in range(count)]
         print(json.dumps({"queued": sum(results), "skipped": results.count(False)}), flush=True)
+    elif mode == "rollback":
+        from django.db import transaction
+
+        class RolledBack(Exception):
+            pass
+
+        committed = rolled_back = 0
+        for _ in range(count):
+            try:
+                with transaction.atomic():
+                    queued = bool(UniqueRecord("storm", label="storm").dispatch())
+                    time.sleep(0.002)  # hold the transaction open: others probe meanwhile
+                    if queued and rolled_back < count // 2:
+                        raise RolledBack
+                committed += queued
+            except RolledBack:
+                rolled_back += 1
+        print(json.dumps({"committed": committed, "rolled_back": rolled_back}), flush=True)
     elif mode == "fence":
         tokens = []
         for n in range(count):

@@ -236,21 +236,51 @@ def test_an_error_midway_through_the_batch_gives_the_earlier_locks_back(store):
     assert not QueuedJob.objects.exists()
 
 
-def test_rollback_of_the_dispatch_releases_a_database_lock(store_alias):
+def test_a_rolled_back_dispatch_leaves_no_lock_that_blocks_the_next(
+        store_alias, django_capture_on_commit_callbacks):
     for on_commit in (False, True):
         with pytest.raises(RuntimeError), transaction.atomic():
             assert UniqueRecord("a").dispatch(on_commit=on_commit)
             raise RuntimeError("the view failed after dispatching")
         assert not QueuedJob.objects.exists()
-        if store_alias == "database":  # the lock was part of the transaction
+        if store_alias == "database" or on_commit:  # the lock went with the transaction
             assert held(UniqueRecord("a")) is None
-            assert UniqueRecord("a").dispatch(on_commit=on_commit)
-            QueuedJob.objects.all().delete()
-            get_store().force_release(lock_key(UniqueRecord("a")))
-        else:  # Redis cannot take part: the lock stays, shown as stale (documented)
+        else:  # Redis cannot roll back: the lock stays, but its job has no row...
             (status,) = inspect_locks(get_store())
             assert status.stale and "no longer queued" in status.stale_reason
-            get_store().force_release(status.key)
+        with django_capture_on_commit_callbacks(execute=True):  # the test's transaction
+            handle = UniqueRecord("a").dispatch(on_commit=on_commit)  # ...so it's taken over
+        assert handle and held(UniqueRecord("a")) == handle.id
+        assert not UniqueRecord("a").dispatch()  # and the new one is unique again
+        assert work() == ["DONE"]
+        assert held(UniqueRecord("a")) is None
+
+
+def test_a_lock_whose_job_row_is_gone_is_taken_over(store):
+    """A process that died after its job's row went (or a row deleted by hand) left the lock:
+    the next dispatch takes it over instead of being dropped until ``unique_for``."""
+    first = UniqueRecord("a").dispatch()
+    QueuedJob.objects.filter(id=first.id).delete()
+    second = UniqueRecord("a").dispatch()
+    assert second and held(UniqueRecord("a")) == second.id
+
+
+def test_a_duplicate_in_one_transaction_is_dropped_with_its_row(store):
+    with transaction.atomic():
+        assert UniqueRecord("a").dispatch()
+        assert not UniqueRecord("a").dispatch()  # the first's row is in this transaction
+    assert QueuedJob.objects.count() == 1
+
+
+def test_on_commit_inside_a_transaction_checks_at_the_commit(
+        store, django_capture_on_commit_callbacks):
+    assert UniqueRecord("a").dispatch()
+    with django_capture_on_commit_callbacks(execute=True):  # the test's transaction commits
+        results = dispatch_many([UniqueRecord("a"), UniqueRecord("b")], on_commit=True)
+        assert all(results)  # not known before the commit
+    assert [bool(r) for r in results] == [False, True]
+    assert results[0].skipped == "unique" and results[0].id is None
+    assert QueuedJob.objects.count() == 2
 
 
 def test_unique_via_puts_the_lock_in_another_store(store_alias):
