@@ -55,11 +55,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "API_DISPATCHABLE_JOBS": (list, tuple),
     "API_PERMISSION_CLASSES": (list, tuple),
     "RESULT_RETENTION_DAYS": (int, float),
+    "FAILED_RETENTION_DAYS": (int, float, type(None)),
     "TEST_MODE": (str,),
     "SCHEDULE": (dict,),
     "EMBEDDED_WORKER": (dict, type(None)),
 }
-_POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE"}
+_POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
 
 

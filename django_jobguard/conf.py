@@ -45,6 +45,9 @@ DEFAULTS: dict[str, Any] = {
     "API_PERMISSION_CLASSES": ["django_jobguard.api.permissions.JobGuardAdminPermissions"],
     # Days to keep finished django.tasks results before ``jobs_prune_results`` removes them.
     "RESULT_RETENTION_DAYS": 7,
+    # Days to keep failed jobs before the workers' housekeeping deletes them; None keeps them
+    # until someone retries, forgets or flushes them (Laravel keeps them too).
+    "FAILED_RETENTION_DAYS": None,
     # Seconds after it was queued that a job whose name this worker does not know is put back
     # (with back-off) for a newer worker to take, as in a rolling deploy; then it is failed.
     "UNKNOWN_JOB_GRACE": 600,

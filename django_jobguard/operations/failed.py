@@ -134,7 +134,8 @@ def forget(failed: QuerySet[FailedJob] | Iterable[FailedJob | str | uuid.UUID], 
     return deleted
 
 
-def _failed_before(older_than: datetime.timedelta | None, using: str) -> QuerySet[FailedJob]:
+def failed_before(older_than: datetime.timedelta | None, using: str) -> QuerySet[FailedJob]:
+    """Failed jobs that failed more than ``older_than`` ago by the database clock (all: None)."""
     rows = FailedJob.objects.using(using).all()
     if older_than is None:
         return rows
@@ -147,7 +148,7 @@ def flush(older_than: datetime.timedelta | None = None, *, actor: str = "",
           using: str = DEFAULT_DB_ALIAS) -> int:
     """Delete every failed job, or those that failed more than ``older_than`` ago (database
     clock). Returns how many."""
-    deleted = _failed_before(older_than, using).delete()[0]
+    deleted = failed_before(older_than, using).delete()[0]
     if deleted:
         age = f" older than {older_than}" if older_than is not None else ""
         audit.record("flush", deleted, f"Flushed {deleted} failed job(s){age}", actor)
@@ -157,7 +158,7 @@ def flush(older_than: datetime.timedelta | None = None, *, actor: str = "",
 def prune_failed(older_than: datetime.timedelta, *, actor: str = "",
                  using: str = DEFAULT_DB_ALIAS) -> int:
     """Delete failed jobs that failed more than ``older_than`` ago. Returns how many."""
-    deleted = _failed_before(older_than, using).delete()[0]
+    deleted = failed_before(older_than, using).delete()[0]
     if deleted:
         audit.record("prune_failed", deleted, f"Pruned {deleted} failed job(s) older than "
                      f"{older_than}", actor)

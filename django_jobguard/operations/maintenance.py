@@ -10,6 +10,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django_jobguard import results
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.operations import audit
+from django_jobguard.operations.failed import failed_before
 from django_jobguard.operations.workers import dead_workers
 from django_jobguard.stores import get_store
 
@@ -33,6 +34,12 @@ def prune_results(older_than: datetime.timedelta, *, actor: str = "",
     return deleted
 
 
+def failed_retention() -> datetime.timedelta | None:
+    """How long failed jobs are kept (``FAILED_RETENTION_DAYS``; ``None``: until removed)."""
+    days = jobguard_settings.FAILED_RETENTION_DAYS
+    return datetime.timedelta(days=float(days)) if days else None
+
+
 @dataclass(frozen=True)
 class Housekeeping:
     """What one :func:`housekeeping` run removed."""
@@ -41,17 +48,21 @@ class Housekeeping:
     expired_throttles: int
     results: int
     dead_workers: int
+    failed: int = 0
 
 
 def housekeeping(*, using: str = DEFAULT_DB_ALIAS) -> Housekeeping:
     """Drop the expired locks and throttles of the default store, results kept past
-    ``RESULT_RETENTION_DAYS`` and the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES``
-    leases. Any live worker runs this every minute; routine, so not in the audit log."""
+    ``RESULT_RETENTION_DAYS``, failed jobs kept past ``FAILED_RETENTION_DAYS`` (when set) and
+    the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases. Any live worker runs
+    this every minute; routine, so not in the audit log (one bulk DELETE each)."""
     store = get_store()
     locks = store.clean_expired()
     throttles = store.clean_expired_throttles()
     retention = result_retention()
     pruned = results.prune(older_than=retention, using=using) if retention else 0
     dead = dead_workers(using=using).delete()[0]
+    keep_failed = failed_retention()
+    failed = failed_before(keep_failed, using)._raw_delete(using) if keep_failed else 0
     return Housekeeping(expired_locks=locks, expired_throttles=throttles, results=pruned,
-                        dead_workers=dead)
+                        dead_workers=dead, failed=failed)

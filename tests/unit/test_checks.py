@@ -34,6 +34,15 @@ def test_wrong_types_and_ranges():
     assert any("RETRY_AFTER'] must be int or float, not str" in e.msg for e in errors)
 
 
+def test_failed_retention_is_none_or_positive_days():
+    for bad, message in ((0, "must be greater than 0"), ("7", "must be int or float or None")):
+        with override_settings(JOBGUARD={"FAILED_RETENTION_DAYS": bad}):
+            (error,) = check_settings()
+        assert error.id == "jobguard.E002" and message in error.msg
+    with override_settings(JOBGUARD={"FAILED_RETENTION_DAYS": 30}):
+        assert check_settings() == []
+
+
 def test_retry_after_must_exceed_timeouts():
     with override_settings(JOBGUARD={"RETRY_AFTER": 30, "DEFAULT_TIMEOUT": 60}):
         errors = check_settings()

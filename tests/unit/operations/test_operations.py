@@ -428,3 +428,18 @@ def test_housekeeping_drops_expired_locks_old_results_and_dead_workers(audit):
     assert not JobResult.objects.exists()
     assert store.locks(include_expired=True) == []
     assert audit() == []  # routine, not an operator's action
+
+
+def test_housekeeping_prunes_failed_jobs_only_when_a_retention_is_set(settings, audit):
+    old, recent = failed(hours_ago=24 * 8), failed(hours_ago=24 * 6)
+    assert operations.housekeeping().failed == 0  # default: failed jobs are kept
+    assert FailedJob.objects.count() == 2
+    settings.JOBGUARD = {**settings.JOBGUARD, "FAILED_RETENTION_DAYS": 7}
+    with CaptureQueriesContext(connection) as captured:
+        assert operations.housekeeping().failed == 1
+    assert list(FailedJob.objects.values_list("id", flat=True)) == [recent.id]
+    deletes = [q["sql"] for q in captured if q["sql"].upper().startswith("DELETE")
+               and "failedjob" in q["sql"].split(" WHERE ")[0].lower()]
+    assert len(deletes) == 1  # one bulk statement, however many
+    assert not FailedJob.objects.filter(id=old.id).exists()
+    assert audit() == []
