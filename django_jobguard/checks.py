@@ -4,6 +4,9 @@ Ids:
 - jobguard.E001 ``JOBGUARD`` is not a dict, or has an unknown key.
 - jobguard.E002 a setting has the wrong type or range.
 - jobguard.E003 ``RETRY_AFTER`` is not larger than a job's (or the default) ``timeout``.
+- jobguard.W003 ``RETRY_AFTER`` is not larger than a timeout's hard limit (timeout + 6 s): a
+  job stuck in C code past its timeout could be given to a second worker before the watchdog
+  ends it.
 - jobguard.E004 ``STORE`` names no entry in ``STORES``, or a store's ``BACKEND`` cannot load.
 - jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
 - jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
@@ -40,6 +43,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from django_jobguard.conf import DEFAULTS, jobguard_settings
+from django_jobguard.timeouts import hard_limit
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "DEFAULT_QUEUE": (str,),
@@ -163,6 +167,16 @@ def _check_timeouts() -> list:
                 f"{retry_after} s: a job still running could be given to a second worker.",
                 hint="Raise RETRY_AFTER above the largest timeout (by a few seconds).",
                 id="jobguard.E003",
+            ))
+        elif timeout and hard_limit(timeout) >= retry_after:
+            errors.append(Warning(
+                f"{name} has timeout {timeout} s: a job stuck past it in C code that holds "
+                f"the GIL cannot renew its lease, and JOBGUARD['RETRY_AFTER'] = {retry_after} "
+                f"s runs out before the watchdog ends it at {hard_limit(timeout):g} s, so a "
+                f"second worker could start a copy.",
+                hint=f"Raise RETRY_AFTER above {hard_limit(timeout):g} (timeout + "
+                     f"{hard_limit(0):g} s), or lower the timeout.",
+                id="jobguard.W003",
             ))
     return errors
 

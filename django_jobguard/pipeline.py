@@ -246,7 +246,8 @@ class Pipeline:
         context.started_at = clock.now()
         try:
             self.running = context
-            with time_limit(context.policy.timeout, finished=lambda: context.handle_finished):
+            with time_limit(context.policy.timeout, finished=lambda: context.handle_finished,
+                            label=f"{row.name} [{row.id}]"):
                 result = run_middleware(job)
         except WorkerStoppedError as exc:  # a second Ctrl-C, or --reload past its grace
             return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)

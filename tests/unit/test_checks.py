@@ -43,6 +43,15 @@ def test_failed_retention_is_none_or_positive_days():
         assert check_settings() == []
 
 
+def test_a_lease_shorter_than_the_hard_time_limit_warns():
+    with override_settings(JOBGUARD={"RETRY_AFTER": 64, "DEFAULT_TIMEOUT": 60}):
+        (warning,) = check_settings()
+    assert warning.id == "jobguard.W003" and "ends it at 66 s" in warning.msg
+    assert "Raise RETRY_AFTER above 66" in warning.hint
+    with override_settings(JOBGUARD={"RETRY_AFTER": 67, "DEFAULT_TIMEOUT": 60}):
+        assert check_settings() == []
+
+
 def test_retry_after_must_exceed_timeouts():
     with override_settings(JOBGUARD={"RETRY_AFTER": 30, "DEFAULT_TIMEOUT": 60}):
         errors = check_settings()

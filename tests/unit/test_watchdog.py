@@ -1,0 +1,47 @@
+"""The watchdog process behind the hard time limit (django_jobguard/watchdog.py): it kills
+the watched process when an armed deadline passes, and only then."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from django_jobguard.watchdog import Watchdog
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_armed_deadline_that_passes_kills_the_process(sleeper):
+    dog = Watchdog(pid=sleeper.pid)
+    dog.arm(0.2, "tests.Stuck [1]")
+    assert sleeper.wait(timeout=20) == -signal.SIGKILL
+    assert dog._proc.wait(timeout=20) == 0  # its work is done
+
+
+def test_a_disarmed_job_is_not_killed_and_closing_ends_the_watchdog(sleeper):
+    dog = Watchdog(pid=sleeper.pid)
+    for _ in range(3):
+        dog.arm(0.3, "tests.Quick [1]")
+        dog.disarm()
+    proc = dog._proc
+    dog.close()  # the pipe closes: the watchdog exits without killing
+    assert proc.returncode == 0
+    assert sleeper.poll() is None
+
+
+def test_ctrl_c_to_the_workers_process_group_does_not_reach_the_watchdog(sleeper):
+    dog = Watchdog(pid=sleeper.pid)
+    dog.arm(60, "tests.Long [1]")
+    assert os.getpgid(dog._proc.pid) != os.getpgid(0)
+    dog.close()
