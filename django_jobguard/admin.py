@@ -439,6 +439,10 @@ class StoreViewAdmin(admin.ModelAdmin):
     def rows(self, store) -> list:
         raise NotImplementedError
 
+    def page(self, store, request: HttpRequest) -> tuple[list, dict]:
+        """The rows to show and extra context (paging, filters); default: all rows."""
+        return self.rows(store), {}
+
     def act(self, store, key: str, request: HttpRequest) -> bool:
         raise NotImplementedError
 
@@ -452,11 +456,11 @@ class StoreViewAdmin(admin.ModelAdmin):
             raise PermissionDenied
         aliases = operations.usable_stores()
         alias = request.GET.get("store") or (aliases[0] if aliases else "")
-        rows, error = [], ""
+        rows, error, extra = [], "", {}
         try:
             store = operations.store_for(alias)
-            rows = self.rows(store)
-        except operations.UnknownStoreError as exc:
+            rows, extra = self.page(store, request)
+        except (operations.UnknownStoreError, ValueError) as exc:  # ValueError: a bad filter
             error = str(exc)
         except NotImplementedError:
             error = _("The store %(alias)s cannot list these entries yet.") % {"alias": alias}
@@ -476,6 +480,7 @@ class StoreViewAdmin(admin.ModelAdmin):
             "action_url": reverse(
                 f"admin:{self.opts.app_label}_{self.opts.model_name}_{self.action_name}",
                 current_app=self.admin_site.name),
+            **extra,
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.template_name, context)
@@ -512,13 +517,35 @@ class LockAdmin(StoreViewAdmin):
     action_done = "Released lock {key}."
     action_missing = "Lock {key} was not held (it may have been released meanwhile)."
 
-    def rows(self, store) -> list:
-        return [{
+    #: Locks on one page; a page reads only these (a keyset in SQL, SCAN in Redis).
+    per_page = 100
+
+    def page(self, store, request: HttpRequest) -> tuple[list, dict]:
+        """One keyed page of locks, narrowed by ``?kind=`` and ``?q=`` (key prefix); the
+        "next page" link carries the cursor. A key typed in full finds that lock at once."""
+        kind = request.GET.get("kind") or None
+        prefix, cursor = request.GET.get("q", "").strip(), request.GET.get("cursor", "")
+        page = operations.lock_page(store, kind=kind, prefix=prefix, cursor=cursor,
+                                    limit=self.per_page)
+        rows = page.rows
+        exact = operations.inspect_lock(store, prefix) if prefix and not cursor else None
+        if exact is not None and all(row.key != exact.key for row in rows):
+            rows = [exact, *rows]
+        query = {"store": store.alias, "kind": kind or "", "q": prefix}
+        return [self._row(row) for row in rows], {
+            "kinds": operations.LOCK_KINDS, "kind": kind or "", "q": prefix,
+            "paged": bool(cursor),
+            "first_url": "?" + urlencode(query),
+            "next_url": "?" + urlencode({**query, "cursor": page.cursor}) if page.cursor else "",
+        }
+
+    def _row(self, row: operations.LockRow) -> dict:
+        return {
             "key": row.key, "kind": row.info.kind, "owner": row.info.owner,
             "token": row.info.token, "acquired_at": row.info.acquired_at,
             "expires": _seconds_label(row.expires_in, none="never"),
             "job_id": row.info.job_id, "stale": row.stale, "stale_reason": row.stale_reason,
-        } for row in operations.inspect_locks(store)]
+        }
 
     def act(self, store, key: str, request: HttpRequest) -> bool:
         return operations.force_release(store, key, actor=request.user.get_username())

@@ -241,6 +241,27 @@ class LockSerializer(serializers.Serializer):
     stale_reason = serializers.CharField()
 
 
+class LockPageQuerySerializer(StoreQuerySerializer):
+    """Query parameters of ``GET locks/``: a keyed page, narrowed by kind and key prefix."""
+
+    kind = serializers.ChoiceField(choices=operations.LOCK_KINDS, required=False,
+                                   allow_blank=True)
+    prefix = serializers.CharField(required=False, allow_blank=True, max_length=255,
+                                   help_text="Keys starting with this (jobguard:<kind>: may "
+                                             "be left out).")
+    cursor = serializers.CharField(required=False, allow_blank=True, max_length=300,
+                                   help_text="From the previous page's next link.")
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=500,
+                                         default=100)
+
+
+class LockPageSerializer(serializers.Serializer):
+    """A page of locks: ``next`` links to the following page (null after the last)."""
+
+    next = serializers.URLField(allow_null=True)
+    results = LockSerializer(many=True)
+
+
 class ThrottleSerializer(serializers.Serializer):
     key = serializers.CharField(source="info.key")
     kind = serializers.ChoiceField(choices=["rate", "circuit"], source="info.kind")

@@ -24,6 +24,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -297,7 +298,10 @@ def _drf_query_params(request: Any) -> list[str]:
 
 
 def _store(request: Any):
-    alias = _query(s.StoreQuerySerializer, request).get("store")
+    return _store_named(_query(s.StoreQuerySerializer, request).get("store"))
+
+
+def _store_named(alias: str | None):
     try:
         return operations.store_for(alias)
     except operations.UnknownStoreError as exc:
@@ -460,20 +464,31 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
 # -- locks and throttles -----------------------------------------------------------------
 
 
-class LockListView(JobGuardAPIView, ListAPIView):
-    """Locks held in a store (expired ones too), each with a stale verdict."""
+class LockListView(JobGuardAPIView, GenericAPIView):
+    """Locks held in a store (expired ones too), each with a stale verdict, a keyed page at a
+    time (``?cursor=`` from ``next``): a page costs the same with 100 locks or 100,000."""
 
     serializer_class = s.LockSerializer
+    pagination_class = None  # a keyed page (SCAN in Redis), not page numbers
     model_permissions = {"GET": ["view_lock"]}
     query_handlers = frozenset({"get"})
 
-    def get_queryset(self):
-        return operations.inspect_locks(_store(self.request))
-
-    @extend_schema(parameters=STORE_PARAM, responses={200: s.LockSerializer(many=True),
-                                                      **_errors(*READ_ERRORS, 404)})
+    @extend_schema(operation_id="locks_list", parameters=[s.LockPageQuerySerializer],
+                   responses={200: s.LockPageSerializer, **_errors(*READ_ERRORS, 404)})
     def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
+        params = _query(s.LockPageQuerySerializer, request)
+        store = _store_named(params.get("store"))
+        try:
+            page = operations.lock_page(store, kind=params.get("kind") or None,
+                                        prefix=params.get("prefix", ""),
+                                        cursor=params.get("cursor", ""),
+                                        limit=params["page_size"])
+        except ValueError as exc:  # a cursor of another store
+            raise exceptions.ValidationError({"cursor": [str(exc)]})
+        next_url = replace_query_param(request.build_absolute_uri(), "cursor",
+                                       page.cursor) if page.cursor else None
+        return Response({"next": next_url,
+                         "results": s.LockSerializer(page.rows, many=True).data})
 
 
 class LockDetailView(JobGuardAPIView, GenericAPIView):
@@ -484,10 +499,10 @@ class LockDetailView(JobGuardAPIView, GenericAPIView):
     query_handlers = frozenset({"get", "delete"})
 
     def _find(self, store: Any, key: str) -> operations.LockRow:
-        for row in operations.inspect_locks(store):
-            if row.key == key:
-                return row
-        raise Http404(f"No lock {key!r} is held in store {store.alias!r}.")
+        row = operations.inspect_lock(store, key)
+        if row is None:
+            raise Http404(f"No lock {key!r} is held in store {store.alias!r}.")
+        return row
 
     @extend_schema(parameters=KEY_PARAMS, responses={200: s.LockSerializer,
                                                       **_errors(400, *ONE_ERRORS)})

@@ -31,13 +31,17 @@ from django_jobguard.operations.failed import (
     retry,
 )
 from django_jobguard.operations.locks import (
+    LOCK_KINDS,
     LockRow,
+    LockRowPage,
     ThrottleRow,
     UnknownStoreError,
     clean_locks,
     force_release,
+    inspect_lock,
     inspect_locks,
     inspect_throttles,
+    lock_page,
     reset_throttle,
     store_for,
     usable_stores,
@@ -78,7 +82,8 @@ from django_jobguard.operations.workers import DEAD_WORKER_AFTER_LEASES, live_wo
 
 __all__ = [
     "DEAD_WORKER_AFTER_LEASES", "DELETED", "STATES", "STOPPING", "CancelResult", "ClearResult",
-    "FailedJobNotFound", "FailedSelection", "Housekeeping", "JobNotQueuedError", "LockRow",
+    "FailedJobNotFound", "FailedSelection", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
+    "LockRow", "LockRowPage", "inspect_lock", "lock_page",
     "MonitorReport", "QueueHealth", "QueueNameError", "ThrottleRow", "UnknownStoreError",
     "cancel", "cancel_job", "check_queue_name", "clean_locks", "clear", "flush",
     "force_release", "forget", "housekeeping", "inspect_locks", "inspect_throttles",

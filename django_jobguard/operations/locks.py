@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
+from django_jobguard import keys
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import QueuedJob
 from django_jobguard.operations import audit
@@ -77,14 +78,52 @@ def _job_uuid(job_id: str) -> uuid.UUID | None:
         return None
 
 def inspect_locks(store: Store, *, using: str = DEFAULT_DB_ALIAS) -> list[LockRow]:
-    """Every lock in ``store`` (expired ones too) with its stale verdict.
+    """Every lock in ``store`` (expired ones too) with its stale verdict (all of them at
+    once: ``jobs_locks``; pages use :func:`lock_page`).
 
     Stale means: expired; or its job is no longer queued; or (unique lock) its job is reserved
     by a worker without a recent heartbeat; or (overlap lock) its job is not running on a live
     worker, or runs again after a crash (reserved since the lock was taken). A lock without a
     job id is only judged by its expiry.
     """
-    infos = store.locks(include_expired=True)
+    return _judged(store, store.locks(include_expired=True), using)
+
+
+#: The lock kinds a page can be narrowed to (the others are throttles).
+LOCK_KINDS = ("unique", "overlap")
+
+
+@dataclass(frozen=True)
+class LockRowPage:
+    """A page of locks with their stale verdicts, and the cursor of the next page."""
+
+    rows: list[LockRow]
+    cursor: str
+
+
+def lock_page(store: Store, *, kind: str | None = None, prefix: str = "", cursor: str = "",
+              limit: int = 100, using: str = DEFAULT_DB_ALIAS) -> LockRowPage:
+    """About ``limit`` locks of ``kind`` (``unique``/``overlap``; ``None``: any) whose key
+    starts with ``prefix``, from ``cursor``; one store read and one query for the verdicts,
+    however many locks the store holds. ``prefix`` may leave out ``jobguard:<kind>:``."""
+    if kind is not None and kind not in LOCK_KINDS:
+        raise ValueError(f"Unknown lock kind {kind!r}; expected one of {', '.join(LOCK_KINDS)}.")
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"A page holds 1 to 1000 locks, not {limit}.")
+    base = keys.prefix(kind)
+    page = store.lock_page(prefix if prefix.startswith(base) else base + prefix,
+                           cursor=cursor, limit=limit)
+    return LockRowPage(_judged(store, page.locks, using), page.cursor)
+
+
+def inspect_lock(store: Store, key: str, *, using: str = DEFAULT_DB_ALIAS) -> LockRow | None:
+    """The held lock ``key`` with its stale verdict (one lookup), or ``None``."""
+    info = store.get_lock(key)
+    return _judged(store, [info], using)[0] if info is not None else None
+
+
+def _judged(store: Store, infos: list[LockInfo], using: str) -> list[LockRow]:
+    """``infos`` with their stale verdicts: one query for their jobs, one for the workers."""
     now = store.now()
     ids = {u for u in (_job_uuid(i.job_id) for i in infos if i.job_id) if u}
     jobs = {str(row["id"]): row for row in QueuedJob.objects.using(using).filter(

@@ -63,6 +63,15 @@ class LockInfo:
 
 
 @dataclass(frozen=True)
+class LockPage:
+    """One page of :meth:`Store.lock_page`: its locks, and the ``cursor`` the next page
+    starts from (``""``: this was the last)."""
+
+    locks: list[LockInfo]
+    cursor: str = ""
+
+
+@dataclass(frozen=True)
 class ThrottleInfo:
     """A rate-limit window or an exception circuit as listed by :meth:`Store.throttles`."""
 
@@ -109,6 +118,15 @@ class Store:
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         """Locks whose key starts with ``prefix``."""
         raise NotImplementedError
+
+    def lock_page(self, prefix: str = "jobguard:", *, cursor: str = "",
+                  limit: int = 100) -> LockPage:
+        """About ``limit`` locks under ``prefix`` (expired ones too, where the store keeps
+        them), from ``cursor`` (the previous page's; ``""`` for the first). Pages cost what
+        they hold, not what the store holds: a keyset in SQL, SCAN in Redis. This fallback,
+        for stores with only :meth:`locks`, reads them all."""
+        infos = [i for i in self.locks(prefix, include_expired=True) if i.key > cursor]
+        return LockPage(infos[:limit], infos[limit - 1].key if len(infos) > limit else "")
 
     def clean_expired(self) -> int:
         """Remove expired locks; returns how many."""

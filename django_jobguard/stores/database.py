@@ -32,6 +32,7 @@ from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
     CircuitDecision,
     LockInfo,
+    LockPage,
     RateDecision,
     RateWindow,
     Store,
@@ -100,6 +101,15 @@ class DatabaseStore(Store):
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         qs = self._locks().exclude(owner="") if include_expired else self._held()
         return [self._info(row) for row in qs.filter(key__startswith=prefix).order_by("key")]
+
+    def lock_page(self, prefix: str = "jobguard:", *, cursor: str = "",
+                  limit: int = 100) -> LockPage:
+        """A keyset page in key order, on the key's unique index."""
+        rows = list(self._locks().exclude(owner="").filter(
+            key__gte=prefix, key__startswith=prefix, key__gt=cursor).order_by("key")[:limit + 1])
+        page = rows[:limit]
+        return LockPage([self._info(row) for row in page],
+                        page[-1].key if len(rows) > limit else "")
 
     def clean_expired(self) -> int:
         """Free expired locks (returns how many), and delete rows free for an hour.

@@ -27,6 +27,7 @@ from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
     CircuitDecision,
     LockInfo,
+    LockPage,
     RateDecision,
     RateWindow,
     Store,
@@ -190,9 +191,32 @@ class RedisStore(Store):
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         """Held locks under ``prefix`` (expired ones are gone already: Redis drops them)."""
         keys = [_text(raw) for raw in self.client.scan_iter(match=f"{prefix}*", count=500)]
+        return sorted(self._infos(keys, self.now()), key=lambda info: info.key)
+
+    @_reachable
+    def lock_page(self, prefix: str = "jobguard:", *, cursor: str = "",
+                  limit: int = 100) -> LockPage:
+        """SCAN from ``cursor`` (Redis's own, as text) until about ``limit`` locks are found:
+        a page may hold a few more, in key order within the page; SCAN's guarantee holds (a
+        lock held all along is listed, possibly twice)."""
+        if cursor and not cursor.isdigit():
+            raise ValueError(f"{cursor!r} is not a cursor of the Redis store (a number).")
+        position, found, count, now = int(cursor or 0), [], max(limit, 100), self.now()
+        while True:
+            position, raw = self.client.scan(position, match=f"{prefix}*", count=count)
+            batch = self._infos([_text(key) for key in raw], now)
+            found += batch
+            if position == 0 or len(found) >= limit:
+                break
+            if len(batch) < count // 4:  # a narrow prefix: look at more keys per call
+                count = min(count * 4, 10_000)
+        return LockPage(sorted(found, key=lambda info: info.key),
+                        str(position) if position else "")
+
+    def _infos(self, keys: list[str], now: datetime.datetime) -> list[LockInfo]:
+        """The locks among ``keys`` (fencing counters and other values left out)."""
         keys = [key for key in keys if not key.endswith(":fence")]
-        out = []
-        now = self.now()
+        out: list[LockInfo] = []
         for start in range(0, len(keys), 200):
             chunk = keys[start:start + 200]
             pipe = self.client.pipeline(transaction=False)
@@ -206,7 +230,7 @@ class RedisStore(Store):
                 if (_text(kind) == "hash" and isinstance(data, dict)
                         and "owner" in {_text(k) for k in data}):
                     out.append(self._info(key, data, pttl, now))
-        return sorted(out, key=lambda info: info.key)
+        return out
 
     def clean_expired(self) -> int:
         return 0  # Redis drops expired keys itself

@@ -258,6 +258,34 @@ def test_locks_page_lists_store_locks_with_stale_flags(admin_client, store_alias
     assert str(store.get_lock("jobguard:overlap:ok:1").token) in body
 
 
+def test_locks_page_is_a_keyed_page_with_filters(admin_client, store_alias, monkeypatch):
+    from django_jobguard.admin import LockAdmin
+
+    monkeypatch.setattr(LockAdmin, "per_page", 20)
+    store = get_store()
+    for i in range(50):
+        store.acquire(f"jobguard:{'unique' if i % 2 else 'overlap'}:tests.P:{i:02d}", "o")
+    seen, url = set(), LOCKS
+    for _ in range(10):
+        response = admin_client.get(url)
+        assert response.status_code == 200
+        rows = lock_rows(response)
+        assert 1 <= len(rows) <= 20 + 100  # Redis: SCAN may give a few more
+        seen |= set(rows)
+        if not response.context["next_url"]:
+            break
+        url = LOCKS + response.context["next_url"]
+        assert "Next page" in response.content.decode()
+    assert len(seen) == 50
+    rows = lock_rows(admin_client.get(LOCKS, {"kind": "unique", "q": "tests.P:1"}))
+    assert sorted(rows) == [f"jobguard:unique:tests.P:{i}" for i in (11, 13, 15, 17, 19)]
+    # A key typed in full is looked up directly and shown first.
+    rows = lock_rows(admin_client.get(LOCKS, {"q": "jobguard:overlap:tests.P:04"}))
+    assert list(rows)[0] == "jobguard:overlap:tests.P:04"
+    body = admin_client.get(LOCKS, {"kind": "nope"}).content.decode()
+    assert "Unknown lock kind" in body
+
+
 def test_expired_database_lock_is_listed_as_stale(admin_client):
     store = get_store("database")
     store.acquire("jobguard:overlap:old", "o", ttl=60)

@@ -247,6 +247,35 @@ def test_locks_list_and_detail(api, store_alias):
     assert_error(api.get(API + "locks/jobguard:none/"), 404, "not_found")
 
 
+def test_locks_list_is_a_keyed_page_narrowed_by_kind_and_prefix(api, store_alias):
+    store = get_store()
+    for i in range(120):
+        store.acquire(f"jobguard:{'unique' if i % 2 else 'overlap'}:tests.P:{i:03d}", "o")
+    keys, url, pages = [], API + "locks/?page_size=50", 0
+    while url:
+        body = api.get(url).json()
+        assert set(body) == {"next", "results"}
+        keys += [row["key"] for row in body["results"]]
+        url, pages = body["next"], pages + 1
+    assert len(set(keys)) == 120 and pages >= 2
+    unique = api.get(API + "locks/", {"kind": "unique", "prefix": "tests.P:00"}).json()
+    assert sorted(r["key"] for r in unique["results"]) == [
+        f"jobguard:unique:tests.P:00{i}" for i in (1, 3, 5, 7, 9)]
+    assert_error(api.get(API + "locks/", {"kind": "rate"}), 400, "invalid")
+    assert_error(api.get(API + "locks/", {"page_size": 0}), 400, "invalid")
+    if store_alias == "redis":
+        body = assert_error(api.get(API + "locks/", {"cursor": "abc"}), 400, "invalid")
+        assert "not a cursor" in body["errors"]["cursor"][0]
+
+
+def test_lock_detail_looks_the_key_up_without_listing(api, monkeypatch):
+    store = get_store()
+    store.acquire("jobguard:overlap:one", "o")
+    monkeypatch.setattr(type(store), "locks", lambda *a, **k: pytest.fail("listed all"))
+    monkeypatch.setattr(type(store), "lock_page", lambda *a, **k: pytest.fail("paged"))
+    assert api.get(API + "locks/jobguard:overlap:one/").json()["owner"] == "o"
+
+
 def test_delete_lock_force_releases_keys_with_colons_and_dots(api, store_alias):
     store = get_store()
     key = "jobguard:unique:demo.jobs.SyncProfile:a/b c"

@@ -170,3 +170,56 @@ def test_database_acquire_is_one_statement(store_alias):
         store.acquire(KEY, "a", ttl=10)
         store.acquire(KEY, "b", ttl=10)
     assert len(queries) == 2
+
+
+def _hold_many(store, count: int) -> set[str]:
+    held = set()
+    for i in range(count):
+        key = f"jobguard:{'unique' if i % 3 else 'overlap'}:tests.Page:{i:04d}"
+        assert store.acquire(key, f"o{i}", ttl=300)
+        held.add(key)
+    return held
+
+
+def test_lock_pages_walk_every_lock_once_by_cursor(store):
+    held = _hold_many(store, 250)
+    store.acquire("other:not-listed", "x")  # outside jobguard: never listed
+    seen, cursor, pages = [], "", 0
+    while True:
+        page = store.lock_page(cursor=cursor, limit=100)
+        assert len(page.locks) >= 1 and [i.key for i in page.locks] == sorted(
+            i.key for i in page.locks)  # key order within a page
+        seen += [info.key for info in page.locks]
+        pages += 1
+        if not page.cursor:
+            break
+        cursor = page.cursor
+    assert set(seen) == held and pages >= 2
+    if store.alias == "database":  # a keyset: exact pages, each lock once
+        assert len(seen) == 250 and pages == 3
+
+
+def test_a_lock_page_is_narrowed_by_prefix(store):
+    held = _hold_many(store, 30)
+    page = store.lock_page("jobguard:overlap:", limit=100)
+    assert {i.key for i in page.locks} == {k for k in held if ":overlap:" in k}
+    assert page.cursor == ""
+
+
+def test_a_database_lock_page_is_one_query_however_many_locks(store):
+    if store.alias != "database":
+        pytest.skip("database store only")
+    from django.test.utils import CaptureQueriesContext
+
+    _hold_many(store, 150)
+    with CaptureQueriesContext(connection) as captured:
+        page = store.lock_page(limit=50)
+    assert len(page.locks) == 50 and len(captured) == 1
+    assert "LIMIT 51" in captured[0]["sql"]
+
+
+def test_a_redis_cursor_must_be_a_number(store):
+    if store.alias != "redis":
+        pytest.skip("Redis store only")
+    with pytest.raises(ValueError, match="not a cursor of the Redis store"):
+        store.lock_page(cursor="jobguard:unique:x")
