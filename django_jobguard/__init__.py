@@ -38,6 +38,7 @@ _EXPORTS = {
     "Skip": "django_jobguard.middleware.skip",
     # workflows
     "chain": "django_jobguard.chains",
+    "batch": "django_jobguard.batches",
     # periodic jobs
     "periodic": "django_jobguard.schedules",
     "Schedule": "django_jobguard.schedules",

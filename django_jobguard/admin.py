@@ -27,8 +27,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard import operations, schedules
+from django_jobguard import batches, operations, schedules
 from django_jobguard.models import (
+    Batch,
     Chain,
     FailedJob,
     JobResult,
@@ -405,6 +406,48 @@ class ChainAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
             for i, link in enumerate(obj.links)))
         return format_html("<table><tr><th>#</th><th>{}</th><th>{}</th><th>{}</th></tr>{}"
                            "</table>", _("job"), _("job id"), _("status"), rows)
+
+
+@admin.register(Batch)
+class BatchAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+    """Batches with their counts and progress; "Cancel" skips the jobs not started yet."""
+
+    list_display = ["__str__", "status", "progress_bar", "total_jobs", "pending_jobs",
+                    "failed_jobs", "created_at", "finished_at"]
+    list_filter = [("finished_at", admin.EmptyFieldListFilter),
+                   ("cancelled_at", admin.EmptyFieldListFilter)]
+    search_fields = ["id", "name"]
+    fields = ["id", "name", "status", "progress_bar", "total_jobs", "pending_jobs",
+              "failed_jobs", "failed_job_ids", "allow_failures", "callback_list",
+              "callbacks_queued", "created_at", "cancelled_at", "finished_at"]
+    readonly_fields = fields
+    actions = ["cancel_batches"]
+
+    @admin.display(description=_("status"))
+    def status(self, obj: Batch) -> str:
+        return obj.status
+
+    @admin.display(description=_("progress"))
+    def progress_bar(self, obj: Batch) -> str:
+        percent = round(obj.progress * 100)
+        return format_html('<progress max="100" value="{}" title="{} %"></progress> {} / {}',
+                           percent, percent, obj.processed_jobs, obj.total_jobs)
+
+    @admin.display(description=_("callbacks"))
+    def callback_list(self, obj: Batch) -> str:
+        from django.utils.html import format_html_join
+
+        return format_html_join(", ", "{}: {}", (
+            (kind, job.get("job", "")) for kind, jobs in obj.callbacks.items() for job in jobs)
+        ) or "-"
+
+    @admin.action(description=_("Cancel selected batches (jobs not started are skipped)"),
+                  permissions=["change"])
+    def cancel_batches(self, request: HttpRequest, queryset) -> None:
+        done = sum(batches.cancel(row.id) for row in queryset)
+        self.message_user(request, ngettext("Cancelled %(count)d batch.",
+                                            "Cancelled %(count)d batches.", done)
+                          % {"count": done}, messages.SUCCESS)
 
 
 # -- locks and throttles: views over the store -------------------------------------------

@@ -334,3 +334,81 @@ class Chain(models.Model):
 
     def __str__(self) -> str:
         return self.name or str(self.id)
+
+
+class Batch(models.Model):
+    """Jobs dispatched together, with callbacks when they are done
+    (``batch([...]).then(A()).catch(B()).finally_(C()).dispatch()``; Laravel's ``Bus::batch``).
+
+    The counts are Laravel's: ``pending_jobs`` goes down when a job succeeds (or is skipped
+    because the batch was cancelled), ``failed_jobs`` up when one fails for good; the
+    callbacks are queued in the transaction that records the job that completes them.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(_("name"), max_length=255, blank=True, default="")
+    total_jobs = models.PositiveIntegerField(_("total jobs"), default=0)
+    pending_jobs = models.PositiveIntegerField(_("pending jobs"), default=0)
+    failed_jobs = models.PositiveIntegerField(_("failed jobs"), default=0)
+    failed_job_ids = models.JSONField(_("failed job ids"), default=list, blank=True)
+    allow_failures = models.BooleanField(_("allow failures"), default=False)
+    #: ``{"then": [job], "catch": [job], "finally": [job]}``: each job as queued, encoded.
+    callbacks = models.JSONField(_("callbacks"), default=dict, blank=True)
+    #: Which callbacks were queued (each at most once).
+    callbacks_queued = models.JSONField(_("callbacks queued"), default=list, blank=True)
+    created_at = models.DateTimeField(_("created at"), db_default=Now())
+    cancelled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("batch")
+        verbose_name_plural = _("batches")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name or str(self.id)
+
+    @property
+    def processed_jobs(self) -> int:
+        """Jobs that ran (succeeded or were skipped) or failed: ``total - pending`` plus
+        the failed ones still counted as pending."""
+        return self.total_jobs - self.pending_jobs + self.failed_jobs
+
+    @property
+    def progress(self) -> float:
+        """Share of the jobs processed, 0 to 1 (1 for an empty batch)."""
+        return min(1.0, self.processed_jobs / self.total_jobs) if self.total_jobs else 1.0
+
+    @property
+    def finished(self) -> bool:
+        """Every job has run: succeeded, failed for good, or skipped (cancelled)."""
+        return self.finished_at is not None
+
+    @property
+    def status(self) -> str:
+        """``running``; or, once finished: ``completed`` (every job succeeded), ``failed``
+        or ``cancelled``."""
+        if self.cancelled_at is not None and not self.finished:
+            return "cancelling"
+        if not self.finished:
+            return "running"
+        if self.failed_jobs:
+            return "failed"
+        return "cancelled" if self.cancelled_at is not None else "completed"
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancelled_at is not None
+
+    def cancel(self) -> bool:
+        """Cancel the batch: its jobs not started yet are skipped (each counted as
+        processed), running ones finish. False if it was cancelled already."""
+        from django_jobguard import batches
+
+        return batches.cancel(self.id, using=self._state.db or "default")
+
+    def add(self, jobs: list) -> list[str]:
+        """Add jobs to the batch (e.g. from one of its jobs); returns their ids."""
+        from django_jobguard import batches
+
+        return batches.add(self.id, jobs, using=self._state.db or "default")

@@ -153,6 +153,9 @@ class Pipeline:
                        then: QueuedJob | None) -> str:
         if row.cancel_requested_at is not None:  # cancelled while it ran, then put back
             return self.apply(row, job, Outcome.cancelled(), started)
+        skip = workflows.skip_reason(row.payload, using=self.using)
+        if skip:  # e.g. its batch was cancelled
+            return self.apply(row, job, Outcome.cancelled(skip), started)
         ended = job.context.policy.out_of_attempts(row.attempts, clock.now())
         if ended:
             if row.wait_reason:
@@ -333,8 +336,9 @@ class Pipeline:
                 self._store_result(row, results.SUCCESSFUL, job.context.started_at,
                                    ran=job.context.handle_started, return_value=outcome.result)
             if follow:
-                workflows.finished(row.payload, succeeded=not cancelled, job_id=str(row.id),
-                                   using=self.using)
+                workflows.finished(row.payload, job_id=str(row.id), using=self.using,
+                                   outcome=workflows.SKIPPED if cancelled
+                                   else workflows.SUCCEEDED)
         unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
         if job is None:  # a job deleted because a model argument is gone
             return self._log(row, "DELETED", started, detail)
@@ -376,7 +380,7 @@ class Pipeline:
                 self._store_result(row, results.FAILED, None, exception=exc,
                                    ran=job is not None and job.context.handle_started,
                                    only_existing=job is None)
-            workflows.finished(row.payload, succeeded=False, job_id=str(row.id),
+            workflows.finished(row.payload, outcome=workflows.FAILED, job_id=str(row.id),
                                using=self.using)
         unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
         if job is not None:

@@ -18,6 +18,7 @@ watchdog.py PID``): no Django, so the watchdog costs a few MB and starts in mill
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import select
@@ -51,7 +52,7 @@ class Watchdog:
     def close(self) -> None:
         """Stop the watchdog (closing the pipe ends it)."""
         proc, self._proc = self._proc, None
-        if proc is not None:
+        if proc is not None and self.pid == os.getpid():
             proc.stdin.close()
             proc.wait(timeout=5)
 
@@ -84,6 +85,7 @@ def for_this_process() -> Watchdog:
     global _watchdog
     if _watchdog is None or _watchdog.pid != os.getpid():
         _watchdog = Watchdog()
+        atexit.register(_watchdog.close)  # the pipe would close anyway; this waits for it
     return _watchdog
 
 

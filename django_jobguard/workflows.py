@@ -1,7 +1,7 @@
-"""Where chains and batches continue: the pipeline calls :func:`finished` inside the
-transaction that acks a job or moves it to failed jobs, and the retry operation calls
-:func:`retried` inside its transaction. A plain job (no chain or batch in its payload) costs
-one dict lookup."""
+"""Where chains and batches continue: the pipeline asks :func:`skip_reason` before it runs a
+job and calls :func:`finished` inside the transaction that acks a job or moves it to failed
+jobs, and the retry operation calls :func:`retried` inside its transaction. A plain job (no
+chain or batch in its payload) costs one dict lookup."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from django_jobguard import chains
+from django_jobguard import batches, chains
 
-__all__ = ["finished", "involved", "retried"]
+__all__ = ["finished", "involved", "retried", "skip_reason"]
 
-_KEYS = (chains.MARKER,)
+_KEYS = (chains.MARKER, batches.MARKER)
+
+#: What became of a job that finished for good.
+SUCCEEDED, FAILED, SKIPPED = batches.SUCCEEDED, batches.FAILED, batches.SKIPPED
 
 
 def involved(payload: Any) -> bool:
@@ -22,14 +25,26 @@ def involved(payload: Any) -> bool:
     return isinstance(payload, Mapping) and any(key in payload for key in _KEYS)
 
 
-def finished(payload: Any, *, succeeded: bool, job_id: str = "",
+def skip_reason(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> str:
+    """Why a job must not run although it is due (its batch was cancelled), or ``""``."""
+    if involved(payload) and batches.cancelled(payload, using=using):
+        return "its batch was cancelled"
+    return ""
+
+
+def finished(payload: Any, *, outcome: str, job_id: str = "",
              using: str = DEFAULT_DB_ALIAS) -> None:
-    """A job finished for good (acked, or failed with no tries left)."""
+    """A job finished for good: ``succeeded``, ``failed`` (no tries left) or ``skipped``
+    (cancelled)."""
     if not involved(payload):
         return
-    chains.advance(payload, succeeded=succeeded, using=using)
+    chains.advance(payload, succeeded=outcome == SUCCEEDED, using=using)
+    batches.finished(payload, outcome=outcome, job_id=job_id, using=using)
 
 
-def retried(payloads: list[Any], *, using: str = DEFAULT_DB_ALIAS) -> None:
+def retried(payloads: list[Any], job_ids: list[str], *,
+            using: str = DEFAULT_DB_ALIAS) -> None:
     """Failed jobs were queued again."""
-    chains.retried([p for p in payloads if involved(p)], using=using)
+    pairs = [(p, i) for p, i in zip(payloads, job_ids, strict=True) if involved(p)]
+    chains.retried([p for p, _ in pairs], using=using)
+    batches.retried([p for p, _ in pairs], [i for _, i in pairs], using=using)

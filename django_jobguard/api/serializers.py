@@ -11,7 +11,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import Batch, FailedJob, QueuedJob
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 #: Lock and throttle keys: printable text, at most as long as the ``Lock.key`` column.
@@ -156,6 +156,20 @@ class JobFilterSerializer(QuerySerializer):
     state = serializers.ChoiceField(choices=operations.STATES, required=False,
                                     allow_blank=True)
     name = serializers.CharField(required=False, allow_blank=True, max_length=255)
+
+
+class BatchSerializer(serializers.ModelSerializer):
+    status = serializers.CharField(read_only=True, help_text="running, cancelling, completed, "
+                                                             "failed or cancelled")
+    processed_jobs = serializers.IntegerField(read_only=True)
+    progress = serializers.FloatField(read_only=True, help_text="0 to 1")
+
+    class Meta:
+        model = Batch
+        fields = ["id", "name", "status", "total_jobs", "pending_jobs", "failed_jobs",
+                  "processed_jobs", "progress", "failed_job_ids", "allow_failures",
+                  "created_at", "cancelled_at", "finished_at"]
+        read_only_fields = fields
 
 
 class FailedJobSerializer(serializers.ModelSerializer):

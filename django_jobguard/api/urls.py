@@ -14,6 +14,7 @@ app_name = "jobguard-api"
 router = SimpleRouter()
 router.register("jobs", views.QueuedJobViewSet, basename="job")
 router.register("failed-jobs", views.FailedJobViewSet, basename="failed-job")
+router.register("batches", views.BatchViewSet, basename="batch")
 
 endpoint_patterns = [
     *router.urls,

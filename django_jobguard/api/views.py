@@ -28,13 +28,13 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_jobguard import operations, registry, schedules, serialization
+from django_jobguard import batches, operations, registry, schedules, serialization
 from django_jobguard.api import serializers as s
 from django_jobguard.api.permissions import api_permission_classes
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import Batch, FailedJob, QueuedJob
 
 try:
     from drf_spectacular.openapi import AutoSchema
@@ -459,6 +459,39 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
         body = s.RetryAllSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return self._retry(queue=body.validated_data.get("queue"))
+
+
+# -- batches -----------------------------------------------------------------------------
+
+
+class BatchViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                   viewsets.GenericViewSet):
+    """Batches with their counts and progress, newest first; ``cancel`` skips the jobs not
+    started yet."""
+
+    queryset = Batch.objects.order_by("-created_at", "id")
+    serializer_class = s.BatchSerializer
+    model_permissions = {"GET": ["view_batch"], "POST": ["change_batch"]}
+
+    @extend_schema(responses={200: s.BatchSerializer(many=True), **_errors(*READ_ERRORS)})
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: s.BatchSerializer, **_errors(*ONE_ERRORS)})
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    @extend_schema(request=None, responses={200: s.BatchSerializer,
+                                            **_errors(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, *args, **kwargs):
+        """Cancel the batch (409 if it is cancelled or finished already)."""
+        row = self.get_object()
+        if row.finished or not batches.cancel(row.id):
+            raise Conflict(f"Batch {row.id} is {row.status}; there is nothing to cancel.",
+                           code="not_running")
+        row.refresh_from_db()
+        return Response(s.BatchSerializer(row).data)
 
 
 # -- locks and throttles -----------------------------------------------------------------

@@ -87,7 +87,8 @@ def retry(failed: FailedSelection = None, *, queue: str | None = None, actor: st
                 continue
             ids = [row.id for row in rows]
             QueuedJob.objects.using(using).bulk_create([_requeued(row) for row in rows])
-            workflows.retried([row.payload for row in rows], using=using)  # chains resume
+            workflows.retried([row.payload for row in rows], [str(row.id) for row in rows],
+                              using=using)  # chains resume, batches count them again
             # A kept result (django.tasks) is waiting again.
             JobResult.objects.using(using).filter(id__in=ids).update(status=results.READY,
                                                                      finished_at=None)

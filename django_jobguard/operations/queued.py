@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
-from django_jobguard import unique_jobs
+from django_jobguard import unique_jobs, workflows
 from django_jobguard.envelope import unique_ref
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 from django_jobguard.operations import audit
@@ -32,7 +32,13 @@ def cancel(jobs: Iterable[QueuedJob], *, actor: str = "",
     for row in jobs:
         # _raw_delete: one DELETE whose WHERE re-checks the state (Django's delete() could
         # load the rows first and then delete them by id).
-        if QueuedJob.objects.using(using).unreserved().filter(id=row.id)._raw_delete(using):
+        with transaction.atomic(using=using):
+            deleted = QueuedJob.objects.using(using).unreserved().filter(
+                id=row.id)._raw_delete(using)
+            if deleted:  # a batch counts it as processed, a chain stops
+                workflows.finished(row.payload, outcome=workflows.SKIPPED, job_id=str(row.id),
+                                   using=using)
+        if deleted:
             unique_jobs.release(unique_ref(row.payload))
             result.cancelled.append(str(row.id))
         else:
@@ -133,4 +139,7 @@ def _delete_locked(rows: QuerySet[QueuedJob], *, using: str, batch_size: int = 5
         for start in range(0, len(found), batch_size):
             chunk = [row_id for row_id, _ in found[start:start + batch_size]]
             QueuedJob.objects.using(using).filter(id__in=chunk)._raw_delete(using)
+        for row_id, payload in found:
+            workflows.finished(payload, outcome=workflows.SKIPPED, job_id=str(row_id),
+                               using=using)
     return [payload for _, payload in found]

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from django_jobguard import Job
 
-#: Labels whose ``Flaky`` job raises (in-process tests clear it to let a retry succeed).
-FAILING: set[str] = set()
+#: Labels whose ``Flaky`` job raises (in-process tests clear it to let a retry succeed;
+#: worker subprocesses take them from ``FLOW_FAILING``, comma-separated).
+FAILING: set[str] = {label for label in os.environ.get("FLOW_FAILING", "").split(",") if label}
 
 
 def _record(job: Job, label: str) -> JobRun:
@@ -45,3 +46,27 @@ class Flaky(Job):
         _record(self, self.label)
         if self.label in FAILING:
             raise RuntimeError(f"{self.label} failed")
+
+
+class Grow(Job):
+    """A batch member that adds ``more`` Step jobs to its own batch."""
+
+    def __init__(self, label: str, more: int):
+        self.label, self.more = label, more
+
+    def handle(self):
+        _record(self, self.label)
+        self.batch.add([Step(f"{self.label}-{i}") for i in range(self.more)])
+
+
+class CallbackRecord(Job):
+    """A batch callback: records its label and the batch's counts when it ran."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def handle(self):
+        run = _record(self, self.label)
+        batch = self.batch
+        run.key = f"{batch.total_jobs}/{batch.pending_jobs}/{batch.failed_jobs}" if batch else ""
+        run.save(update_fields=["key"])

@@ -394,3 +394,27 @@ def test_store_without_throttle_listing_shows_a_message(admin_client, monkeypatc
     reset = admin_client.post(f"{THROTTLES}reset/", {"store": "database", "key": "k"},
                               follow=True)
     assert "cannot do this yet" in messages_of(reset)[0]
+
+
+def test_batch_pages_show_progress_and_cancel_needs_change_permission(admin_client, client):
+    from django.contrib.auth.models import Permission, User
+
+    from django_jobguard import batch
+    from django_jobguard.models import Batch
+    from tests.support.flow_jobs import Step
+
+    row = batch([Step("a"), Step("b")], name="import").dispatch()
+    body = admin_client.get("/admin/django_jobguard/batch/").content.decode()
+    assert "import" in body and '<progress max="100" value="0"' in body and "0 / 2" in body
+    detail = admin_client.get(f"/admin/django_jobguard/batch/{row.id}/change/")
+    assert detail.status_code == 200 and "running" in detail.content.decode()
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_batch"))
+    client.force_login(viewer)
+    client.post("/admin/django_jobguard/batch/", {"action": "cancel_batches",
+                                                   "_selected_action": [str(row.id)]})
+    assert not Batch.objects.get(id=row.id).cancelled  # no change permission: no action
+    response = admin_client.post("/admin/django_jobguard/batch/", {
+        "action": "cancel_batches", "_selected_action": [str(row.id)]}, follow=True)
+    assert "Cancelled 1 batch." in response.content.decode()
+    assert Batch.objects.get(id=row.id).cancelled

@@ -36,6 +36,8 @@ NEEDED = {
     ("post", "resume/"): "change_pausedqueue",
     ("get", "schedules/"): "view_scheduletick",
     ("post", "dispatch/"): "add_queuedjob",
+    ("get", "batches/"): "view_batch",
+    ("post", "batches/"): "change_batch",
 }
 
 

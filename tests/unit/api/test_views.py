@@ -474,7 +474,8 @@ def test_openapi_schema_is_served_valid_and_complete(api):
         ("GET", "/jobguard/api/locks/{key}/"), ("DELETE", "/jobguard/api/locks/{key}/"),
         ("GET", "/jobguard/api/throttles/"), ("GET", "/jobguard/api/throttles/{key}/"),
         ("DELETE", "/jobguard/api/throttles/{key}/"), ("GET", "/jobguard/api/stats/"),
-        ("GET", "/jobguard/api/schedules/"),
+        ("GET", "/jobguard/api/schedules/"), ("GET", "/jobguard/api/batches/"),
+        ("GET", "/jobguard/api/batches/{id}/"), ("POST", "/jobguard/api/batches/{id}/cancel/"),
         ("POST", "/jobguard/api/dispatch/"), ("GET", "/jobguard/api/queues/paused/"),
         ("POST", "/jobguard/api/queues/{queue}/pause/"),
         ("POST", "/jobguard/api/queues/{queue}/resume/"),
@@ -530,3 +531,24 @@ def test_dispatch_nan_and_infinity_are_400(api, value):
     assert_error(api.post(API + "dispatch/", body, content_type="application/json"),
                  400, "parse_error")
     assert not QueuedJob.objects.exists()
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+def test_batches_list_detail_and_cancel(api):
+    from django_jobguard import batch
+    from tests.support.flow_jobs import Step
+
+    row = batch([Step("a"), Step("b")], name="two").dispatch()
+    listed = api.get(API + "batches/").json()
+    assert listed["count"] == 1
+    one = listed["results"][0]
+    assert (one["id"], one["name"], one["status"], one["total_jobs"], one["pending_jobs"],
+            one["processed_jobs"], one["progress"]) == (str(row.id), "two", "running", 2, 2,
+                                                         0, 0.0)
+    assert api.get(f"{API}batches/{row.id}/").json()["id"] == str(row.id)
+    cancelled = api.post(f"{API}batches/{row.id}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+    assert_error(api.post(f"{API}batches/{row.id}/cancel/"), 409, "not_running")
+    assert_error(api.get(f"{API}batches/{uuid.uuid4()}/"), 404, "not_found")

@@ -1,0 +1,242 @@
+"""Batches: jobs dispatched together, with callbacks when they are done (Laravel's
+``Bus::batch``, celery's ``group`` + ``chord``)::
+
+    batch([ImportRows(f, n) for n in range(100)], name="import")
+        .then(NotifyDone(f)).catch(AlertOps(f)).finally_(Cleanup(f)).dispatch()
+
+A :class:`~django_jobguard.models.Batch` row counts the jobs. The pipeline calls
+:func:`finished` in the transaction that acks a member or moves it to failed jobs; that
+transaction locks the batch row, updates the counts and, when they say so, queues the
+callbacks, which are jobs like any other. A callback is queued exactly once, even when the
+last two members finish at the same instant on two workers: the row lock orders them and the
+second sees the callback recorded in ``callbacks_queued``. A worker killed between the ack and
+the commit loses nothing: neither happened, and the member runs again.
+
+When the callbacks run (as in Laravel):
+
+- ``then``: every job succeeded (a failed one that is retried and then succeeds counts).
+- ``catch``: at the first job that fails for good.
+- ``finally``: when every job has run once, whatever the outcome.
+
+Without :meth:`PendingBatch.allow_failures`, the first failure cancels the batch: the jobs not
+started yet are skipped (and counted as processed), ``then`` never runs, ``finally`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from django_jobguard import queue as job_queue
+from django_jobguard.models import Batch
+
+if TYPE_CHECKING:
+    from django_jobguard.jobs import Job
+
+__all__ = ["PendingBatch", "add", "batch", "cancel", "cancelled", "find", "finished",
+           "retried"]
+
+#: The payload key that marks a job as a batch member: the batch's id.
+MARKER = "batch"
+THEN, CATCH, FINALLY = "then", "catch", "finally"
+SUCCEEDED, FAILED, SKIPPED = "succeeded", "failed", "skipped"
+
+
+class PendingBatch:
+    """A batch being built; :func:`batch` makes one, :meth:`dispatch` queues it."""
+
+    def __init__(self, jobs: Iterable[Job], *, name: str = "") -> None:
+        self.jobs = list(jobs)
+        self.name = name
+        self.callbacks: dict[str, list[Job]] = {THEN: [], CATCH: [], FINALLY: []}
+        self.failures_allowed = False
+
+    def then(self, job: Job) -> PendingBatch:
+        """Queue ``job`` when every job of the batch succeeded."""
+        return self._add(THEN, job)
+
+    def catch(self, job: Job) -> PendingBatch:
+        """Queue ``job`` when the first job of the batch fails for good."""
+        return self._add(CATCH, job)
+
+    def finally_(self, job: Job) -> PendingBatch:
+        """Queue ``job`` when every job of the batch has run, whatever the outcome."""
+        return self._add(FINALLY, job)
+
+    def allow_failures(self, allow: bool = True) -> PendingBatch:
+        """Keep running the other jobs when one fails (default: the batch is cancelled)."""
+        self.failures_allowed = allow
+        return self
+
+    def _add(self, kind: str, job: Job) -> PendingBatch:
+        from django_jobguard.jobs import Job
+
+        if not isinstance(job, Job):
+            raise TypeError(f"batch().{kind}() takes a job (a Job instance, or a function "
+                            f"job called with its arguments), not {job!r}.")
+        self.callbacks[kind].append(job)
+        return self
+
+    def dispatch(self, *, using: str = DEFAULT_DB_ALIAS) -> Batch:
+        """Record the batch and queue its jobs, in the caller's transaction (one INSERT per
+        500 jobs). Returns the :class:`~django_jobguard.models.Batch` row."""
+        row = Batch(id=uuid.uuid4(), name=self.name[:255],
+                    allow_failures=self.failures_allowed,
+                    callbacks={kind: [_encoded(job) for job in jobs]
+                               for kind, jobs in self.callbacks.items() if jobs})
+        rows = _members(row.id, self.jobs)
+        row.total_jobs = row.pending_jobs = len(rows)
+        with transaction.atomic(using=using):
+            row.save(using=using, force_insert=True)
+            job_queue.push(rows, using=using)
+            if not rows:  # an empty batch is done at once
+                _settle(Batch.objects.using(using).select_for_update().get(id=row.id), using)
+        row.refresh_from_db(using=using)
+        row.job_ids = [str(r.id) for r in rows]
+        return row
+
+
+def batch(jobs: Iterable[Job], *, name: str = "") -> PendingBatch:
+    """``batch([A(1), A(2)]).then(B()).dispatch()``: run jobs together, then a callback."""
+    return PendingBatch(jobs, name=name)
+
+
+def find(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> Batch | None:
+    """The batch ``batch_id`` (``None`` if there is none, e.g. pruned)."""
+    try:
+        return Batch.objects.using(using).filter(id=batch_id).first()
+    except (ValueError, TypeError):
+        return None
+
+
+def marker_of(payload: Any) -> str | None:
+    """The batch id of a member's payload, or ``None``."""
+    if isinstance(payload, Mapping) and isinstance(payload.get(MARKER), str):
+        return payload[MARKER]
+    return None
+
+
+def _encoded(job: Job) -> dict:
+    """A job as a callback: what :func:`_settle` inserts when it is due."""
+    from django_jobguard.jobs import build_row
+
+    row, envelope = build_row(job)
+    return {"job": row.name, "queue": row.queue, "priority": row.priority,
+            "payload": envelope.replace(unique=None).as_json()}
+
+
+def _members(batch_id: uuid.UUID, jobs: Iterable[Job]) -> list[job_queue.NewJob]:
+    """The rows of ``jobs`` marked as members of ``batch_id`` (no unique locks: a batch
+    queues its jobs itself)."""
+    from django_jobguard.jobs import Job, build_row
+
+    rows = []
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise TypeError(f"A batch holds jobs (Job instances), not {job!r}.")
+        row, envelope = build_row(job)
+        row.payload = envelope.replace(unique=None, extra={
+            **envelope.extra, MARKER: str(batch_id)}).encode()
+        rows.append(row)
+    return rows
+
+
+def add(batch_id: Any, jobs: Iterable[Job], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Add ``jobs`` to a running batch (from inside one of its jobs, typically); they
+    count before the job adding them finishes, so the batch cannot complete in between."""
+    rows = _members(uuid.UUID(str(batch_id)), jobs)
+    with transaction.atomic(using=using):
+        row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+        if row is None:
+            raise LookupError(f"No batch {batch_id}.")
+        if row.pending_jobs - row.failed_jobs <= 0 and row.total_jobs:
+            raise ValueError(f"Batch {batch_id} has finished; jobs cannot be added to it.")
+        Batch.objects.using(using).filter(id=row.id).update(
+            total_jobs=F("total_jobs") + len(rows), pending_jobs=F("pending_jobs") + len(rows))
+        job_queue.push(rows, using=using)
+    return [str(r.id) for r in rows]
+
+
+def cancel(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Cancel a batch: jobs not started yet are skipped when a worker takes them."""
+    return bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
+                .update(cancelled_at=Now()))
+
+
+def cancelled(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Is this job a member of a cancelled batch (the worker then skips it)?"""
+    batch_id = marker_of(payload)
+    return batch_id is not None and Batch.objects.using(using).filter(
+        id=batch_id, cancelled_at__isnull=False).exists()
+
+
+def finished(payload: Any, *, outcome: str, job_id: str,
+             using: str = DEFAULT_DB_ALIAS) -> None:
+    """A member finished for good (call inside the transaction that acks or fails it):
+    ``outcome`` is ``succeeded``, ``failed`` or ``skipped``. Updates the counts and queues
+    the callbacks they call for."""
+    batch_id = marker_of(payload)
+    if batch_id is None:
+        return
+    row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+    if row is None:
+        return  # pruned by an operator: the job ran on its own
+    if outcome == FAILED:
+        row.failed_jobs += 1
+        row.failed_job_ids = [*row.failed_job_ids, job_id]
+        if not row.allow_failures and row.cancelled_at is None:
+            row.cancelled_at = Now()
+    else:
+        row.pending_jobs = max(0, row.pending_jobs - 1)
+    row.save(using=using, update_fields=["failed_jobs", "failed_job_ids", "pending_jobs",
+                                         "cancelled_at"])
+    _settle(row, using, first_failure=outcome == FAILED and row.failed_jobs == 1)
+
+
+def _settle(row: Batch, using: str, *, first_failure: bool = False) -> None:
+    """Queue the callbacks the counts of the locked ``row`` call for, each once."""
+    due = []
+    if first_failure:
+        due.append(CATCH)
+    if row.pending_jobs == 0 and row.failed_jobs == 0 and row.cancelled_at is None:
+        due.append(THEN)
+    if row.pending_jobs - row.failed_jobs <= 0:
+        due.append(FINALLY)
+    due = [kind for kind in due if kind not in row.callbacks_queued]
+    fields = []
+    if row.pending_jobs - row.failed_jobs <= 0 and row.finished_at is None:
+        row.finished_at = Now()
+        fields.append("finished_at")
+    if due:
+        job_queue.push([job_queue.NewJob(
+            name=cb["job"], queue=cb["queue"], priority=cb["priority"],
+            payload=json.dumps({**cb["payload"], "batch_callback": str(row.id)},
+                               separators=(",", ":")))
+            for kind in due for cb in row.callbacks.get(kind, [])], using=using)
+        row.callbacks_queued = [*row.callbacks_queued, *due]
+        fields.append("callbacks_queued")
+    if fields:
+        row.save(using=using, update_fields=fields)
+
+
+def retried(payloads: list[Any], job_ids: list[str], *,
+            using: str = DEFAULT_DB_ALIAS) -> None:
+    """Failed members were queued again (inside the retry's transaction): they no longer
+    count as failed, so a batch whose jobs then all succeed runs its ``then``."""
+    for payload, job_id in zip(payloads, job_ids, strict=True):
+        batch_id = marker_of(payload)
+        if batch_id is None:
+            continue
+        row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+        if row is None or job_id not in row.failed_job_ids:
+            continue
+        row.failed_job_ids = [i for i in row.failed_job_ids if i != job_id]
+        row.failed_jobs = max(0, row.failed_jobs - 1)
+        row.finished_at = None  # it has a job to run again
+        row.save(using=using, update_fields=["failed_job_ids", "failed_jobs", "finished_at"])

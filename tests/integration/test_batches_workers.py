@@ -1,0 +1,45 @@
+"""Batches on real worker processes (issue 15): with 4 workers finishing the members of 30
+small batches, the last two members of a batch often finish at the same instant on two
+workers; each batch's callbacks still run exactly once, and every count adds up."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from demo.models import JobRun
+
+from django_jobguard import batch
+from django_jobguard.models import Batch, QueuedJob
+from tests.support import worker_env
+from tests.support.flow_jobs import CallbackRecord, Flaky, Step
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_callbacks_run_exactly_once_per_batch_with_four_workers(workers):
+    batches = []
+    for n in range(30):
+        members = [Step(f"m{n}-{i}") for i in range(6)]
+        if n % 5 == 4:  # some batches have a failure (failures allowed)
+            members.append(Flaky("bad"))
+        pending = batch(members, name=f"b{n}").then(CallbackRecord(f"then-{n}")).finally_(
+            CallbackRecord(f"finally-{n}")).catch(CallbackRecord(f"catch-{n}"))
+        batches.append(pending.allow_failures().dispatch())
+    env = worker_env(JOBGUARD_EXTRA_JOB_MODULES="tests.support.flow_jobs")
+    env["FLOW_FAILING"] = "bad"
+    workers(4, "--sleep", "0.05", "--stop-when-empty", env=env).wait(180)
+
+    assert not QueuedJob.objects.exists()
+    runs = Counter(JobRun.objects.values_list("label", flat=True))
+    for n, row in enumerate(batches):
+        row = Batch.objects.get(id=row.id)
+        failing = n % 5 == 4
+        assert row.finished and row.status == ("failed" if failing else "completed")
+        assert (row.total_jobs, row.failed_jobs) == (7 if failing else 6, int(failing))
+        assert runs[f"finally-{n}"] == 1, f"batch {n}: finally ran {runs[f'finally-{n}']}x"
+        assert runs[f"then-{n}"] == (0 if failing else 1)
+        assert runs[f"catch-{n}"] == int(failing)
+        assert all(runs[f"m{n}-{i}"] == 1 for i in range(6))
+    # The callback saw its batch's final counts (total/pending/failed).
+    assert JobRun.objects.get(label="then-0").key == "6/0/0"
