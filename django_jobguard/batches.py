@@ -25,6 +25,7 @@ started yet are skipped (and counted as processed), ``then`` never runs, ``final
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
+from django_jobguard.dialects import dialect_for
 from django_jobguard.models import Batch
 
 if TYPE_CHECKING:
@@ -164,16 +166,34 @@ def add(batch_id: Any, jobs: Iterable[Job], *, using: str = DEFAULT_DB_ALIAS) ->
 
 
 def cancel(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
-    """Cancel a batch: jobs not started yet are skipped when a worker takes them."""
-    return bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
+    """Cancel a batch: jobs not started yet are skipped when a worker takes them (this
+    process knows at once, other workers within :data:`CANCEL_CHECK_EVERY`)."""
+    done = bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
                 .update(cancelled_at=Now()))
+    _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
+    return done
+
+
+#: Seconds a worker trusts what it read of a batch's cancellation (a member taken within
+#: that time after a cancel may still run): one query per batch and second, not per member.
+CANCEL_CHECK_EVERY = 1.0
+_cancel_seen: dict[tuple[str, str], tuple[float, bool]] = {}
 
 
 def cancelled(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     """Is this job a member of a cancelled batch (the worker then skips it)?"""
     batch_id = marker_of(payload)
-    return batch_id is not None and Batch.objects.using(using).filter(
-        id=batch_id, cancelled_at__isnull=False).exists()
+    if batch_id is None:
+        return False
+    now = time.monotonic()
+    seen = _cancel_seen.get((using, batch_id))
+    if seen is not None and (seen[1] or now - seen[0] < CANCEL_CHECK_EVERY):
+        return seen[1]  # a cancel is for good
+    if len(_cancel_seen) > 10_000:
+        _cancel_seen.clear()
+    found = Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=False).exists()
+    _cancel_seen[(using, batch_id)] = (now, found)
+    return found
 
 
 def finished(payload: Any, *, outcome: str, job_id: str,
@@ -184,19 +204,49 @@ def finished(payload: Any, *, outcome: str, job_id: str,
     batch_id = marker_of(payload)
     if batch_id is None:
         return
+    if outcome != FAILED:  # the common case: one statement, and the row only when it is done
+        counted(batch_id, dialect_for(using).count_batch_success(batch_id), using=using)
+        return
     row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
     if row is None:
         return  # pruned by an operator: the job ran on its own
-    if outcome == FAILED:
-        row.failed_jobs += 1
-        row.failed_job_ids = [*row.failed_job_ids, job_id]
-        if not row.allow_failures and row.cancelled_at is None:
-            row.cancelled_at = Now()
-    else:
-        row.pending_jobs = max(0, row.pending_jobs - 1)
-    row.save(using=using, update_fields=["failed_jobs", "failed_job_ids", "pending_jobs",
-                                         "cancelled_at"])
-    _settle(row, using, first_failure=outcome == FAILED and row.failed_jobs == 1)
+    row.failed_jobs += 1
+    row.failed_job_ids = [*row.failed_job_ids, job_id]
+    if not row.allow_failures and row.cancelled_at is None:
+        row.cancelled_at = Now()
+        _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
+    row.save(using=using, update_fields=["failed_jobs", "failed_job_ids", "cancelled_at"])
+    _settle(row, using, first_failure=row.failed_jobs == 1)
+
+
+def counted(batch_id: str, counts: tuple[int, int] | None, *,
+            using: str = DEFAULT_DB_ALIAS) -> None:
+    """A member's success was counted (``counts``: the batch's ``(pending, failed)`` after
+    it): when every job has run, queue the callbacks, under the batch row's lock.
+
+    The pipeline counts a member in the statement that acks it and calls this after it
+    (outside that transaction); if the worker dies in between, :func:`settle_finished`
+    (the workers' housekeeping) queues the callbacks."""
+    if counts is not None and counts[0] - counts[1] <= 0:
+        with transaction.atomic(using=using):
+            row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+            if row is not None:
+                _settle(row, using)
+
+
+def settle_finished(*, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Queue the callbacks of batches whose jobs have all run but which are not marked
+    finished (a worker died between a member's ack and its batch's callbacks); how many."""
+    stuck = Batch.objects.using(using).filter(
+        finished_at__isnull=True, pending_jobs__lte=F("failed_jobs")).values_list("id", flat=True)
+    settled = 0
+    for batch_id in list(stuck[:100]):
+        with transaction.atomic(using=using):
+            row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+            if row is not None and row.finished_at is None:
+                _settle(row, using)
+                settled += 1
+    return settled
 
 
 def _settle(row: Batch, using: str, *, first_failure: bool = False) -> None:

@@ -321,13 +321,36 @@ class Pipeline:
              detail: str = "", then: QueuedJob | None = None) -> str:
         # The result row turns SUCCESSFUL in the transaction that deletes the queue row, so
         # nobody sees the job gone from the queue while its result still says RUNNING.
-        # A chain's next link (or a batch's counts) is written in that transaction too.
+        # A chain's next link is written in that transaction too; a batch member's success
+        # is counted in the statement that acks it.
         keep = job is not None and job.keep_result
+        cancelled = outcome.kind is Kind.CANCELLED
+        batch_id = None if keep else workflows.counted_in_batch(row.payload)
+        if batch_id is not None:  # a batch member: acked and counted in one statement
+            acked, counts = queue.ack_counting(row, batch_id, then=then, using=self.using)
+            if not acked:
+                return self._lost(row, started)
+            workflows.counted(batch_id, counts, using=self.using)
+        elif not self._ack_with_results(row, job, outcome, keep=keep, then=then):
+            return self._lost(row, started)
+        unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
+        if job is None:  # a job deleted because a model argument is gone
+            return self._log(row, "DELETED", started, detail)
+        if cancelled:
+            return self._log(row, "CANCELLED", started, outcome.detail)
+        signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
+                                   result=outcome.result)
+        return self._log(row, STATES[outcome.kind], started, detail)
+
+    def _ack_with_results(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, *,
+                          keep: bool, then: QueuedJob | None) -> bool:
+        """Ack ``row``, in one transaction with its result (``keep``) and what its chain or
+        batch does next; False if the worker no longer held it."""
         cancelled = outcome.kind is Kind.CANCELLED
         follow = workflows.involved(row.payload)
         with transaction.atomic(using=self.using) if keep or follow else nullcontext():
             if not queue.ack(row, then=then, using=self.using):
-                return self._lost(row, started)
+                return False
             if keep and cancelled:
                 self._store_result(row, results.FAILED, job.context.started_at,
                                    ran=job.context.handle_started,
@@ -339,14 +362,7 @@ class Pipeline:
                 workflows.finished(row.payload, job_id=str(row.id), using=self.using,
                                    outcome=workflows.SKIPPED if cancelled
                                    else workflows.SUCCEEDED)
-        unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
-        if job is None:  # a job deleted because a model argument is gone
-            return self._log(row, "DELETED", started, detail)
-        if cancelled:
-            return self._log(row, "CANCELLED", started, outcome.detail)
-        signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
-                                   result=outcome.result)
-        return self._log(row, STATES[outcome.kind], started, detail)
+        return True
 
     def _put_back(self, row: QueuedJob, job: JobLike, outcome: Outcome, started: float) -> str:
         exception = outcome.exception

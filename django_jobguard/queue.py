@@ -245,6 +245,19 @@ def ack(row: QueuedJob, *, then: QueuedJob | None = None,
     return acked
 
 
+def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None,
+                 using: str = DEFAULT_DB_ALIAS) -> tuple[bool, tuple[int, int] | None]:
+    """:func:`ack` of a batch member that also counts its success in the batch, atomically
+    (one statement on PostgreSQL): ``(acked, (pending, failed) after it)``."""
+    start = then if then is not None and not getattr(then, "attempt_counted", True) else None
+    acked, started, counts = dialect_for(using).ack_counting(
+        row.id, row.reserved_by, start.id if start else None, batch_id)
+    if started:
+        start.attempts += 1
+        start.attempt_counted = True
+    return acked, counts
+
+
 def release(
     row: QueuedJob,
     *,

@@ -12,7 +12,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from django_jobguard import batches, chains
 
-__all__ = ["finished", "involved", "retried", "skip_reason"]
+__all__ = ["counted", "counted_in_batch", "finished", "involved", "retried", "skip_reason"]
 
 _KEYS = (chains.MARKER, batches.MARKER)
 
@@ -23,6 +23,20 @@ SUCCEEDED, FAILED, SKIPPED = batches.SUCCEEDED, batches.FAILED, batches.SKIPPED
 def involved(payload: Any) -> bool:
     """Is this job a chain link or a batch member (so finishing it needs a transaction)?"""
     return isinstance(payload, Mapping) and any(key in payload for key in _KEYS)
+
+
+def counted_in_batch(payload: Any) -> str | None:
+    """The batch of a job whose success only counts in its batch (not a chain link): the
+    pipeline acks it and counts it in one statement (:func:`queue.ack_counting`)."""
+    if not involved(payload) or chains.marker_of(payload) is not None:
+        return None
+    return batches.marker_of(payload)
+
+
+def counted(batch_id: str, counts: tuple[int, int] | None, *,
+            using: str = DEFAULT_DB_ALIAS) -> None:
+    """A batch member was acked and counted (``counts``: ``(pending, failed)`` after it)."""
+    batches.counted(batch_id, counts, using=using)
 
 
 def skip_reason(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> str:

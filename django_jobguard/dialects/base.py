@@ -118,6 +118,35 @@ class Dialect(ABC):
         """A :class:`Listener` on its own connection, or ``None`` where there is no LISTEN."""
         return None
 
+    # -- batches (batches.py) --------------------------------------------------------------
+
+    def ack_counting(self, job_id: Any, reserved_by: str, start_id: Any,
+                     batch_id: Any) -> tuple[bool, bool, tuple[int, int] | None]:
+        """:meth:`ack` (or :meth:`ack_and_start` when ``start_id``) of a batch member and
+        its success counted in the batch, atomically: ``(acked, started, (pending, failed)
+        or None)``. One round trip where the dialect can (default: one transaction)."""
+        from django.db import transaction
+
+        with transaction.atomic(using=self.using):
+            if start_id is None:
+                acked, started = self.ack(job_id, reserved_by), False
+            else:
+                acked, started = self.ack_and_start(job_id, reserved_by, start_id)
+            counts = self.count_batch_success(batch_id) if acked else None
+        return acked, started, counts
+
+    def count_batch_success(self, batch_id: Any) -> tuple[int, int] | None:
+        """One member of batch ``batch_id`` succeeded: ``pending_jobs - 1``, inside the
+        caller's transaction (the row stays locked until it ends); the new ``(pending,
+        failed)``, or ``None`` without such a batch. Default: an UPDATE, then a SELECT."""
+        from django.db.models import F
+
+        from django_jobguard.models import Batch
+
+        rows = Batch.objects.using(self.using).filter(id=batch_id)
+        rows.filter(pending_jobs__gt=0).update(pending_jobs=F("pending_jobs") - 1)
+        return rows.values_list("pending_jobs", "failed_jobs").first()
+
     # -- locks (stores/database.py) --------------------------------------------------------
 
     @abstractmethod

@@ -12,7 +12,7 @@ from django.db import connections
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects.base import Listener, job_from_values
 from django_jobguard.dialects.sql import SQLDialect
-from django_jobguard.models import PausedQueue, QueuedJob
+from django_jobguard.models import Batch, PausedQueue, QueuedJob
 
 try:
     import psycopg
@@ -83,6 +83,18 @@ _ACK_AND_START_SQL = """
                       WHERE id = %s AND reserved_by = %s RETURNING 1)
     SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started)"""
 
+# The ack of a batch member (and the start of the next row, if claimed ahead) with its
+# success counted in the batch, in one statement: atomic without a transaction around it.
+_ACK_COUNTING_SQL = """
+    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s RETURNING 1),
+         started AS (UPDATE {table} SET attempts = attempts + 1
+                      WHERE id = %s AND reserved_by = %s RETURNING 1),
+         counted AS (UPDATE {batch} SET pending_jobs = pending_jobs - 1
+                      WHERE id = %s AND pending_jobs > 0 AND EXISTS (SELECT 1 FROM acked)
+                  RETURNING pending_jobs, failed_jobs)
+    SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started),
+           (SELECT pending_jobs FROM counted), (SELECT failed_jobs FROM counted)"""
+
 
 class PostgreSQLDialect(SQLDialect):
     """PostgreSQL 13+ (psycopg 3 for LISTEN and prepared per-job statements)."""
@@ -115,6 +127,8 @@ class PostgreSQLDialect(SQLDialect):
                                            columns=", ".join(f"q.{f.column}" for f in fields))
         self._ack_sql = _ACK_SQL.format(**parts)
         self._ack_and_start_sql = _ACK_AND_START_SQL.format(**parts)
+        self._ack_counting_sql = _ACK_COUNTING_SQL.format(**parts,
+                                                          batch=Batch._meta.db_table)
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -163,6 +177,15 @@ class PostgreSQLDialect(SQLDialect):
                                             [job_id, reserved_by, start_id, reserved_by],
                                             fetch=True)
         return acked > 0, started > 0
+
+    def ack_counting(self, job_id: Any, reserved_by: str, start_id: Any,
+                     batch_id: Any) -> tuple[bool, bool, tuple[int, int] | None]:
+        ((acked, started, pending, failed),) = self._execute(
+            self._ack_counting_sql, [job_id, reserved_by, start_id, reserved_by, batch_id],
+            fetch=True)
+        if acked and pending is None:  # no such batch, or nothing was pending
+            return True, started > 0, self.count_batch_success(batch_id)
+        return acked > 0, started > 0, (pending, failed) if acked else None
 
     def listen(self) -> Listener | None:
         if psycopg is None:

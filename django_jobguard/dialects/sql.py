@@ -9,7 +9,9 @@ Statements are built on first use (quoting needs a connection) and cached as tex
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import connections
 
@@ -32,6 +34,10 @@ ON CONFLICT ({key}) DO UPDATE
        {job_id} = excluded.{job_id}
  WHERE {table}.{owner} = '' OR {table}.{expires_at} <= {now}
 RETURNING {token}"""
+
+
+_COUNT_SUCCESS = """UPDATE {table} SET {pending} = {pending} - 1
+ WHERE {id} = %s AND {pending} > 0 RETURNING {pending}, {failed}"""
 
 
 class SQLDialect(Dialect):
@@ -62,6 +68,7 @@ class SQLDialect(Dialect):
         self._lock_sql: dict[bool | None, str] = {}
         self._throttle_sql: dict[str, str] = {}
         self._lock_throttles_sql: dict[int, str] = {}
+        self._batch_sql: str | None = None
         self._now_sql = f"SELECT {self.NOW}".replace("%%", "%")
 
     # -- clock -----------------------------------------------------------------------------
@@ -112,6 +119,27 @@ class SQLDialect(Dialect):
                                  greatest=self.GREATEST, **columns)
         self._lock_sql[with_ttl] = sql
         return sql
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def count_batch_success(self, batch_id: Any) -> tuple[int, int] | None:
+        """One UPDATE … RETURNING (once per batch member, so worth its raw SQL)."""
+        from django_jobguard.models import Batch
+
+        if self._batch_sql is None:
+            quote, meta = connections[self.using].ops.quote_name, Batch._meta
+            self._batch_sql = _COUNT_SUCCESS.format(
+                table=quote(meta.db_table), id=quote(meta.pk.column),
+                pending=quote(meta.get_field("pending_jobs").column),
+                failed=quote(meta.get_field("failed_jobs").column))
+        connection = connections[self.using]
+        value = Batch._meta.pk.get_db_prep_value(uuid.UUID(str(batch_id)), connection)
+        with connection.cursor() as cursor:
+            cursor.execute(self._batch_sql, [value])
+            found = cursor.fetchone()
+        if found is None:  # no such batch, or nothing pending: read what it has
+            return super().count_batch_success(batch_id)
+        return found[0], found[1]
 
     # -- throttle rows ---------------------------------------------------------------------
 
