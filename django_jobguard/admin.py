@@ -568,19 +568,23 @@ class LockAdmin(StoreViewAdmin):
         "next page" link carries the cursor. A key typed in full finds that lock at once."""
         kind = request.GET.get("kind") or None
         prefix, cursor = request.GET.get("q", "").strip(), request.GET.get("cursor", "")
+        more = request.GET.get("more") == "1"
+        query = {"store": store.alias, "kind": kind or "", "q": prefix}
+        context = {"kinds": operations.LOCK_KINDS, "kind": kind or "", "q": prefix,
+                   "paged": bool(cursor) or more, "first_url": "?" + urlencode(query),
+                   "next_url": "", "more_url": ""}
+        # A key typed in full is looked up directly: no page to read (on Redis that would
+        # scan the keyspace for the prefix); the keys that merely start with it are a link.
+        exact = operations.inspect_lock(store, prefix) if prefix and not (cursor or more) \
+            else None
+        if exact is not None:
+            context["more_url"] = "?" + urlencode({**query, "more": "1"})
+            return [self._row(exact)], context
         page = operations.lock_page(store, kind=kind, prefix=prefix, cursor=cursor,
                                     limit=self.per_page)
-        rows = page.rows
-        exact = operations.inspect_lock(store, prefix) if prefix and not cursor else None
-        if exact is not None and all(row.key != exact.key for row in rows):
-            rows = [exact, *rows]
-        query = {"store": store.alias, "kind": kind or "", "q": prefix}
-        return [self._row(row) for row in rows], {
-            "kinds": operations.LOCK_KINDS, "kind": kind or "", "q": prefix,
-            "paged": bool(cursor),
-            "first_url": "?" + urlencode(query),
-            "next_url": "?" + urlencode({**query, "cursor": page.cursor}) if page.cursor else "",
-        }
+        if page.cursor:
+            context["next_url"] = "?" + urlencode({**query, "cursor": page.cursor})
+        return [self._row(row) for row in page.rows], context
 
     def _row(self, row: operations.LockRow) -> dict:
         return {

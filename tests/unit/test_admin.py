@@ -279,9 +279,15 @@ def test_locks_page_is_a_keyed_page_with_filters(admin_client, store_alias, monk
     assert len(seen) == 50
     rows = lock_rows(admin_client.get(LOCKS, {"kind": "unique", "q": "tests.P:1"}))
     assert sorted(rows) == [f"jobguard:unique:tests.P:{i}" for i in (11, 13, 15, 17, 19)]
-    # A key typed in full is looked up directly and shown first.
-    rows = lock_rows(admin_client.get(LOCKS, {"q": "jobguard:overlap:tests.P:04"}))
-    assert list(rows)[0] == "jobguard:overlap:tests.P:04"
+    # A key typed in full is looked up directly; the keys starting with it are a link.
+    response = admin_client.get(LOCKS, {"q": "jobguard:overlap:tests.P:0"})
+    assert sorted(lock_rows(response)) == [  # not a key: the page of keys starting with it
+        f"jobguard:overlap:tests.P:0{i}" for i in (0, 2, 4, 6, 8)]
+    response = admin_client.get(LOCKS, {"q": "jobguard:overlap:tests.P:04"})
+    assert list(lock_rows(response)) == ["jobguard:overlap:tests.P:04"]
+    assert "Other keys starting with this" in response.content.decode()
+    rows = lock_rows(admin_client.get(LOCKS + response.context["more_url"]))
+    assert list(rows) == ["jobguard:overlap:tests.P:04"]  # the only one
     body = admin_client.get(LOCKS, {"kind": "nope"}).content.decode()
     assert "Unknown lock kind" in body
 

@@ -125,3 +125,15 @@ def test_bad_input_is_refused_at_dispatch_and_nothing_is_queued():
         batch([Step(object())]).dispatch()
     assert not Batch.objects.exists() and not QueuedJob.objects.exists()
     assert not FailedJob.objects.exists()
+
+
+def test_housekeeping_settles_a_batch_a_dying_worker_left_complete():
+    row = full(batch([Step("a")])).dispatch()
+    # As if the worker died between the member's ack (which counted it) and the callbacks:
+    QueuedJob.objects.filter(id=row.job_ids[0]).delete()
+    Batch.objects.filter(id=row.id).update(pending_jobs=0)
+    assert operations.housekeeping().batches == 1
+    assert operations.housekeeping().batches == 0  # once
+    work()
+    assert set(callbacks()) == {"then", "finally"}
+    assert Batch.objects.get(id=row.id).status == "completed"
