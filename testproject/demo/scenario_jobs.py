@@ -254,3 +254,42 @@ class GenerateReport(ShouldBeUnique, Job):
     def handle(self):
         with recorded(self, "report", f"{self.account}:{self.kind}"):
             time.sleep(0.3)
+
+
+class ImportChunk(Job):
+    """One chunk of an uploaded file; chunk ``bad`` fails (no retries)."""
+
+    tries = 1
+
+    def __init__(self, upload: str, chunk: int, bad: int = -1, *, run: str = ""):
+        self.upload, self.chunk, self.bad, self.run = upload, chunk, bad, run
+
+    def handle(self):
+        with recorded(self, "import-chunk", key=f"{self.upload}:{self.chunk}"):
+            time.sleep(0.05)
+        if self.chunk == self.bad:
+            raise ValueError(f"chunk {self.chunk} of {self.upload} has a malformed row")
+
+
+class ImportCallback(Job):
+    """A batch callback: records which one ran (``then``, ``catch`` or ``finally``)."""
+
+    def __init__(self, upload: str, which: str, *, run: str = ""):
+        self.upload, self.which, self.run = upload, which, run
+
+    def handle(self):
+        batch = self.batch
+        counts = f"{batch.total_jobs}/{batch.pending_jobs}/{batch.failed_jobs}" if batch else ""
+        with recorded(self, f"import-{self.which}", key=f"{self.upload}:{counts}"):
+            pass
+
+
+class InvoiceStep(Job):
+    """One step of the invoice chain: fetch → render → email."""
+
+    def __init__(self, invoice: int, step: str, *, run: str = ""):
+        self.invoice, self.step, self.run = invoice, step, run
+
+    def handle(self):
+        with recorded(self, "invoice-step", key=f"{self.invoice}:{self.step}"):
+            time.sleep(0.02)

@@ -329,6 +329,61 @@ def django_tasks(demo: Demo) -> Outcome:
                                                                          "entries": 42})
 
 
+# -- workflows -------------------------------------------------------------------------------
+
+
+def invoice_chain(demo: Demo) -> Outcome:
+    from django_jobguard import chain
+    from django_jobguard.models import Chain
+
+    steps = ["fetch", "render", "email"]
+    handle = chain(*(jobs.InvoiceStep(1001, step, run=demo.run) for step in steps),
+                   name=f"invoice-1001-{demo.run}").dispatch()
+    demo.wait()
+    runs = demo.runs("invoice-step")
+    order = [run.key.split(":")[1] for run in runs]
+    in_order = all(a.ended_at and a.ended_at <= b.started_at
+                   for a, b in itertools.pairwise(runs))
+
+    status = Chain.objects.get(id=handle.id).status
+    return Outcome([
+        f"chain(fetch, render, email) ran: {' → '.join(order)}; chain {status}",
+        "each step started after the previous one ended: " + ("yes" if in_order else "NO"),
+    ], ok=order == steps and in_order and status == "completed")
+
+
+def import_batch(demo: Demo) -> Outcome:
+    from django_jobguard import batch
+
+    def dispatch(upload: str, bad: int = -1):
+        return (batch([jobs.ImportChunk(upload, n, bad, run=demo.run) for n in range(8)],
+                      name=f"{upload}-{demo.run}")
+                .then(jobs.ImportCallback(upload, "then", run=demo.run))
+                .catch(jobs.ImportCallback(upload, "catch", run=demo.run))
+                .finally_(jobs.ImportCallback(upload, "finally", run=demo.run)).dispatch())
+
+    good, broken = dispatch("good.csv"), dispatch("broken.csv", bad=0)
+    demo.wait()
+    good.refresh_from_db()
+    broken.refresh_from_db()
+
+    def ran(upload: str) -> list[str]:
+        return sorted(label.removeprefix("import-") for label in JobRun.objects.filter(
+            started_at__gte=demo.t0, label__in=["import-then", "import-catch", "import-finally"],
+            key__startswith=upload).values_list("label", flat=True))
+
+    chunks = {upload: len([r for r in demo.runs("import-chunk") if r.key.startswith(upload)])
+              for upload in ("good.csv", "broken.csv")}
+    return Outcome([
+        f"good.csv: 8 chunks ran {chunks['good.csv']}; batch {good.status}, progress "
+        f"{good.progress:.0%}; callbacks: {', '.join(ran('good.csv'))}",
+        f"broken.csv: chunk 0 failed → batch cancelled, {chunks['broken.csv']} chunk(s) ran, "
+        f"the rest skipped; batch {broken.status}; callbacks: {', '.join(ran('broken.csv'))}",
+    ], ok=(chunks["good.csv"] == 8 and good.status == "completed"
+           and ran("good.csv") == ["finally", "then"] and broken.status == "failed"
+           and ran("broken.csv") == ["catch", "finally"]))
+
+
 SCENARIOS = [
     Scenario("triple-save", 'Triple "Save" click → one CRM sync', triple_save),
     Scenario("reindex", "Product reindex dispatched 5 times → runs once", reindex_five),
@@ -347,4 +402,8 @@ SCENARIOS = [
     Scenario("delayed", "A delayed job waits until it is due", delayed_job),
     Scenario("django-tasks", "django.tasks @task on jobguard's workers", django_tasks,
              available=_has_tasks),
+    Scenario("invoice-chain", "Invoice fetch → render → email as a chain, in order",
+             invoice_chain),
+    Scenario("import-batch", "CSV import as a batch: then/catch/finally once each",
+             import_batch),
 ]
