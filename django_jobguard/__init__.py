@@ -39,6 +39,7 @@ _EXPORTS = {
     # workflows
     "chain": "django_jobguard.chains",
     "batch": "django_jobguard.batches",
+    "Batchable": "django_jobguard.batches",
     # periodic jobs
     "periodic": "django_jobguard.schedules",
     "Schedule": "django_jobguard.schedules",

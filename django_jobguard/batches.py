@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import F
 from django.db.models.functions import Now
@@ -41,13 +42,27 @@ from django_jobguard.models import Batch
 if TYPE_CHECKING:
     from django_jobguard.jobs import Job
 
-__all__ = ["PendingBatch", "add", "batch", "cancel", "cancelled", "find", "finished",
-           "retried"]
+__all__ = ["BatchHandle", "Batchable", "PendingBatch", "add", "batch", "cancel", "cancelled",
+           "find", "finished", "retried"]
 
 #: The payload key that marks a job as a batch member: the batch's id.
 MARKER = "batch"
+#: The payload key that marks a job as a batch's callback: the batch's id.
+CALLBACK_MARKER = "batch_callback"
 THEN, CATCH, FINALLY = "then", "catch", "finally"
 SUCCEEDED, FAILED, SKIPPED = "succeeded", "failed", "skipped"
+
+
+class Batchable:
+    """Mixin for jobs that use their batch (Laravel's ``Batchable`` trait):
+    ``self.batch`` is the :class:`BatchHandle` of the batch the job belongs to, or whose
+    callback it is, ``None`` otherwise. ``class ImportRows(Batchable, Job)``."""
+
+    @property
+    def batch(self) -> BatchHandle | None:
+        extra = self.context.envelope.extra
+        batch_id = extra.get(MARKER) or extra.get(CALLBACK_MARKER)
+        return find(batch_id) if isinstance(batch_id, str) else None
 
 
 class PendingBatch:
@@ -85,9 +100,9 @@ class PendingBatch:
         self.callbacks[kind].append(job)
         return self
 
-    def dispatch(self, *, using: str = DEFAULT_DB_ALIAS) -> Batch:
+    def dispatch(self, *, using: str = DEFAULT_DB_ALIAS) -> BatchHandle:
         """Record the batch and queue its jobs, in the caller's transaction (one INSERT per
-        500 jobs). Returns the :class:`~django_jobguard.models.Batch` row."""
+        500 jobs). Returns its :class:`BatchHandle`."""
         row = Batch(id=uuid.uuid4(), name=self.name[:255],
                     allow_failures=self.failures_allowed,
                     callbacks={kind: [_encoded(job) for job in jobs]
@@ -100,8 +115,44 @@ class PendingBatch:
             if not rows:  # an empty batch is done at once
                 _settle(Batch.objects.using(using).select_for_update().get(id=row.id), using)
         row.refresh_from_db(using=using)
-        row.job_ids = [str(r.id) for r in rows]
-        return row
+        return BatchHandle(row, job_ids=[str(r.id) for r in rows], using=using)
+
+
+class BatchHandle:
+    """A batch as its caller and its jobs see it (Laravel's ``Batch``): the counts of its
+    :class:`~django_jobguard.models.Batch` row (``total_jobs``, ``pending_jobs``,
+    ``failed_jobs``, ``processed_jobs``, ``progress``, ``status``, ``finished``,
+    ``cancelled``… as last read: :meth:`refresh`), and what can be done to it."""
+
+    def __init__(self, row: Batch, *, job_ids: Iterable[str] = (),
+                 using: str = DEFAULT_DB_ALIAS) -> None:
+        self.row = row
+        self.id = str(row.id)
+        self.job_ids = list(job_ids)  # the jobs it was dispatched with
+        self.using = using
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "row":
+            raise AttributeError(name)
+        return getattr(self.row, name)
+
+    def __repr__(self) -> str:
+        return f"<BatchHandle {self.id} {self.row.status} {self.row.processed_jobs}/" \
+               f"{self.row.total_jobs}>"
+
+    def refresh(self) -> BatchHandle:
+        """Read the counts again."""
+        self.row.refresh_from_db(using=self.using)
+        return self
+
+    def cancel(self) -> bool:
+        """Cancel the batch: its jobs not started yet are skipped (each counted as
+        processed), running ones finish. False if it was cancelled already."""
+        return cancel(self.id, using=self.using)
+
+    def add(self, jobs: Iterable[Job]) -> list[str]:
+        """Add jobs to the batch (from one of its jobs); returns their ids."""
+        return add(self.id, jobs, using=self.using)
 
 
 def batch(jobs: Iterable[Job], *, name: str = "") -> PendingBatch:
@@ -109,12 +160,13 @@ def batch(jobs: Iterable[Job], *, name: str = "") -> PendingBatch:
     return PendingBatch(jobs, name=name)
 
 
-def find(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> Batch | None:
+def find(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> BatchHandle | None:
     """The batch ``batch_id`` (``None`` if there is none, e.g. pruned)."""
     try:
-        return Batch.objects.using(using).filter(id=batch_id).first()
-    except (ValueError, TypeError):
+        row = Batch.objects.using(using).filter(id=batch_id).first()
+    except (ValueError, TypeError, ValidationError):
         return None
+    return BatchHandle(row, using=using) if row is not None else None
 
 
 def marker_of(payload: Any) -> str | None:
@@ -266,7 +318,7 @@ def _settle(row: Batch, using: str, *, first_failure: bool = False) -> None:
     if due:
         job_queue.push([job_queue.NewJob(
             name=cb["job"], queue=cb["queue"], priority=cb["priority"],
-            payload=json.dumps({**cb["payload"], "batch_callback": str(row.id)},
+            payload=json.dumps({**cb["payload"], CALLBACK_MARKER: str(row.id)},
                                separators=(",", ":")))
             for kind in due for cb in row.callbacks.get(kind, [])], using=using)
         row.callbacks_queued = [*row.callbacks_queued, *due]

@@ -131,16 +131,6 @@ class Job:
         return self.context.attempt
 
     @property
-    def batch(self) -> Any:
-        """The :class:`~django_jobguard.models.Batch` this job belongs to, or whose callback
-        it is (``None`` otherwise): ``self.batch.add([...])``, ``self.batch.cancelled``."""
-        from django_jobguard import batches
-
-        extra = self.context.envelope.extra
-        batch_id = extra.get(batches.MARKER) or extra.get("batch_callback")
-        return batches.find(batch_id) if isinstance(batch_id, str) else None
-
-    @property
     def cancelled(self) -> bool:
         """Whether an operator asked this running job to stop: check it in long loops and
         return (the run then ends as cancelled, not failed). Read at most once a second."""

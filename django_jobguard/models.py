@@ -399,16 +399,3 @@ class Batch(models.Model):
     @property
     def cancelled(self) -> bool:
         return self.cancelled_at is not None
-
-    def cancel(self) -> bool:
-        """Cancel the batch: its jobs not started yet are skipped (each counted as
-        processed), running ones finish. False if it was cancelled already."""
-        from django_jobguard import batches
-
-        return batches.cancel(self.id, using=self._state.db or "default")
-
-    def add(self, jobs: list) -> list[str]:
-        """Add jobs to the batch (e.g. from one of its jobs); returns their ids."""
-        from django_jobguard import batches
-
-        return batches.add(self.id, jobs, using=self._state.db or "default")

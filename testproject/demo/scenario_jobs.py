@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from django.db.models import F
 from django.utils import timezone
 
-from django_jobguard import Job, ShouldBeUnique
+from django_jobguard import Batchable, Job, ShouldBeUnique
 
 from .models import JobRun, Profile
 
@@ -271,7 +271,7 @@ class ImportChunk(Job):
             raise ValueError(f"chunk {self.chunk} of {self.upload} has a malformed row")
 
 
-class ImportCallback(Job):
+class ImportCallback(Batchable, Job):
     """A batch callback: records which one ran (``then``, ``catch`` or ``finally``)."""
 
     def __init__(self, upload: str, which: str, *, run: str = ""):

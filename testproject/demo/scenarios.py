@@ -364,8 +364,8 @@ def import_batch(demo: Demo) -> Outcome:
 
     good, broken = dispatch("good.csv"), dispatch("broken.csv", bad=0)
     demo.wait()
-    good.refresh_from_db()
-    broken.refresh_from_db()
+    good.refresh()
+    broken.refresh()
 
     def ran(upload: str) -> list[str]:
         return sorted(label.removeprefix("import-") for label in JobRun.objects.filter(

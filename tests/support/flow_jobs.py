@@ -9,7 +9,7 @@ import time
 from demo.models import JobRun
 from django.utils import timezone
 
-from django_jobguard import Job
+from django_jobguard import Batchable, Job
 
 #: Labels whose ``Flaky`` job raises (in-process tests clear it to let a retry succeed;
 #: worker subprocesses take them from ``FLOW_FAILING``, comma-separated).
@@ -48,7 +48,7 @@ class Flaky(Job):
             raise RuntimeError(f"{self.label} failed")
 
 
-class Grow(Job):
+class Grow(Batchable, Job):
     """A batch member that adds ``more`` Step jobs to its own batch."""
 
     def __init__(self, label: str, more: int):
@@ -59,7 +59,7 @@ class Grow(Job):
         self.batch.add([Step(f"{self.label}-{i}") for i in range(self.more)])
 
 
-class CallbackRecord(Job):
+class CallbackRecord(Batchable, Job):
     """A batch callback: records its label and the batch's counts when it ran."""
 
     def __init__(self, label: str):

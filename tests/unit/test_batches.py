@@ -40,7 +40,7 @@ def test_then_and_finally_run_once_every_job_succeeded():
     assert (row.total_jobs, row.pending_jobs, row.failed_jobs, row.name) == (5, 5, 0, "five")
     assert len(row.job_ids) == 5 and QueuedJob.objects.count() == 5 and row.progress == 0
     work()
-    row.refresh_from_db()
+    row.refresh()
     assert (row.pending_jobs, row.failed_jobs, row.processed_jobs) == (0, 0, 5)
     assert row.finished and row.progress == 1 and not row.cancelled
     assert row.status == "completed"
@@ -53,7 +53,7 @@ def test_a_failure_cancels_the_batch_runs_catch_and_finally_and_skips_the_rest()
     flow_jobs.FAILING.add("bad")
     row = full(batch([Flaky("bad"), *[Step(str(i)) for i in range(3)]])).dispatch()
     states = work()
-    row.refresh_from_db()
+    row.refresh()
     assert row.cancelled and row.finished and row.status == "failed"
     assert (row.failed_jobs, row.failed_job_ids) == (1, [row.job_ids[0]])
     assert states.count("CANCELLED") == 3 and labels()[0] == "bad"  # the rest were skipped
@@ -65,15 +65,15 @@ def test_allow_failures_runs_the_rest_and_a_retried_member_completes_it():
     flow_jobs.FAILING.add("bad")
     row = full(batch([Flaky("bad"), Step("a"), Step("b")])).allow_failures().dispatch()
     work()
-    row.refresh_from_db()
+    row.refresh()
     assert not row.cancelled and row.status == "failed"
     assert {"a", "b"} <= set(labels()) and set(callbacks()) == {"catch", "finally"}
     flow_jobs.FAILING.clear()
     operations.retry([row.job_ids[0]])
-    row.refresh_from_db()
+    row.refresh()
     assert (row.failed_jobs, row.failed_job_ids, row.status) == (0, [], "running")
     work()
-    row.refresh_from_db()
+    row.refresh()
     assert row.status == "completed" and set(callbacks()) == {"catch", "finally", "then"}
     assert JobRun.objects.filter(label="finally").count() == 1  # each callback once
 
@@ -81,10 +81,10 @@ def test_allow_failures_runs_the_rest_and_a_retried_member_completes_it():
 def test_cancel_skips_the_jobs_not_started_and_finally_still_runs():
     row = full(batch([Step(str(i)) for i in range(4)])).dispatch()
     assert row.cancel() and not row.cancel()  # the second time: already cancelled
-    row.refresh_from_db()
+    row.refresh()
     assert row.status == "cancelling"
     assert work().count("CANCELLED") == 4
-    row.refresh_from_db()
+    row.refresh()
     assert (row.pending_jobs, row.processed_jobs) == (0, 4)
     assert row.status == "cancelled" and set(callbacks()) == {"finally"}
     assert not JobRun.objects.exclude(label="finally").exists()
@@ -93,7 +93,7 @@ def test_cancel_skips_the_jobs_not_started_and_finally_still_runs():
 def test_a_job_adds_jobs_to_its_own_batch_before_it_finishes():
     row = full(batch([Grow("g", more=3), Step("x")])).dispatch()
     work()
-    row.refresh_from_db()
+    row.refresh()
     assert (row.total_jobs, row.pending_jobs) == (5, 0)
     assert {"g-0", "g-1", "g-2", "x"} <= set(labels())
     assert callbacks()["then"] == "5/0/0"
@@ -105,7 +105,7 @@ def test_an_operator_cancelling_a_waiting_member_counts_it_as_processed():
     row = full(batch([Step("a"), Step("b")])).dispatch()
     operations.cancel(QueuedJob.objects.filter(id=row.job_ids[0]))
     work()
-    row.refresh_from_db()
+    row.refresh()
     assert row.pending_jobs == 0 and set(callbacks()) == {"then", "finally"}
 
 
