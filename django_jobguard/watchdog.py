@@ -38,7 +38,8 @@ class Watchdog:
     ends. The watchdog process starts on the first ``arm()`` and ends with the worker."""
 
     def __init__(self, pid: int | None = None) -> None:
-        self.pid = pid or os.getpid()
+        self.pid = pid or os.getpid()  # the process to kill
+        self._owner = os.getpid()  # the process that talks to it (a forked child does not)
         self._proc: subprocess.Popen | None = None
 
     def arm(self, seconds: float, label: str) -> None:
@@ -52,7 +53,7 @@ class Watchdog:
     def close(self) -> None:
         """Stop the watchdog (closing the pipe ends it)."""
         proc, self._proc = self._proc, None
-        if proc is not None and self.pid == os.getpid():
+        if proc is not None and self._owner == os.getpid():
             proc.stdin.close()
             proc.wait(timeout=5)
 
@@ -83,7 +84,7 @@ _watchdog: Watchdog | None = None
 def for_this_process() -> Watchdog:
     """This process's watchdog (one per worker process; a forked child gets its own)."""
     global _watchdog
-    if _watchdog is None or _watchdog.pid != os.getpid():
+    if _watchdog is None or _watchdog._owner != os.getpid():
         _watchdog = Watchdog()
         atexit.register(_watchdog.close)  # the pipe would close anyway; this waits for it
     return _watchdog

@@ -473,7 +473,8 @@ class BatchViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelM
     serializer_class = s.BatchSerializer
     model_permissions = {"GET": ["view_batch"], "POST": ["change_batch"]}
 
-    @extend_schema(responses={200: s.BatchSerializer(many=True), **_errors(*READ_ERRORS)})
+    @extend_schema(responses={200: s.BatchSerializer(many=True),
+                              **_errors(*READ_ERRORS, 404)})
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 

@@ -159,17 +159,3 @@ class EndsTheProcess(Job):
             os._exit(0)
         raise KeyboardInterrupt
 
-
-class HoldsTheGil(Job):
-    """Runs C code that holds the GIL for about a minute (issue 12 item 2): no signal handler
-    and no other thread of its process runs meanwhile, so neither its timeout nor its
-    heartbeat can act."""
-
-    tries = 1
-    timeout = 2
-
-    def handle(self):
-        JobRun.objects.create(label="gil", job_id=self.job_id or "", pid=os.getpid(),
-                              attempt=self.attempts(), started_at=timezone.now())
-        sum(range(3 * 10**9))
-        JobRun.objects.filter(job_id=self.job_id or "").update(ended_at=timezone.now())

@@ -19,7 +19,7 @@ from demo.models import JobRun
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.timeouts import hard_limit
 from tests.chaos.conftest import chaos_env
-from tests.chaos.jobs import HoldsTheGil
+from tests.chaos.gil_jobs import HoldsTheGil
 from tests.support import MANAGE, ROOT, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -28,7 +28,8 @@ LEASE = 12
 
 
 def start_worker(log) -> subprocess.Popen:
-    env = chaos_env(JOBGUARD_RETRY_AFTER=str(LEASE), JOBGUARD_DEFAULT_TIMEOUT="2")
+    env = chaos_env(JOBGUARD_RETRY_AFTER=str(LEASE), JOBGUARD_DEFAULT_TIMEOUT="2",
+                    JOBGUARD_EXTRA_JOB_MODULES="tests.chaos.gil_jobs")
     return subprocess.Popen([sys.executable, str(MANAGE), "jobworker", "--sleep", "0.2"],
                             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
 
