@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Value
 
 from django_jobguard import clock
@@ -52,20 +52,15 @@ def exists(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 
     This is how a unique lock in a store that cannot roll back (Redis) is judged: its owner's
     row is inserted before the lock is taken, so a lock whose owner has no row was left by a
-    rolled-back dispatch (or a process that died) and may be taken over. The probe inserts the
-    id in a savepoint and always rolls it back; nobody else can see it.
+    rolled-back dispatch (or a process that died) and may be taken over. How the dialect
+    waits: an insert of the id in a savepoint, always rolled back (PostgreSQL, SQLite), or a
+    locking read (MariaDB/MySQL).
     """
     try:
         job_id = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
     except ValueError:
         return True  # not a job's lock: never judged as left behind
-    try:
-        with transaction.atomic(using=using):
-            QueuedJob(id=job_id, name="", queue="").save(using=using, force_insert=True)
-            transaction.set_rollback(True, using=using)
-    except IntegrityError:
-        return True
-    return False
+    return dialect_for(using).job_exists(job_id)
 
 
 def notify(queues: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> None:

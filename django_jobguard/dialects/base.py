@@ -118,6 +118,20 @@ class Dialect(ABC):
         """A :class:`Listener` on its own connection, or ``None`` where there is no LISTEN."""
         return None
 
+    def job_exists(self, job_id: uuid.UUID) -> bool:
+        """Whether the row ``job_id`` exists, waiting for a transaction that is inserting it
+        (see :func:`django_jobguard.queue.exists`). Default: insert the id in a savepoint,
+        always rolled back; a duplicate key waits for the inserting transaction to end."""
+        from django.db import IntegrityError, transaction
+
+        try:
+            with transaction.atomic(using=self.using):
+                QueuedJob(id=job_id, name="", queue="").save(using=self.using, force_insert=True)
+                transaction.set_rollback(True, using=self.using)
+        except IntegrityError:
+            return True
+        return False
+
     # -- batches (batches.py) --------------------------------------------------------------
 
     def ack_counting(self, job_id: Any, reserved_by: str, start_id: Any,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -221,6 +222,18 @@ class MySQLDialect(GenericDialect):
     def __init__(self, using: str) -> None:
         super().__init__(using)
         self._push_sql: dict[int, str] = {}
+
+    def job_exists(self, job_id: uuid.UUID) -> bool:
+        """A locking read: InnoDB makes it wait for a transaction that inserted the row and
+        then sees the committed row. (The insert probe would take next-key locks on the
+        duplicate key, and two dispatches probing each other's rows could deadlock.)"""
+        connection = connections[self.using]
+        quote = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {quote(QueuedJob._meta.db_table)} WHERE "
+                           f"{quote(QueuedJob._meta.pk.column)} = %s LOCK IN SHARE MODE",
+                           [QueuedJob._meta.pk.get_db_prep_value(job_id, connection)])
+            return cursor.fetchone() is not None
 
     def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
         connection = connections[self.using]

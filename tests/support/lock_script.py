@@ -37,12 +37,12 @@ def main() -> None:
         results = [bool(UniqueRecord("storm", label="storm").dispatch()) for _ in range(count)]
         print(json.dumps({"queued": sum(results), "skipped": results.count(False)}), flush=True)
     elif mode == "rollback":
-        from django.db import transaction
+        from django.db import OperationalError, transaction
 
         class RolledBack(Exception):
             pass
 
-        committed = rolled_back = 0
+        committed = rolled_back = deadlocks = 0
         for _ in range(count):
             try:
                 with transaction.atomic():
@@ -53,7 +53,12 @@ def main() -> None:
                 committed += queued
             except RolledBack:
                 rolled_back += 1
-        print(json.dumps({"committed": committed, "rolled_back": rolled_back}), flush=True)
+            except OperationalError as exc:  # InnoDB aborted the transaction: an app retries
+                if "Deadlock" not in str(exc):
+                    raise
+                deadlocks += 1
+        print(json.dumps({"committed": committed, "rolled_back": rolled_back,
+                          "deadlocks": deadlocks}), flush=True)
     elif mode == "fence":
         tokens = []
         for n in range(count):
