@@ -14,7 +14,7 @@ import pytest
 from demo.models import JobRun
 
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.support import MANAGE, ROOT, worker_env
+from tests.support import MANAGE, ROOT, wait_for, worker_env
 
 CHAOS_ENV = {"JOBGUARD_RETRY_AFTER": "2", "JOBGUARD_DEFAULT_TIMEOUT": "1",
              "JOBGUARD_EXTRA_JOB_MODULES": "tests.chaos.jobs"}
@@ -63,8 +63,15 @@ class Fleet:
         self.killed.add(proc.pid)
 
     def stop_all(self, timeout: float = 30) -> list[int]:
-        """SIGTERM the living workers and return their exit codes."""
+        """SIGTERM the living workers and return their exit codes. A worker just started is
+        first let reach its loop (its row is written after its signal handlers are set): a
+        SIGTERM during Django's start-up would end it with -15, as it would any program."""
+        from django_jobguard.models import Worker
+
         living = self.alive
+        wait_for(lambda: all(proc.poll() is not None
+                             or Worker.objects.filter(pid=proc.pid).exists()
+                             for proc in living), timeout=60, what="workers started")
         for proc in living:
             proc.terminate()
         codes = []
