@@ -113,7 +113,7 @@ class PendingBatch:
             row.save(using=using, force_insert=True)
             job_queue.push(rows, using=using)
             if not rows:  # an empty batch is done at once
-                _settle(Batch.objects.using(using).select_for_update().get(id=row.id), using)
+                _settle(_locked(row.id, using), using)
         row.refresh_from_db(using=using)
         return BatchHandle(row, job_ids=[str(r.id) for r in rows], using=using)
 
@@ -206,10 +206,10 @@ def add(batch_id: Any, jobs: Iterable[Job], *, using: str = DEFAULT_DB_ALIAS) ->
     count before the job adding them finishes, so the batch cannot complete in between."""
     rows = _members(uuid.UUID(str(batch_id)), jobs)
     with transaction.atomic(using=using):
-        row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+        row = _locked(batch_id, using)
         if row is None:
             raise LookupError(f"No batch {batch_id}.")
-        if row.pending_jobs - row.failed_jobs <= 0 and row.total_jobs:
+        if row.all_ran and row.total_jobs:
             raise ValueError(f"Batch {batch_id} has finished; jobs cannot be added to it.")
         Batch.objects.using(using).filter(id=row.id).update(
             total_jobs=F("total_jobs") + len(rows), pending_jobs=F("pending_jobs") + len(rows))
@@ -222,7 +222,7 @@ def cancel(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     process knows at once, other workers within :data:`CANCEL_CHECK_EVERY`)."""
     done = bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
                 .update(cancelled_at=Now()))
-    _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
+    _remember_cancelled(batch_id, using)
     return done
 
 
@@ -230,6 +230,11 @@ def cancel(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 #: that time after a cancel may still run): one query per batch and second, not per member.
 CANCEL_CHECK_EVERY = 1.0
 _cancel_seen: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
+def _remember_cancelled(batch_id: Any, using: str) -> None:
+    """This process cancelled the batch: its workers skip the members at once."""
+    _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
 
 
 def cancelled(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
@@ -259,14 +264,14 @@ def finished(payload: Any, *, outcome: str, job_id: str,
     if outcome != FAILED:  # the common case: one statement, and the row only when it is done
         counted(batch_id, dialect_for(using).count_batch_success(batch_id), using=using)
         return
-    row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+    row = _locked(batch_id, using)
     if row is None:
         return  # pruned by an operator: the job ran on its own
     row.failed_jobs += 1
     row.failed_job_ids = [*row.failed_job_ids, job_id]
     if not row.allow_failures and row.cancelled_at is None:
         row.cancelled_at = Now()
-        _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
+        _remember_cancelled(batch_id, using)
     row.save(using=using, update_fields=["failed_jobs", "failed_job_ids", "cancelled_at"])
     _settle(row, using, first_failure=row.failed_jobs == 1)
 
@@ -279,11 +284,8 @@ def counted(batch_id: str, counts: tuple[int, int] | None, *,
     The pipeline counts a member in the statement that acks it and calls this after it
     (outside that transaction); if the worker dies in between, :func:`settle_finished`
     (the workers' housekeeping) queues the callbacks."""
-    if counts is not None and counts[0] - counts[1] <= 0:
-        with transaction.atomic(using=using):
-            row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
-            if row is not None:
-                _settle(row, using)
+    if counts is not None and counts[0] <= counts[1]:  # pending <= failed: every job ran
+        _settle_locked(batch_id, using)
 
 
 def settle_finished(*, using: str = DEFAULT_DB_ALIAS) -> int:
@@ -291,14 +293,23 @@ def settle_finished(*, using: str = DEFAULT_DB_ALIAS) -> int:
     finished (a worker died between a member's ack and its batch's callbacks); how many."""
     stuck = Batch.objects.using(using).filter(
         finished_at__isnull=True, pending_jobs__lte=F("failed_jobs")).values_list("id", flat=True)
-    settled = 0
-    for batch_id in list(stuck[:100]):
-        with transaction.atomic(using=using):
-            row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
-            if row is not None and row.finished_at is None:
-                _settle(row, using)
-                settled += 1
-    return settled
+    return sum(_settle_locked(batch_id, using) for batch_id in list(stuck[:100]))
+
+
+def _locked(batch_id: Any, using: str) -> Batch | None:
+    """The batch row, locked until the transaction ends (``None`` if there is none)."""
+    return Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+
+
+def _settle_locked(batch_id: Any, using: str) -> bool:
+    """Lock the batch row and queue what its counts call for, unless it is settled or gone;
+    whether it was settled now."""
+    with transaction.atomic(using=using):
+        row = _locked(batch_id, using)
+        if row is None or row.finished_at is not None:
+            return False
+        _settle(row, using)
+        return True
 
 
 def _settle(row: Batch, using: str, *, first_failure: bool = False) -> None:
@@ -308,11 +319,11 @@ def _settle(row: Batch, using: str, *, first_failure: bool = False) -> None:
         due.append(CATCH)
     if row.pending_jobs == 0 and row.failed_jobs == 0 and row.cancelled_at is None:
         due.append(THEN)
-    if row.pending_jobs - row.failed_jobs <= 0:
+    if row.all_ran:
         due.append(FINALLY)
     due = [kind for kind in due if kind not in row.callbacks_queued]
     fields = []
-    if row.pending_jobs - row.failed_jobs <= 0 and row.finished_at is None:
+    if row.all_ran and row.finished_at is None:
         row.finished_at = Now()
         fields.append("finished_at")
     if due:
@@ -335,7 +346,7 @@ def retried(payloads: list[Any], job_ids: list[str], *,
         batch_id = marker_of(payload)
         if batch_id is None:
             continue
-        row = Batch.objects.using(using).select_for_update().filter(id=batch_id).first()
+        row = _locked(batch_id, using)
         if row is None or job_id not in row.failed_job_ids:
             continue
         row.failed_job_ids = [i for i in row.failed_job_ids if i != job_id]

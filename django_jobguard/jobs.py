@@ -275,6 +275,7 @@ def dispatch_many(
 
     def insert() -> None:
         kept = _push_unique(jobs, built, using=using, batch_size=batch_size)
+        inserted = []
         for i, (job, (row, _)) in enumerate(zip(jobs, built, strict=True)):
             if i not in kept:
                 results[i] = Dispatched(id=None, job_name=job.name, queue=row.queue,
@@ -282,12 +283,12 @@ def dispatch_many(
                 signals.job_skipped_unique.send(sender=type(job), job=job)
         for i in sorted(kept):
             job, (row, _) = jobs[i], built[i]
+            inserted.append(str(row.id))
             signals.job_dispatched.send(sender=type(job), job=job, job_id=str(row.id),
                                         queue=row.queue, priority=row.priority,
                                         delay=row.delay, at=row.at)
-        if kept:
-            signals.jobs_inserted.send(sender=Job, job_ids=[str(built[i][0].id)
-                                                            for i in sorted(kept)], using=using)
+        if inserted:
+            signals.jobs_inserted.send(sender=Job, job_ids=inserted, using=using)
 
     if on_commit:
         transaction.on_commit(insert, using=using)  # at once outside a transaction

@@ -380,6 +380,11 @@ class Batch(models.Model):
         return min(1.0, self.processed_jobs / self.total_jobs) if self.total_jobs else 1.0
 
     @property
+    def all_ran(self) -> bool:
+        """Every job has run once (a failed one stays counted in ``pending_jobs``)."""
+        return self.pending_jobs <= self.failed_jobs
+
+    @property
     def finished(self) -> bool:
         """Every job has run: succeeded, failed for good, or skipped (cancelled)."""
         return self.finished_at is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -32,10 +33,11 @@ def cancel(jobs: Iterable[QueuedJob], *, actor: str = "",
     for row in jobs:
         # _raw_delete: one DELETE whose WHERE re-checks the state (Django's delete() could
         # load the rows first and then delete them by id).
-        with transaction.atomic(using=using):
+        follow = workflows.involved(row.payload)
+        with transaction.atomic(using=using) if follow else nullcontext():
             deleted = QueuedJob.objects.using(using).unreserved().filter(
                 id=row.id)._raw_delete(using)
-            if deleted:  # a batch counts it as processed, a chain stops
+            if deleted and follow:  # a batch counts it as processed, a chain stops
                 workflows.finished(row.payload, outcome=workflows.SKIPPED, job_id=str(row.id),
                                    using=using)
         if deleted:
