@@ -29,6 +29,7 @@ from tests.support import jobs, requires_postgres, wait_for, work, worker_env
 from tests.support.limit_jobs import RateRecord
 from tests.support.lock_jobs import Overlap, UniqueRecord
 from tests.support.pgbouncer import running
+from tests.support.pgbouncer import version as pgbouncer_version
 
 pytestmark = [
     requires_postgres,
@@ -203,3 +204,70 @@ def test_a_worker_without_listen_database_warns_once_and_polls(via_bouncer, work
     assert JobRun.objects.filter(label="polled").count() == 3
     assert out.count("did not reach a LISTEN") == 1, out
     assert "polls every 0.5 s (--sleep) instead" in out
+
+
+@pytest.mark.parametrize("prepare_threshold", [None, 0])
+def test_prepared_statements_break_on_another_server_connection(via_bouncer, prepare_threshold):
+    """Why jobguard.W091 warns: with ``prepare_threshold`` psycopg prepares jobguard's ack on
+    one server connection, and PgBouncer < 1.21 runs a later execution on another one. Without
+    it (Django's default) the same sequence works."""
+    import psycopg
+    from django.db import DatabaseError
+
+    from django_jobguard.dialects import dialect_for
+
+    if prepare_threshold is not None and pgbouncer_version() >= (1, 21):
+        pytest.skip("PgBouncer >= 1.21 may track prepared statements (max_prepared_statements)")
+
+    conn = connections["default"]
+    conn.close()
+    conn.settings_dict["OPTIONS"] = {**conn.settings_dict.get("OPTIONS", {}),
+                                     "prepare_threshold": prepare_threshold}
+    dialect = dialect_for("default")
+    assert dialect.ack(uuid.uuid4(), "w") is False  # runs (and, at 0, prepares) on server 1
+    # Another client takes server 1 (PgBouncer hands out the last used server first) and keeps
+    # it in a transaction, so the next ack gets server 2.
+    with psycopg.connect(**via_bouncer.params(dbname=connection.settings_dict["NAME"])) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1")
+        if prepare_threshold is None:
+            assert dialect.ack(uuid.uuid4(), "w") is False
+        else:
+            with pytest.raises(DatabaseError, match=r"prepared statement .* does not exist"):
+                dialect.ack(uuid.uuid4(), "w")
+        other.execute("ROLLBACK")
+
+
+def test_a_worker_behind_a_declared_pgbouncer_polls_after_one_warning(settings, caplog):
+    from django_jobguard.worker import Worker, WorkerOptions
+
+    settings.JOBGUARD = {**settings.JOBGUARD, "PGBOUNCER": ["default"]}
+    worker = Worker(WorkerOptions(sleep=7))
+    with caplog.at_level("WARNING", logger="django_jobguard.worker"):
+        worker._open_listener()
+        worker._reopen_listener(retry_every=0)  # nothing to retry: the setup will not change
+    assert worker._listener is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Database 'default' is behind PgBouncer (JOBGUARD['PGBOUNCER']) and "
+        f"JOBGUARD['LISTEN_DATABASE'] is not set: LISTEN needs a session connection "
+        f"(docs/databases.md#pgbouncer). Worker {worker.id} polls every 7 s (--sleep) instead."]
+
+
+def test_an_unreachable_listen_database_is_retried_while_the_worker_polls(listen_alias, caplog):
+    from django_jobguard.worker import Worker, WorkerOptions
+
+    connections.settings[listen_alias]["PORT"] = str(_closed_port())
+    worker = Worker(WorkerOptions(sleep=1))
+    with caplog.at_level("WARNING", logger="django_jobguard.worker"):
+        worker._open_listener()
+        assert worker._listener is None and worker._listener_lost_at is not None
+        worker._reopen_listener(retry_every=0)  # an outage: asked again
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("LISTEN unavailable (")
+    assert messages[1].startswith("LISTEN still unavailable (")
+
+
+def _closed_port() -> int:
+    from tests.support.pgbouncer import free_port
+
+    return free_port()  # bound a moment ago and released: nothing listens there

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +26,14 @@ from pathlib import Path
 import psycopg
 
 POOL_SIZE = 2
+
+
+def version() -> tuple[int, ...]:
+    """The installed pgbouncer's version, e.g. ``(1, 18, 0)``."""
+    out = subprocess.run([shutil.which("pgbouncer") or "pgbouncer", "--version"],
+                         capture_output=True, text=True, timeout=30).stdout
+    match = re.search(r"PgBouncer (\d+)\.(\d+)(?:\.(\d+))?", out)
+    return tuple(int(part or 0) for part in match.groups()) if match else (0,)
 
 
 def free_port() -> int:
