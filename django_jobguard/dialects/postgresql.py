@@ -1,6 +1,7 @@
 """PostgreSQL: SKIP LOCKED claims, NOTIFY riding along with the INSERT, LISTEN for idle
-workers, and the per-job statements (push of one job, claim, ack) through psycopg's
-server-binding cursor so that they can be prepared once per connection."""
+workers (after a probe that a NOTIFY reaches it: not through a transaction-pooling PgBouncer,
+see :mod:`django_jobguard.pooling`), and the per-job statements (push of one job, claim, ack)
+through psycopg's server-binding cursor so that they can be prepared once per connection."""
 
 from __future__ import annotations
 

@@ -180,15 +180,20 @@ def test_a_worker_with_listen_database_wakes_on_notify_through_pgbouncer(via_bou
                                                                         workers):
     env = _bouncer_env(via_bouncer, JOBGUARD_TEST_PGBOUNCER_DECLARED="1",
                        JOBGUARD_TEST_LISTEN_DIRECT="1")
-    pool = workers(1, "--sleep", "120", "--max-jobs", "2", env=env)
+    pool = workers(1, "--sleep", "120", "--max-jobs", "5", env=env)
     # LISTEN starts right after the worker registers and before its first claim, so a job
     # dispatched from here on is either claimed at once or wakes the idle wait.
     wait_for(lambda: WorkerRow.objects.exists(), timeout=60)
+    assert UniqueRecord("u1", label="unique").dispatch()
+    Overlap("o1", label="overlap").dispatch()
+    RateRecord("rate", key="r1").dispatch()
     jobs.Record("first").dispatch()
-    wait_for(lambda: JobRun.objects.filter(label="first").exists(), timeout=60)
+    wait_for(lambda: JobRun.objects.count() == 4, timeout=60)
     jobs.Record("woken").dispatch()  # the worker idles (or is about to) for 120 s
     out = pool.wait(60)[0]  # polling alone would take 120 s
-    assert JobRun.objects.filter(label="woken").exists()
+    assert sorted(JobRun.objects.values_list("label", flat=True)) == [
+        "first", "overlap", "rate", "unique", "woken"]
+    assert not Lock.objects.exclude(owner="").exists()  # the worker released its locks
     assert "polls every" not in out and "LISTEN" not in out, out
     assert "got packet 'A'" not in via_bouncer.log_text()  # nothing LISTENed through it
 
