@@ -111,26 +111,60 @@ def raw_connect(*, autocommit: bool = True) -> Any:
     return psycopg.connect(conninfo(), autocommit=autocommit)
 
 
+def vendor() -> str:
+    """The bench database's vendor: ``"postgresql"`` or ``"mysql"`` (MariaDB)."""
+    from django.db import connection
+
+    return connection.vendor
+
+
+def postgresql() -> bool:
+    """Whether the bench runs on PostgreSQL (the peers and the raw-SQL floor need it)."""
+    return vendor() == "postgresql"
+
+
 def ensure_database() -> None:
     """Create the bench database if missing and apply every migration."""
-    import psycopg
     from django.conf import settings
     from django.core.management import call_command
 
-    name = settings.DATABASES["default"]["NAME"]
-    with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    db = settings.DATABASES["default"]
+    name = db["NAME"]
+    if postgresql():
+        import psycopg
+
+        with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                [name]).fetchone():
+                conn.execute(f'CREATE DATABASE "{name}"')
+    else:  # MariaDB
+        import MySQLdb
+
+        conn = MySQLdb.connect(host=db["HOST"], port=int(db["PORT"] or 3306), user=db["USER"],
+                               passwd=db["PASSWORD"])
+        try:
+            conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` "
+                                  f"CHARACTER SET utf8mb4")
+        finally:
+            conn.close()
     call_command("migrate", verbosity=0)
 
 
 def server_versions() -> dict[str, str]:
     out: dict[str, str] = {}
     try:
-        with raw_connect() as conn:
-            out["postgresql"] = conn.execute("SHOW server_version").fetchone()[0]
+        if postgresql():
+            with raw_connect() as conn:
+                out["postgresql"] = conn.execute("SHOW server_version").fetchone()[0]
+            out["database"] = f"PostgreSQL {out['postgresql']}"
+        else:
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT VERSION()")
+                out["database"] = f"{connection.display_name} {cursor.fetchone()[0]}"
     except Exception as exc:  # the report still says why
-        out["postgresql"] = f"unavailable ({exc})"
+        out["database"] = f"unavailable ({exc})"
     try:
         import redis
         from django.conf import settings
@@ -184,6 +218,15 @@ def machine() -> dict[str, Any]:
 
 
 def truncate(*tables: str) -> None:
+    if not postgresql():
+        from django.db import connection
+
+        existing = set(connection.introspection.table_names())
+        with connection.cursor() as cursor:
+            for table in tables:
+                if table in existing:
+                    cursor.execute(f"TRUNCATE TABLE {connection.ops.quote_name(table)}")
+        return
     with raw_connect() as conn:
         existing = [t for t in tables if conn.execute("SELECT to_regclass(%s)", [t]).fetchone()[0]]
         if existing:
@@ -192,6 +235,12 @@ def truncate(*tables: str) -> None:
 
 
 def count(sql: str, params: Sequence[Any] = ()) -> int:
+    if not postgresql():
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0]
     with raw_connect() as conn:
         return conn.execute(sql, params).fetchone()[0]
 
@@ -239,8 +288,8 @@ def stop(procs: Iterable[subprocess.Popen], timeout: float = 15) -> None:
 
 
 def worker_connections(min_per_process: int = 1) -> int:
-    return count("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                 [APP_NAME])
+    return count("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                 "AND datname = current_database()", [APP_NAME])
 
 
 def wait_for_connections(expected: int, procs: Sequence[subprocess.Popen],
@@ -260,9 +309,12 @@ class Poller:
 
     def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
         self.sql, self.params = sql, params
-        self.conn = raw_connect()
+        # MariaDB: this thread's Django connection (autocommit: each poll sees fresh rows).
+        self.conn = raw_connect() if postgresql() else None
 
     def value(self) -> int:
+        if self.conn is None:
+            return count(self.sql, self.params)
         return self.conn.execute(self.sql, self.params).fetchone()[0]
 
     def wait_zero(self, *, timeout: float, interval: float = 0.01) -> float:
@@ -272,7 +324,8 @@ class Poller:
         return time.perf_counter()
 
     def close(self) -> None:
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
 
 
 @dataclass
@@ -328,7 +381,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def save(report: Report, info: dict[str, Any], *, smoke: bool) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{report.name}{'-smoke' if smoke else ''}.json"
+    on = "" if postgresql() else f"-{vendor()}"
+    path = RESULTS / f"{report.name}{on}{'-smoke' if smoke else ''}.json"
     path.write_text(json.dumps({"machine": info, "smoke": smoke, **report.to_json()},
                                indent=2, default=str) + "\n")
     return path

@@ -1,6 +1,6 @@
 """Per-job cost of each guard (``ShouldBeUnique``, ``WithoutOverlapping``, ``RateLimited``,
 ``ThrottlesExceptions``) against the same job without it, with the database store and the Redis
-store, on PostgreSQL, in one run.
+store, on PostgreSQL (or MariaDB: ``bench/run.py --database mysql://...``), in one run.
 
 Each job is dispatched one by one and run through an in-process worker's pipeline; "ms/job"
 covers both (a unique job takes its lock at dispatch and frees it at ack; an overlap job takes
@@ -269,8 +269,11 @@ def run(*, smoke: bool) -> Any:
     blocks, jobs = (6, 50) if smoke else (30, 100)
     results = measure(blocks=blocks, jobs=jobs)
     rows, goals = report_rows(results)
+    from django.db import connection
+
     report = Report(name="locks")
-    report.tables.append(Table(title=f"Guard overhead per job on PostgreSQL (median of {blocks} "
+    on = "PostgreSQL" if connection.vendor == "postgresql" else connection.display_name
+    report.tables.append(Table(title=f"Guard overhead per job on {on} (median of {blocks} "
                                      f"interleaved blocks of {jobs} jobs)", columns=COLUMNS,
                                rows=rows))
     report.notes.append("overhead = median of per-block differences to the plain job's block "

@@ -1,8 +1,15 @@
-"""Run the benchmarks and print their tables: ``python bench/run.py [--smoke] [--only X,Y]``.
+"""Run the benchmarks and print their tables:
+``python bench/run.py [--smoke] [--only X,Y] [--database URL]``.
 
 Each scenario is a module of ``bench/`` with ``run(*, smoke) -> Report``; results go to
-``bench/results/<scenario>[-smoke].json`` together with a description of the machine.
-Figures are only worth comparing when taken on a quiet machine (see docs/benchmarks.md).
+``bench/results/<scenario>[-smoke].json`` together with a description of the machine
+(``<scenario>-mysql[-smoke].json`` on MariaDB). Figures are only worth comparing when taken on
+a quiet machine (see docs/benchmarks.md).
+
+``--database`` (default ``JOBGUARD_BENCH_DATABASE_URL``, else PostgreSQL's ``jobguard_bench``)
+chooses the database: ``postgres://...`` runs every scenario, ``mysql://...`` (MariaDB) those
+that need no PostgreSQL (:data:`ANY_DATABASE`: the peers, the raw-SQL floor and the latency
+and backlog probes are written for PostgreSQL).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 import time
 import traceback
@@ -20,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common  # noqa: E402
 
 SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches"]
+#: The scenarios that run on MariaDB too (throughput without its PostgreSQL floor columns).
+ANY_DATABASE = ["throughput", "locks"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +38,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="small sizes, a minute or two: checks that every scenario runs")
     parser.add_argument("--only", default="",
                         help=f"comma-separated scenarios (default all of {', '.join(SCENARIOS)})")
+    parser.add_argument("--database", default="", metavar="URL",
+                        help="postgres://... or mysql://... (MariaDB); default "
+                             "JOBGUARD_BENCH_DATABASE_URL or postgres://127.0.0.1:5432/"
+                             "jobguard_bench. Worker processes get it too.")
     args = parser.parse_args(argv)
+    if args.database:
+        if not args.database.startswith(("postgres://", "postgresql://", "mysql://",
+                                          "mariadb://")):
+            parser.error(f"--database {args.database!r}: give a postgres:// or mysql:// URL")
+        os.environ["JOBGUARD_BENCH_DATABASE_URL"] = args.database  # before Django reads it
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] or SCENARIOS
     unknown = set(chosen) - set(SCENARIOS)
     if unknown:
@@ -38,10 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     common.ensure_database()
     info = common.machine()
     print(f"machine: {info['cpu_count']} x {info['cpu_model']}, {info['ram_gb']} GB RAM, "
-          f"load {info['load_average']}; PostgreSQL {info['postgresql']}, Redis {info['redis']}; "
+          f"load {info['load_average']}; {info['database']}, Redis {info['redis']}; "
           f"Python {info['python']}, Django {info['django']}")
     failed = []
     for name in chosen:
+        if not common.postgresql() and name not in ANY_DATABASE:
+            print(f"\n[{name}] needs PostgreSQL, skipped on {common.vendor()}")
+            continue
         if importlib.util.find_spec(f"bench.{name}") is None:
             print(f"\n[{name}] not present, skipped")
             continue

@@ -1,6 +1,7 @@
-"""Django settings for the benchmarks: one PostgreSQL database shared by jobguard and its peers.
+"""Django settings for the benchmarks: one database shared by jobguard and its peers.
 
-``JOBGUARD_BENCH_DATABASE_URL`` (default ``postgres://127.0.0.1:5432/jobguard_bench``) and
+``JOBGUARD_BENCH_DATABASE_URL`` (default ``postgres://127.0.0.1:5432/jobguard_bench``; a
+``mysql://`` URL runs the scenarios that need no PostgreSQL on MariaDB, see bench/run.py) and
 ``JOBGUARD_BENCH_REDIS_URL`` (celery's broker, default ``redis://127.0.0.1:6379/0``).
 """
 
@@ -24,7 +25,8 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 # not the queue. jobguard's worker keeps its connection either way.
 DATABASES["default"]["CONN_MAX_AGE"] = None
 # Prepared statements for jobguard's claim/ack (Django turns them off by default for poolers).
-if os.environ.get("JOBGUARD_BENCH_PREPARE", "1") == "1":
+if (DATABASES["default"]["ENGINE"].endswith("postgresql")
+        and os.environ.get("JOBGUARD_BENCH_PREPARE", "1") == "1"):
     DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
 
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobguard", "bench"]

@@ -22,6 +22,11 @@ Ids:
 - jobguard.W002 a job uses ``WithoutOverlapping`` without ``expire_after``: a killed worker
   keeps the lock until it is force-released. Seen statically: ``@without_overlapping``
   options, and literal ``WithoutOverlapping(...)`` calls in a job's ``middleware()`` source.
+- jobguard.E090 ``LISTEN_DATABASE`` is not a ``DATABASES`` alias; E091 it is not PostgreSQL.
+- jobguard.E092 ``PGBOUNCER`` names an unknown or non-PostgreSQL alias, or ``LISTEN_DATABASE``.
+- jobguard.W090 an alias behind PgBouncer without ``DISABLE_SERVER_SIDE_CURSORS``.
+- jobguard.W091 an alias behind PgBouncer with ``OPTIONS["prepare_threshold"]`` (psycopg's
+  server-side prepared statements break on PgBouncer < 1.21).
 - jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
   server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``
@@ -53,6 +58,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "MAX_PAYLOAD_BYTES": (int,),
     "JOB_MODULES": (list, tuple),
     "USE_NOTIFY": (bool,),
+    "LISTEN_DATABASE": (str, type(None)),
+    "PGBOUNCER": (bool, list, tuple),
     "STORE": (str,),
     "STORES": (dict,),
     "DEFERRALS_CONSUME_ATTEMPTS": (bool,),
@@ -95,7 +102,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
-            + _check_test_mode() + _check_embedded_worker())
+            + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer())
 
 
 def _check_reliability() -> list:
@@ -150,6 +157,65 @@ def _check_embedded_worker() -> list:
                   hint='e.g. {"threads": 2, "queues": ["*"], "shutdown_timeout": 20}; '
                        "see docs/worker.md#embedded-worker.",
                   id="jobguard.E080") for problem in problems]
+
+
+def _check_pgbouncer() -> list:
+    """jobguard.E090–E092, W090, W091: ``LISTEN_DATABASE`` and ``PGBOUNCER`` (pooling.py)."""
+    from django_jobguard import pooling
+
+    known = settings.DATABASES
+    listen = jobguard_settings.LISTEN_DATABASE
+    docs = "See docs/databases.md#pgbouncer."
+    errors: list = []
+    if listen is not None and listen not in known:
+        errors.append(Error(f"JOBGUARD['LISTEN_DATABASE'] = {listen!r} is not a key of "
+                            f"DATABASES ({', '.join(sorted(known))}).",
+                            hint="Add an alias with a direct connection (not through "
+                                 "PgBouncer) to the queue's PostgreSQL database. " + docs,
+                            id="jobguard.E090"))
+    elif listen is not None and pooling.vendor(listen) != "postgresql":
+        errors.append(Error(f"JOBGUARD['LISTEN_DATABASE'] = {listen!r} is not a PostgreSQL "
+                            f"database ({pooling.vendor(listen) or 'unknown ENGINE'}): only "
+                            f"PostgreSQL has LISTEN/NOTIFY.",
+                            hint="Name a PostgreSQL alias, or remove the setting (workers on "
+                                 "other databases poll at --sleep). " + docs,
+                            id="jobguard.E091"))
+    declared = jobguard_settings.PGBOUNCER
+    if isinstance(declared, (list, tuple)):
+        for alias in declared:
+            if not isinstance(alias, str) or alias not in known:
+                errors.append(Error(f"JOBGUARD['PGBOUNCER'] names {alias!r}, which is not a "
+                                    f"key of DATABASES.", hint=docs, id="jobguard.E092"))
+            elif pooling.vendor(alias) != "postgresql":
+                errors.append(Error(f"JOBGUARD['PGBOUNCER'] names {alias!r}, which is not a "
+                                    f"PostgreSQL database.", hint=docs, id="jobguard.E092"))
+            elif alias == listen:
+                errors.append(Error(f"JOBGUARD['PGBOUNCER'] names {alias!r}, the "
+                                    f"LISTEN_DATABASE: LISTEN needs a direct connection.",
+                                    hint=docs, id="jobguard.E092"))
+    if errors:
+        return errors
+    for alias in pooling.pooled_aliases():
+        config = known[alias]
+        if not config.get("DISABLE_SERVER_SIDE_CURSORS"):
+            errors.append(Warning(
+                f"Database {alias!r} is behind PgBouncer in transaction pooling mode "
+                f"(JOBGUARD['PGBOUNCER']) without DISABLE_SERVER_SIDE_CURSORS: a "
+                f"QuerySet.iterator() outside a transaction fetches on another server "
+                f"connection than the one that holds its cursor.",
+                hint=f"DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True. " + docs,
+                id="jobguard.W090"))
+        if (config.get("OPTIONS") or {}).get("prepare_threshold") is not None:
+            errors.append(Warning(
+                f"Database {alias!r} is behind PgBouncer in transaction pooling mode "
+                f"(JOBGUARD['PGBOUNCER']) with OPTIONS['prepare_threshold'] set: psycopg "
+                f"then prepares statements on one server connection and PgBouncer < 1.21 "
+                f"runs them on another ('prepared statement \"_pg3_0\" does not exist').",
+                hint=f"Remove DATABASES[{alias!r}]['OPTIONS']['prepare_threshold'] (Django's "
+                     f"default: no prepared statements), or run PgBouncer >= 1.21 with "
+                     f"max_prepared_statements > 0 and silence jobguard.W091. " + docs,
+                id="jobguard.W091"))
+    return errors
 
 
 def _check_timeouts() -> list:

@@ -28,6 +28,14 @@ DEFAULTS: dict[str, Any] = {
     "JOB_MODULES": [],
     # PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for ``--sleep``.
     "USE_NOTIFY": True,
+    # A DATABASES alias with a direct (session) connection to the queue's PostgreSQL database,
+    # used only for LISTEN; None: LISTEN on the queue's own database. Needed behind a
+    # transaction-pooling PgBouncer, where a LISTEN never hears a NOTIFY (docs/databases.md).
+    "LISTEN_DATABASE": None,
+    # The PostgreSQL aliases reached through PgBouncer in transaction pooling mode: True (all
+    # but LISTEN_DATABASE), or a list of aliases. Workers then never LISTEN through them, and
+    # system checks ask for the settings transaction pooling needs (W090, W091).
+    "PGBOUNCER": False,
     # The lock/counter store used unless a job names another (``unique_via`` and friends).
     "STORE": "database",
     # Named stores, like CACHES. ``BACKEND`` is a dotted path; other keys go to its constructor.

@@ -26,9 +26,9 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Value
 
-from django_jobguard import clock
+from django_jobguard import clock, pooling
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.dialects import Listener, NewJob, dialect_for
+from django_jobguard.dialects import Listener, ListenUnavailable, NewJob, dialect_for
 from django_jobguard.durations import NOW, Due
 from django_jobguard.models import FailedJob, PausedQueue, QueuedJob
 
@@ -71,8 +71,16 @@ def notify(queues: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> None:
 
 def listen(using: str = DEFAULT_DB_ALIAS) -> Listener | None:
     """A listener that wakes on :func:`notify`, or ``None`` where the database has none (the
-    worker then polls)."""
-    return dialect_for(using).listen()
+    worker then polls). It listens on ``JOBGUARD['LISTEN_DATABASE']`` when set; it raises
+    :class:`ListenUnavailable` (saying why) when ``using`` is declared behind PgBouncer
+    without one, or when a NOTIFY does not reach it (see :mod:`django_jobguard.pooling`)."""
+    via = pooling.listen_alias(using)
+    if via == using and pooling.behind_pgbouncer(using):
+        raise ListenUnavailable(
+            f"Database {using!r} is behind PgBouncer (JOBGUARD['PGBOUNCER']) and "
+            f"JOBGUARD['LISTEN_DATABASE'] is not set: LISTEN needs a session connection "
+            f"(docs/databases.md#pgbouncer).")
+    return dialect_for(using).listen(via)
 
 
 # -- claiming ------------------------------------------------------------------------------

@@ -274,11 +274,22 @@ class Worker:
         lost = self._listener_lost_at
         if self._listener is not None or lost is None or time.monotonic() - lost < retry_every:
             return
+        self._open_listener(again=True)
+
+    def _open_listener(self, *, again: bool = False) -> None:
+        """LISTEN for new jobs. Where LISTEN cannot wake this worker (a transaction-pooling
+        PgBouncer without ``LISTEN_DATABASE``) it says why once and polls at ``--sleep`` for
+        good; a connection error is retried by :meth:`_reopen_listener`."""
         try:
             self._listener = queue.listen(self.options.using)
             self._listener_lost_at = None
+        except queue.ListenUnavailable as exc:
+            logger.warning("%s Worker %s polls every %g s (--sleep) instead.", exc, self.id,
+                           self.options.sleep)
+            self._listener_lost_at = None  # the setup, not an outage: asking again won't help
         except Exception as exc:
-            logger.warning("LISTEN still unavailable (%s); polling.", exc)
+            logger.warning("LISTEN %sunavailable (%s); polling.", "still " if again else "",
+                           exc)
             self._listener_lost_at = time.monotonic()
 
     def seconds_until_next_due(self) -> float:
@@ -373,7 +384,7 @@ class Worker:
                       "queues": ",".join(o.queues)},
         )
         if not o.once and jobguard_settings.USE_NOTIFY:
-            self._listener = queue.listen(o.using)
+            self._open_listener()
         self._heartbeat = threading.Thread(target=self._beat, name="jobguard-heartbeat",
                                            daemon=True)
         self._heartbeat.start()

@@ -31,9 +31,22 @@ if (_WORKER and os.environ.get("JOBGUARD_REDIS_URL")
     os.environ["JOBGUARD_XDIST_REDIS"] = _WORKER
 
 from testproject.settings import *  # noqa: E402,F401,F403
-from testproject.settings import JOBGUARD  # noqa: E402
+from testproject.settings import DATABASES, JOBGUARD  # noqa: E402
 
 JOBGUARD = {**JOBGUARD, "JOB_MODULES": [
     "tests.support.jobs", "tests.support.tasks", "tests.support.limit_jobs",
     "tests.support.lock_jobs", "tests.support.failure_jobs", "tests.support.testing_jobs",
     *JOBGUARD["JOB_MODULES"]]}
+
+# Worker subprocesses of the PgBouncer tests (tests/support/pgbouncer.py): the test database
+# through the test's PgBouncer, declared in JOBGUARD["PGBOUNCER"] or not, and optionally a
+# direct alias for LISTEN.
+if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
+    _direct = dict(DATABASES["default"])
+    DATABASES["default"] = {**_direct, "PORT": os.environ["JOBGUARD_TEST_PGBOUNCER_PORT"],
+                            "DISABLE_SERVER_SIDE_CURSORS": True}
+    if os.environ.get("JOBGUARD_TEST_PGBOUNCER_DECLARED") == "1":
+        JOBGUARD["PGBOUNCER"] = ["default"]
+    if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT") == "1":
+        DATABASES["listen"] = _direct
+        JOBGUARD["LISTEN_DATABASE"] = "listen"

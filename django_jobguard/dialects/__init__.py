@@ -11,9 +11,16 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections
 
-from django_jobguard.dialects.base import Dialect, Listener, NewJob, ThrottleRow
+from django_jobguard.dialects.base import (
+    Dialect,
+    Listener,
+    ListenUnavailable,
+    NewJob,
+    ThrottleRow,
+)
 
-__all__ = ["Dialect", "Listener", "NewJob", "ThrottleRow", "dialect_for", "reset"]
+__all__ = ["Dialect", "ListenUnavailable", "Listener", "NewJob", "ThrottleRow", "dialect_for",
+           "reset"]
 
 _dialects: dict[str, Dialect] = {}
 

@@ -51,6 +51,12 @@ class ThrottleRow:
     state: str
 
 
+class ListenUnavailable(Exception):
+    """LISTEN cannot wake this worker: the listening connection never hears a NOTIFY (a
+    transaction-pooling PgBouncer in between), or the settings say it would not. The message
+    says why and what to set; the worker polls instead."""
+
+
 class Listener(ABC):
     """A connection that waits for NOTIFY, so idle workers wake as soon as a job is pushed."""
 
@@ -114,8 +120,10 @@ class Dialect(ABC):
                 id=start_id, reserved_by=reserved_by).update(attempts=F("attempts") + 1)
         return acked, bool(started)
 
-    def listen(self) -> Listener | None:
-        """A :class:`Listener` on its own connection, or ``None`` where there is no LISTEN."""
+    def listen(self, via: str | None = None) -> Listener | None:
+        """A :class:`Listener` on its own connection (to the alias ``via``, default this
+        dialect's), or ``None`` where there is no LISTEN; raises :class:`ListenUnavailable`
+        when a NOTIFY sent to this dialect's database does not reach it."""
         return None
 
     def job_exists(self, job_id: uuid.UUID) -> bool:

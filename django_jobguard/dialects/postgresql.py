@@ -1,16 +1,18 @@
 """PostgreSQL: SKIP LOCKED claims, NOTIFY riding along with the INSERT, LISTEN for idle
-workers, and the per-job statements (push of one job, claim, ack) through psycopg's
-server-binding cursor so that they can be prepared once per connection."""
+workers (after a probe that a NOTIFY reaches it: not through a transaction-pooling PgBouncer,
+see :mod:`django_jobguard.pooling`), and the per-job statements (push of one job, claim, ack)
+through psycopg's server-binding cursor so that they can be prepared once per connection."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.dialects.base import Listener, job_from_values
+from django_jobguard.dialects.base import Listener, ListenUnavailable, job_from_values
 from django_jobguard.dialects.sql import SQLDialect
 from django_jobguard.models import Batch, PausedQueue, QueuedJob
 
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
     from django_jobguard.dialects.base import NewJob
 
 NOTIFY_CHANNEL = "jobguard"
+#: How long a worker starting up waits for its probe NOTIFY (delivered in milliseconds when
+#: LISTEN works; the whole wait only when it does not, before the worker falls back to polling).
+PROBE_SECONDS = 2.0
 
 # One statement per batch, whatever its size: the rows travel as seven arrays (no per-row SQL
 # to compile or quote), delays are added to the database clock, and the NOTIFY rides along in
@@ -187,15 +192,41 @@ class PostgreSQLDialect(SQLDialect):
             return True, started > 0, self.count_batch_success(batch_id)
         return acked > 0, started > 0, (pending, failed) if acked else None
 
-    def listen(self) -> Listener | None:
+    def listen(self, via: str | None = None) -> Listener | None:
         if psycopg is None:
             return None
-        params = connections[self.using].get_connection_params()
-        for option in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
-            params.pop(option, None)
-        conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        alias = via or self.using
+        conn = psycopg.connect(**_session_params(alias), autocommit=True)
+        try:
+            if not self._hears_notify(conn):
+                raise ListenUnavailable(
+                    f"A NOTIFY sent to database {self.using!r} did not reach a LISTEN on "
+                    f"database {alias!r} within {PROBE_SECONDS:g} s: is {alias!r} behind a "
+                    f"PgBouncer in transaction pooling mode? Set JOBGUARD['LISTEN_DATABASE'] "
+                    f"to an alias with a direct connection to the same database "
+                    f"(docs/databases.md#pgbouncer).")
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
         return PostgreSQLListener(conn)
+
+    def _hears_notify(self, conn: Any) -> bool:
+        """Whether a NOTIFY sent the way dispatch sends one (on a connection to this dialect's
+        database) reaches a LISTEN on ``conn``, on a channel of its own.
+
+        Through a transaction-pooling PgBouncer it does not: the server connection that ran
+        the LISTEN went back to the pool, and PgBouncer drops what it hears. Nor when
+        ``LISTEN_DATABASE`` is another database than the queue's."""
+        channel = f"{NOTIFY_CHANNEL}_probe_{uuid.uuid4().hex}"
+        conn.execute(f"LISTEN {channel}")
+        try:
+            with psycopg.connect(**_session_params(self.using), autocommit=True) as sender:
+                sender.execute("SELECT pg_notify(%s, '')", [channel])
+            return any(note.channel == channel
+                       for note in conn.notifies(timeout=PROBE_SECONDS, stop_after=1))
+        finally:
+            conn.execute(f"UNLISTEN {channel}")
 
     def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
                  fetch: bool = False, prepare: bool | None = None) -> Any:
@@ -217,6 +248,15 @@ class PostgreSQLDialect(SQLDialect):
         with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cursor:
             cursor.execute(sql, params, prepare=prepare)
             return cursor.fetchall() if fetch else cursor.rowcount
+
+
+def _session_params(alias: str) -> dict[str, Any]:
+    """psycopg connection parameters of ``alias`` for a plain autocommit connection of ours
+    (no Django cursor classes, no prepared statements)."""
+    params = connections[alias].get_connection_params()
+    for option in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(option, None)
+    return params
 
 
 class PostgreSQLListener(Listener):

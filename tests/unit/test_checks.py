@@ -152,3 +152,88 @@ def test_unknown_job_grace_must_be_seconds(value):
 def test_unknown_job_grace_accepts_seconds(value):
     with override_settings(JOBGUARD={"UNKNOWN_JOB_GRACE": value}):
         assert check_settings() == []
+
+
+# -- PgBouncer and LISTEN_DATABASE (jobguard.E090–E092, W090, W091) --------------------------
+
+_PG = {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "127.0.0.1",
+       "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}
+_LITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+
+
+@pytest.fixture
+def aliases(monkeypatch):
+    """Extra DATABASES aliases for the check to read (never connected to)."""
+    from django.conf import settings
+
+    def add(**configs):
+        for alias, config in configs.items():
+            monkeypatch.setitem(settings.DATABASES, alias, config)
+    return add
+
+
+def test_listen_database_must_be_an_alias(aliases):
+    with override_settings(JOBGUARD={"LISTEN_DATABASE": "direct"}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E090"]
+    assert "'direct' is not a key of DATABASES" in errors[0].msg
+
+
+def test_listen_database_must_be_postgresql(aliases):
+    aliases(lite=_LITE)
+    with override_settings(JOBGUARD={"LISTEN_DATABASE": "lite"}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E091"]
+    assert "'lite' is not a PostgreSQL database (sqlite)" in errors[0].msg
+
+
+def test_a_postgresql_listen_database_passes(aliases):
+    aliases(direct={**_PG, "PORT": "5432"})
+    with override_settings(JOBGUARD={"LISTEN_DATABASE": "direct"}):
+        assert check_settings() == []
+
+
+@pytest.mark.parametrize(("declared", "listen", "problem"), [
+    (["nope"], None, "names 'nope', which is not a key of DATABASES"),
+    (["lite"], None, "names 'lite', which is not a PostgreSQL database"),
+    (["pooled"], "pooled", "names 'pooled', the LISTEN_DATABASE"),
+])
+def test_pgbouncer_must_name_postgresql_aliases_other_than_listen(aliases, declared, listen,
+                                                                  problem):
+    aliases(lite=_LITE, pooled=_PG)
+    with override_settings(JOBGUARD={"PGBOUNCER": declared, "LISTEN_DATABASE": listen}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E092"] and problem in errors[0].msg
+
+
+def test_pgbouncer_is_a_bool_or_a_list():
+    with override_settings(JOBGUARD={"PGBOUNCER": "default"}):
+        assert ids(check_settings()) == ["jobguard.E002"]
+
+
+def test_pooled_alias_without_disable_server_side_cursors_warns(aliases):
+    aliases(pooled={**_PG, "DISABLE_SERVER_SIDE_CURSORS": False})
+    with override_settings(JOBGUARD={"PGBOUNCER": ["pooled"]}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.W090"]
+    assert "DATABASES['pooled']['DISABLE_SERVER_SIDE_CURSORS'] = True" in errors[0].hint
+
+
+def test_pooled_alias_with_prepared_statements_warns(aliases):
+    aliases(pooled={**_PG, "OPTIONS": {"prepare_threshold": 5}})
+    with override_settings(JOBGUARD={"PGBOUNCER": ["pooled"]}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.W091"] and "PgBouncer < 1.21" in errors[0].msg
+
+
+def test_pgbouncer_true_means_every_postgresql_alias_but_the_listen_database(aliases):
+    from django_jobguard import pooling
+
+    aliases(pooled={**_PG, "DISABLE_SERVER_SIDE_CURSORS": False},
+            direct={**_PG, "PORT": "5432", "DISABLE_SERVER_SIDE_CURSORS": False}, lite=_LITE)
+    with override_settings(JOBGUARD={"PGBOUNCER": True, "LISTEN_DATABASE": "direct"}):
+        errors = check_settings()
+        pooled = pooling.pooled_aliases()
+    assert "pooled" in pooled and "direct" not in pooled and "lite" not in pooled
+    assert [e.msg.split("'")[1] for e in errors if e.id == "jobguard.W090"] == [
+        alias for alias in pooled if alias in ("default", "pooled")]
