@@ -22,10 +22,10 @@ Ids:
 - jobguard.W002 a job uses ``WithoutOverlapping`` without ``expire_after``: a killed worker
   keeps the lock until it is force-released. Seen statically: ``@without_overlapping``
   options, and literal ``WithoutOverlapping(...)`` calls in a job's ``middleware()`` source.
-- jobguard.E090 ``LISTEN_DATABASE`` is not a ``DATABASES`` alias; E091 it is not PostgreSQL.
-- jobguard.E092 ``PGBOUNCER`` names an unknown or non-PostgreSQL alias, or ``LISTEN_DATABASE``.
-- jobguard.W090 an alias behind PgBouncer without ``DISABLE_SERVER_SIDE_CURSORS``.
-- jobguard.W091 an alias behind PgBouncer with ``OPTIONS["prepare_threshold"]`` (psycopg's
+- jobguard.E110 ``LISTEN_DATABASE`` is not a ``DATABASES`` alias; E111 it is not PostgreSQL.
+- jobguard.E112 ``PGBOUNCER`` names an unknown or non-PostgreSQL alias, or ``LISTEN_DATABASE``.
+- jobguard.W110 an alias behind PgBouncer without ``DISABLE_SERVER_SIDE_CURSORS``.
+- jobguard.W111 an alias behind PgBouncer with ``OPTIONS["prepare_threshold"]`` (psycopg's
   server-side prepared statements break on PgBouncer < 1.21).
 - jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
@@ -160,7 +160,7 @@ def _check_embedded_worker() -> list:
 
 
 def _check_pgbouncer() -> list:
-    """jobguard.E090–E092, W090, W091: ``LISTEN_DATABASE`` and ``PGBOUNCER`` (pooling.py)."""
+    """jobguard.E110–E112, W110, W111: ``LISTEN_DATABASE`` and ``PGBOUNCER`` (pooling.py)."""
     from django_jobguard import pooling
 
     known = settings.DATABASES
@@ -172,27 +172,27 @@ def _check_pgbouncer() -> list:
                             f"DATABASES ({', '.join(sorted(known))}).",
                             hint="Add an alias with a direct connection (not through "
                                  "PgBouncer) to the queue's PostgreSQL database. " + docs,
-                            id="jobguard.E090"))
+                            id="jobguard.E110"))
     elif listen is not None and pooling.vendor(listen) != "postgresql":
         errors.append(Error(f"JOBGUARD['LISTEN_DATABASE'] = {listen!r} is not a PostgreSQL "
                             f"database ({pooling.vendor(listen) or 'unknown ENGINE'}): only "
                             f"PostgreSQL has LISTEN/NOTIFY.",
                             hint="Name a PostgreSQL alias, or remove the setting (workers on "
                                  "other databases poll at --sleep). " + docs,
-                            id="jobguard.E091"))
+                            id="jobguard.E111"))
     declared = jobguard_settings.PGBOUNCER
     if isinstance(declared, (list, tuple)):
         for alias in declared:
             if not isinstance(alias, str) or alias not in known:
                 errors.append(Error(f"JOBGUARD['PGBOUNCER'] names {alias!r}, which is not a "
-                                    f"key of DATABASES.", hint=docs, id="jobguard.E092"))
+                                    f"key of DATABASES.", hint=docs, id="jobguard.E112"))
             elif pooling.vendor(alias) != "postgresql":
                 errors.append(Error(f"JOBGUARD['PGBOUNCER'] names {alias!r}, which is not a "
-                                    f"PostgreSQL database.", hint=docs, id="jobguard.E092"))
+                                    f"PostgreSQL database.", hint=docs, id="jobguard.E112"))
             elif alias == listen:
                 errors.append(Error(f"JOBGUARD['PGBOUNCER'] names {alias!r}, the "
                                     f"LISTEN_DATABASE: LISTEN needs a direct connection.",
-                                    hint=docs, id="jobguard.E092"))
+                                    hint=docs, id="jobguard.E112"))
     if errors:
         return errors
     for alias in pooling.pooled_aliases():
@@ -204,7 +204,7 @@ def _check_pgbouncer() -> list:
                 f"QuerySet.iterator() outside a transaction fetches on another server "
                 f"connection than the one that holds its cursor.",
                 hint=f"DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True. " + docs,
-                id="jobguard.W090"))
+                id="jobguard.W110"))
         if (config.get("OPTIONS") or {}).get("prepare_threshold") is not None:
             errors.append(Warning(
                 f"Database {alias!r} is behind PgBouncer in transaction pooling mode "
@@ -213,8 +213,8 @@ def _check_pgbouncer() -> list:
                 f"runs them on another ('prepared statement \"_pg3_0\" does not exist').",
                 hint=f"Remove DATABASES[{alias!r}]['OPTIONS']['prepare_threshold'] (Django's "
                      f"default: no prepared statements), or run PgBouncer >= 1.21 with "
-                     f"max_prepared_statements > 0 and silence jobguard.W091. " + docs,
-                id="jobguard.W091"))
+                     f"max_prepared_statements > 0 and silence jobguard.W111. " + docs,
+                id="jobguard.W111"))
     return errors
 
 

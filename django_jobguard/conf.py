@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "LISTEN_DATABASE": None,
     # The PostgreSQL aliases reached through PgBouncer in transaction pooling mode: True (all
     # but LISTEN_DATABASE), or a list of aliases. Workers then never LISTEN through them, and
-    # system checks ask for the settings transaction pooling needs (W090, W091).
+    # system checks ask for the settings transaction pooling needs (W110, W111).
     "PGBOUNCER": False,
     # The lock/counter store used unless a job names another (``unique_via`` and friends).
     "STORE": "database",

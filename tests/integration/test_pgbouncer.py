@@ -213,7 +213,7 @@ def test_a_worker_without_listen_database_warns_once_and_polls(via_bouncer, work
 
 @pytest.mark.parametrize("prepare_threshold", [None, 0])
 def test_prepared_statements_break_on_another_server_connection(via_bouncer, prepare_threshold):
-    """Why jobguard.W091 warns: with ``prepare_threshold`` psycopg prepares jobguard's ack on
+    """Why jobguard.W111 warns: with ``prepare_threshold`` psycopg prepares jobguard's ack on
     one server connection, and PgBouncer < 1.21 runs a later execution on another one. Without
     it (Django's default) the same sequence works."""
     import psycopg

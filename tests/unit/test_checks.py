@@ -154,7 +154,7 @@ def test_unknown_job_grace_accepts_seconds(value):
         assert check_settings() == []
 
 
-# -- PgBouncer and LISTEN_DATABASE (jobguard.E090–E092, W090, W091) --------------------------
+# -- PgBouncer and LISTEN_DATABASE (jobguard.E110–E112, W110, W111) --------------------------
 
 _PG = {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "127.0.0.1",
        "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}
@@ -175,7 +175,7 @@ def aliases(monkeypatch):
 def test_listen_database_must_be_an_alias(aliases):
     with override_settings(JOBGUARD={"LISTEN_DATABASE": "direct"}):
         errors = check_settings()
-    assert ids(errors) == ["jobguard.E090"]
+    assert ids(errors) == ["jobguard.E110"]
     assert "'direct' is not a key of DATABASES" in errors[0].msg
 
 
@@ -183,7 +183,7 @@ def test_listen_database_must_be_postgresql(aliases):
     aliases(lite=_LITE)
     with override_settings(JOBGUARD={"LISTEN_DATABASE": "lite"}):
         errors = check_settings()
-    assert ids(errors) == ["jobguard.E091"]
+    assert ids(errors) == ["jobguard.E111"]
     assert "'lite' is not a PostgreSQL database (sqlite)" in errors[0].msg
 
 
@@ -203,7 +203,7 @@ def test_pgbouncer_must_name_postgresql_aliases_other_than_listen(aliases, decla
     aliases(lite=_LITE, pooled=_PG)
     with override_settings(JOBGUARD={"PGBOUNCER": declared, "LISTEN_DATABASE": listen}):
         errors = check_settings()
-    assert ids(errors) == ["jobguard.E092"] and problem in errors[0].msg
+    assert ids(errors) == ["jobguard.E112"] and problem in errors[0].msg
 
 
 def test_pgbouncer_is_a_bool_or_a_list():
@@ -215,7 +215,7 @@ def test_pooled_alias_without_disable_server_side_cursors_warns(aliases):
     aliases(pooled={**_PG, "DISABLE_SERVER_SIDE_CURSORS": False})
     with override_settings(JOBGUARD={"PGBOUNCER": ["pooled"]}):
         errors = check_settings()
-    assert ids(errors) == ["jobguard.W090"]
+    assert ids(errors) == ["jobguard.W110"]
     assert "DATABASES['pooled']['DISABLE_SERVER_SIDE_CURSORS'] = True" in errors[0].hint
 
 
@@ -223,7 +223,7 @@ def test_pooled_alias_with_prepared_statements_warns(aliases):
     aliases(pooled={**_PG, "OPTIONS": {"prepare_threshold": 5}})
     with override_settings(JOBGUARD={"PGBOUNCER": ["pooled"]}):
         errors = check_settings()
-    assert ids(errors) == ["jobguard.W091"] and "PgBouncer < 1.21" in errors[0].msg
+    assert ids(errors) == ["jobguard.W111"] and "PgBouncer < 1.21" in errors[0].msg
 
 
 def test_pgbouncer_true_means_every_postgresql_alias_but_the_listen_database(aliases):
@@ -235,5 +235,5 @@ def test_pgbouncer_true_means_every_postgresql_alias_but_the_listen_database(ali
         errors = check_settings()
         pooled = pooling.pooled_aliases()
     assert "pooled" in pooled and "direct" not in pooled and "lite" not in pooled
-    assert [e.msg.split("'")[1] for e in errors if e.id == "jobguard.W090"] == [
+    assert [e.msg.split("'")[1] for e in errors if e.id == "jobguard.W110"] == [
         alias for alias in pooled if alias in ("default", "pooled")]
