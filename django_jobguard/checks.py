@@ -63,6 +63,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "TEST_MODE": (str,),
     "SCHEDULE": (dict,),
     "EMBEDDED_WORKER": (dict, type(None)),
+    "METRICS_TOKEN": (str, type(None)),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
@@ -95,7 +96,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
-            + _check_test_mode() + _check_embedded_worker())
+            + _check_test_mode() + _check_embedded_worker() + _check_metrics_token())
+
+
+def _check_metrics_token() -> list:
+    """jobguard.E090: ``METRICS_TOKEN`` is too short to be a secret."""
+    token = jobguard_settings.METRICS_TOKEN
+    if token is None or len(token.strip()) >= 16:
+        return []
+    return [Error("JOBGUARD['METRICS_TOKEN'] must be at least 16 characters (or None).",
+                  hint="Generate one with python -c 'import secrets; "
+                       "print(secrets.token_urlsafe(32))' and read it from the environment.",
+                  id="jobguard.E090")]
 
 
 def _check_reliability() -> list:
