@@ -37,6 +37,10 @@ def add_recorder(recorder: Recorder) -> None:
         _recorders.append(recorder)
 
 
+def recorders() -> tuple[Recorder, ...]:
+    return tuple(_recorders)
+
+
 def remove_recorder(recorder: Recorder) -> None:
     if recorder in _recorders:
         _recorders.remove(recorder)

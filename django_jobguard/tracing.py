@@ -38,7 +38,8 @@ PAYLOAD_KEY = "trace"
 SYSTEM = "jobguard"
 
 
-def _tracer() -> Any:
+def tracer() -> Any:
+    """jobguard's tracer, from the global provider (whichever the project set)."""
     from django_jobguard import __version__
 
     return trace.get_tracer("django_jobguard", __version__)
@@ -50,7 +51,7 @@ def dispatched(name: str, row: Any, envelope: Envelope) -> Envelope:
     if trace is None:
         return envelope
     carrier: dict[str, str] = {}
-    with _tracer().start_as_current_span(
+    with tracer().start_as_current_span(
             f"jobguard dispatch {name}", kind=trace.SpanKind.PRODUCER, attributes={
                 "messaging.system": SYSTEM, "messaging.operation.type": "send",
                 "messaging.destination.name": row.queue, "messaging.message.id": str(row.id),
@@ -79,7 +80,7 @@ def run_span(row: Any, worker_id: str = "") -> Iterator[Any]:
                   "jobguard.attempt": row.attempts}
     if worker_id:
         attributes["jobguard.worker_id"] = worker_id
-    with _tracer().start_as_current_span(f"jobguard run {row.name}", context=parent,
+    with tracer().start_as_current_span(f"jobguard run {row.name}", context=parent,
                                          kind=trace.SpanKind.CONSUMER,
                                          attributes=attributes) as span:
         yield span

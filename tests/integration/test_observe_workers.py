@@ -31,7 +31,7 @@ def test_the_run_span_in_a_worker_process_is_a_child_of_the_dispatching_span(
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", lambda: provider.get_tracer("django_jobguard"))
+    monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer("django_jobguard"))
     with provider.get_tracer("tests").start_as_current_span("POST /orders") as request:
         done = jobs.Noop(1).dispatch()
         failed = jobs.FailMe().dispatch()

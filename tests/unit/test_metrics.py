@@ -64,7 +64,7 @@ def test_nothing_is_recorded_unless_asked():
     drain()  # no recorder: nothing registered, nothing raised
     from django_jobguard import observe
 
-    assert observe._recorders == []
+    assert observe.recorders() == ()
 
 
 def scrape(client, **headers) -> dict[tuple[str, tuple], float]:

@@ -24,7 +24,7 @@ def exporter(monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", lambda: provider.get_tracer("django_jobguard"))
+    monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer("django_jobguard"))
     exporter.tracer = provider.get_tracer("tests")
     return exporter
 
