@@ -2,8 +2,8 @@
 
 Optional (``pip install 'django-jobguard[otel]'``, then configure an OpenTelemetry SDK as
 for the rest of the project): without ``opentelemetry-api`` nothing here imports it and
-every function is a no-op; with the API but no SDK configured the spans are OpenTelemetry's
-non-recording ones and nothing is added to payloads.
+every function is a no-op, and so it is with the API but no tracer provider set (nothing
+is added to payloads).
 
 - ``jobguard dispatch <job>`` (PRODUCER): a child of the span current when the job is
   dispatched (a request's, a job's); its W3C trace context (``traceparent``, ``tracestate``)
@@ -38,20 +38,34 @@ PAYLOAD_KEY = "trace"
 SYSTEM = "jobguard"
 
 
-def tracer() -> Any:
-    """jobguard's tracer, from the global provider (whichever the project set)."""
-    from django_jobguard import __version__
+_cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
 
-    return trace.get_tracer("django_jobguard", __version__)
+
+def tracer() -> Any:
+    """jobguard's tracer from the project's tracer provider, or ``None`` while none is set
+    (OpenTelemetry's proxy or no-op provider): the worker then skips even the non-recording
+    spans, so an unconfigured API costs nothing per job."""
+    global _cached
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    if _cached[0] is not provider:
+        from django_jobguard import __version__
+
+        _cached = (provider, provider.get_tracer("django_jobguard", __version__))
+    return _cached[1]
 
 
 def dispatched(name: str, row: Any, envelope: Envelope) -> Envelope:
     """Record the dispatch span of the job ``name`` whose row ``row`` is being built, and
     return ``envelope`` carrying its trace context (unchanged when tracing is off)."""
-    if trace is None:
+    jobguard_tracer = tracer()
+    if jobguard_tracer is None:
         return envelope
     carrier: dict[str, str] = {}
-    with tracer().start_as_current_span(
+    with jobguard_tracer.start_as_current_span(
             f"jobguard dispatch {name}", kind=trace.SpanKind.PRODUCER, attributes={
                 "messaging.system": SYSTEM, "messaging.operation.type": "send",
                 "messaging.destination.name": row.queue, "messaging.message.id": str(row.id),
@@ -67,7 +81,8 @@ def dispatched(name: str, row: Any, envelope: Envelope) -> Envelope:
 @contextlib.contextmanager
 def run_span(row: Any, worker_id: str = "") -> Iterator[Any]:
     """The span of one row's processing by a worker, current while it runs."""
-    if trace is None:
+    jobguard_tracer = tracer()
+    if jobguard_tracer is None:
         yield None
         return
     payload = row.payload if isinstance(row.payload, dict) else {}
@@ -80,7 +95,7 @@ def run_span(row: Any, worker_id: str = "") -> Iterator[Any]:
                   "jobguard.attempt": row.attempts}
     if worker_id:
         attributes["jobguard.worker_id"] = worker_id
-    with tracer().start_as_current_span(f"jobguard run {row.name}", context=parent,
+    with jobguard_tracer.start_as_current_span(f"jobguard run {row.name}", context=parent,
                                          kind=trace.SpanKind.CONSUMER,
                                          attributes=attributes) as span:
         yield span
