@@ -55,9 +55,14 @@ def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
         return
     tail = (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "") + (
         f" ({detail})" if detail else "")
-    job_logger.log(level, "%s [%s] %s%s", row.name, row.id, state, tail, extra={
-        "worker_id": worker_id, "job_id": str(row.id), "job": row.name, "queue": row.queue,
-        "state": state, "attempt": row.attempts, "elapsed": elapsed, "detail": detail})
+    # makeRecord + handle: what Logger.log does, without looking up the caller's frame (the
+    # caller is always the pipeline; that lookup is a good part of a record's cost).
+    job_logger.handle(job_logger.makeRecord(
+        JOB_LOGGER, level, __file__, 0, "%s [%s] %s%s", (row.name, row.id, state, tail),
+        None, "job_line", extra={
+            "worker_id": worker_id, "job_id": str(row.id), "job": row.name,
+            "queue": row.queue, "state": state, "attempt": row.attempts, "elapsed": elapsed,
+            "detail": detail}))
 
 
 def text_line(stamp: str, job: str, job_id: str, state: str, elapsed: float | None = None,

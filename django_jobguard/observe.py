@@ -9,6 +9,7 @@ and tracing is a no-op without its package.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,12 @@ from django_jobguard import logs, tracing
 Recorder = Callable[[Any, str, "float | None"], None]
 _recorders: list[Recorder] = []
 
-running = tracing.run_span
+_NO_SPAN = contextlib.nullcontext()
+
+
+def running(row: Any, worker_id: str) -> contextlib.AbstractContextManager[Any]:
+    """The run span of ``row`` while the pipeline processes it (nothing without tracing)."""
+    return _NO_SPAN if tracing.tracer() is None else tracing.run_span(row, worker_id)
 
 
 def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,

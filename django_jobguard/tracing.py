@@ -19,6 +19,7 @@ is added to payloads).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -39,17 +40,25 @@ SYSTEM = "jobguard"
 
 
 _cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
+_unset_until = 0.0  # monotonic time until which "no provider" is taken as still true
+_UNSET = () if trace is None else (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
 def tracer() -> Any:
     """jobguard's tracer from the project's tracer provider, or ``None`` while none is set
     (OpenTelemetry's proxy or no-op provider): the worker then skips even the non-recording
-    spans, so an unconfigured API costs nothing per job."""
-    global _cached
+    spans, so an unconfigured API costs next to nothing per job."""
+    global _cached, _unset_until
     if trace is None:
         return None
+    now = time.monotonic()
+    if now < _unset_until:
+        return None
     provider = trace.get_tracer_provider()
-    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+    if type(provider) in _UNSET:  # not isinstance: an ABC's check costs more than the rest
+        # Asking costs microseconds (an os.environ lookup), twice per job: a provider set
+        # later (at start-up, usually before the first job) is seen within a second.
+        _unset_until = now + 1.0
         return None
     if _cached[0] is not provider:
         from django_jobguard import __version__
@@ -103,7 +112,7 @@ def run_span(row: Any, worker_id: str = "") -> Iterator[Any]:
 
 def outcome(state: str, attempt: int | None = None) -> None:
     """Set the run span's outcome (from the job line's state)."""
-    if trace is None:
+    if tracer() is None:
         return
     span = trace.get_current_span()
     if not span.is_recording():
@@ -117,7 +126,7 @@ def outcome(state: str, attempt: int | None = None) -> None:
 
 def _record_exception(sender: Any, exception: BaseException | None = None,
                       **kwargs: Any) -> None:
-    if trace is None or exception is None:
+    if exception is None or tracer() is None:
         return
     span = trace.get_current_span()
     if span.is_recording():
