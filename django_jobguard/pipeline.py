@@ -29,17 +29,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
-from django_jobguard import (
-    clock,
-    logs,
-    observe,
-    queue,
-    registry,
-    results,
-    signals,
-    unique_jobs,
-    workflows,
-)
+from django_jobguard import clock, queue, registry, results, signals, unique_jobs, workflows
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Due
@@ -53,6 +43,8 @@ from django_jobguard.exceptions import (
     WorkerStoppedError,
 )
 from django_jobguard.handling import run_middleware
+from django_jobguard.logs import text_line
+from django_jobguard.observe import job_line, running
 from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
@@ -114,7 +106,7 @@ class Pipeline:
         is not a database or store outage) is failed with that error, once, instead of being
         claimed again every lease for ever."""
         started = time.monotonic()
-        with observe.running(row, self.worker_id):  # the trace span, when tracing is on
+        with running(row, self.worker_id):  # the trace span, when tracing is on
             if not queue.start(row, using=self.using):  # one claimed ahead counts it now
                 return self._lost(row, started)
             try:
@@ -438,12 +430,12 @@ class Pipeline:
 
     def _log(self, row: QueuedJob, state: str, started: float | None = None,
              detail: str = "") -> str:
-        """The job line of ``row`` (``logging``, metrics, trace; see :mod:`observe`)."""
+        """The job line of ``row``: ``logging``, metrics and trace (:mod:`.observe`)."""
         elapsed = None if started is None else time.monotonic() - started
-        observe.job_line(self.worker_id, row, state, elapsed, detail)
+        job_line(self.worker_id, row, state, elapsed, detail)
         if self.log is not None:
-            self.log(logs.text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"),
-                                    row.name, str(row.id), state, elapsed, detail), state)
+            self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), row.name,
+                               str(row.id), state, elapsed, detail), state)
         return state
 
 
