@@ -159,3 +159,15 @@ def test_the_worker_does_not_import_prometheus_client_unless_asked():
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_port_in_use_is_a_clear_error():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=rf"--metrics-port {port}: .*in use"):
+            call_command("jobworker", "--once", "--metrics-port", str(port),
+                         "--metrics-address", "127.0.0.1")
