@@ -171,3 +171,35 @@ def test_a_port_in_use_is_a_clear_error():
         with pytest.raises(CommandError, match=rf"--metrics-port {port}: .*in use"):
             call_command("jobworker", "--once", "--metrics-port", str(port),
                          "--metrics-address", "127.0.0.1")
+
+
+def test_lock_gauges_read_each_store(client, store_alias):
+    store = get_store(store_alias)
+    store.acquire("jobguard:unique:tests.Noop:9", "owner-9", ttl=60)
+    store.acquire("jobguard:unique:tests.Noop:gone", "owner-0", ttl=0.001)  # expires at once
+    user = User.objects.create_user("ops", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_queuedjob"))
+    client.force_login(user)
+    from tests.support import wait_for
+
+    wait_for(lambda: store.get_lock("jobguard:unique:tests.Noop:gone") is None, timeout=5,
+             interval=0.002, what="the short lock expired")
+    got = scrape(client)
+    assert got[("jobguard_locks_held", (("kind", "unique"), ("store", store_alias)))] == 1
+    assert got[("jobguard_store_up", (("store", store_alias),))] == 1
+
+
+def test_a_store_that_cannot_be_read_is_reported_down_not_a_failed_scrape(client, monkeypatch):
+    from django_jobguard.stores.database import DatabaseStore
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("store is down")
+
+    monkeypatch.setattr(DatabaseStore, "locks", unreachable)
+    jobs.Noop(1).dispatch()
+    with override_settings(JOBGUARD={"METRICS_TOKEN": TOKEN}):
+        got = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert got[("jobguard_store_up", (("store", "database"),))] == 0
+    assert not [key for key in got if key[0] == "jobguard_locks_held"
+                and ("store", "database") in key[1]]
+    assert got[("jobguard_queue_jobs", (("queue", "default"), ("state", "waiting")))] == 1
