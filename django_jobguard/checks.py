@@ -27,6 +27,7 @@ Ids:
 - jobguard.W110 an alias behind PgBouncer without ``DISABLE_SERVER_SIDE_CURSORS``.
 - jobguard.W111 an alias behind PgBouncer with ``OPTIONS["prepare_threshold"]`` (psycopg's
   server-side prepared statements break on PgBouncer < 1.21).
+- jobguard.E130 ``METRICS_TOKEN`` is shorter than 16 characters.
 - jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
   server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``
@@ -70,6 +71,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "TEST_MODE": (str,),
     "SCHEDULE": (dict,),
     "EMBEDDED_WORKER": (dict, type(None)),
+    "METRICS_TOKEN": (str, type(None)),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
@@ -102,7 +104,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
-            + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer())
+            + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer()
+            + _check_metrics_token())
+
+
+def _check_metrics_token() -> list:
+    """jobguard.E130: ``METRICS_TOKEN`` is too short to be a secret."""
+    token = jobguard_settings.METRICS_TOKEN
+    if token is None or len(token.strip()) >= 16:
+        return []
+    return [Error("JOBGUARD['METRICS_TOKEN'] must be at least 16 characters (or None).",
+                  hint="Generate one with python -c 'import secrets; "
+                       "print(secrets.token_urlsafe(32))' and read it from the environment.",
+                  id="jobguard.E130")]
 
 
 def _check_reliability() -> list:

@@ -11,14 +11,23 @@ import sys
 from typing import Any
 
 
-def main(options: dict[str, Any], verbosity: int, finished: Any = None) -> None:
+def main(options: dict[str, Any], verbosity: int, finished: Any = None,
+         log_format: str | None = None, metrics: bool = False) -> None:
     """Run one worker; ``finished`` (a shared flag) is set only when the worker itself
     returned, so the supervisor can tell that from a child ended by its job's code
-    (``os._exit(0)``)."""
+    (``os._exit(0)``). Its job lines go to stdout as the supervisor's command shows them
+    (``log_format``); ``metrics``: record them for the supervisor's ``--metrics-port``."""
     import django
 
     django.setup()
+    from django_jobguard import logs
     from django_jobguard.worker import WorkerOptions, run_worker_process
+
+    logs.install_handler(verbosity, log_format)
+    if metrics:
+        from django_jobguard.metrics.recording import start_recording
+
+        start_recording()
 
     code = run_worker_process(WorkerOptions(**options), verbosity=verbosity)
     if finished is not None:

@@ -68,6 +68,9 @@ DEFAULTS: dict[str, Any] = {
     # Worker threads inside the web server's process (small apps, development): None (off) or
     # {"threads": 2, "queues": ["*"], "sleep": 3, "shutdown_timeout": 20, "tries": 1}.
     "EMBEDDED_WORKER": None,
+    # The bearer token Prometheus sends to the metrics view (django_jobguard.metrics.urls);
+    # None: only logged-in staff with the view permission may read it.
+    "METRICS_TOKEN": None,
 }
 
 

@@ -62,7 +62,7 @@ class EmbeddedWorkers:
         for number in range(self.threads):
             # memory=0: the limit exits a worker process; this one is the web server's.
             worker = Worker(WorkerOptions(queues=self.queues, sleep=self.sleep, memory=0,
-                                          tries=self.tries), log=_log)
+                                          tries=self.tries))
             thread = threading.Thread(target=_run, args=(worker,), daemon=True,
                                       name=f"jobguard-embedded-{number + 1}")
             self.workers.append(worker)
@@ -96,11 +96,6 @@ def _run(worker: Worker) -> None:
         logger.exception("Embedded worker %s stopped with an error.", worker.id)
     finally:
         connections.close_all()  # this thread's connections
-
-
-def _log(line: str, state: str) -> None:
-    if state != "RUNNING":
-        logger.info(line)
 
 
 _lock = threading.Lock()

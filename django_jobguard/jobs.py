@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 
-from django_jobguard import durations, registry, serialization, signals, unique_jobs
+from django_jobguard import durations, registry, serialization, signals, tracing, unique_jobs
 from django_jobguard import queue as job_queue
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.context import JobContext
@@ -216,6 +216,7 @@ def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | Non
         raise ValueError(f"{row.queue!r} is not a queue name: '*' stands for every queue and "
                          f"',' separates queues in a worker's list.")
     envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
+    envelope = tracing.dispatched(job.name, row, envelope)  # its trace context, if tracing
     row.payload = text = envelope.encode()
     limit = jobguard_settings.MAX_PAYLOAD_BYTES
     if limit and len(text) > limit / 4:  # a character is at most 4 bytes of UTF-8

@@ -43,6 +43,8 @@ from django_jobguard.exceptions import (
     WorkerStoppedError,
 )
 from django_jobguard.handling import run_middleware
+from django_jobguard.logs import text_line
+from django_jobguard.observe import job_line, running
 from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
@@ -81,11 +83,12 @@ class Pipeline:
         self.worker_id = worker_id
         self.using = using
         self.defaults = defaults or Defaults()
-        self.log = log or (lambda line, state: None)
-        # Whether ``log`` wants RUNNING lines: the line is not even built otherwise.
+        #: Called with each job line's text and state, besides the ``logging`` record
+        #: (:mod:`~django_jobguard.logs`): in-process callers collecting outcomes.
+        self.log = log
+        # Whether RUNNING lines are wanted: the line is not even built otherwise.
         self.log_running = log_running
         self.pause = pause
-        self._stamp: tuple[int, str] = (-1, "")
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
 
@@ -103,14 +106,15 @@ class Pipeline:
         is not a database or store outage) is failed with that error, once, instead of being
         claimed again every lease for ever."""
         started = time.monotonic()
-        if not queue.start(row, using=self.using):  # a row claimed ahead counts its attempt now
-            return self._lost(row, started)
-        try:
-            return self._process(row, started, then)
-        except (DatabaseError, InterfaceError, StoreUnavailableError):
-            raise  # transient: the row's lease runs out and it is retried
-        except Exception as exc:
-            return self._unprocessable(row, exc, started)
+        with running(row, self.worker_id):  # the trace span, when tracing is on
+            if not queue.start(row, using=self.using):  # one claimed ahead counts it now
+                return self._lost(row, started)
+            try:
+                return self._process(row, started, then)
+            except (DatabaseError, InterfaceError, StoreUnavailableError):
+                raise  # transient: the row's lease runs out and it is retried
+            except Exception as exc:
+                return self._unprocessable(row, exc, started)
 
     def _unprocessable(self, row: QueuedJob, exc: Exception, started: float) -> str:
         """Fail ``row`` with ``exc`` if it is still ours (nothing was applied yet); otherwise
@@ -244,7 +248,7 @@ class Pipeline:
         """Middleware and ``handle()`` under the job's time limit, and what came of it."""
         context = job.context
         if self.log_running:
-            self.log(self._line(row, "RUNNING"), "RUNNING")
+            self._log(row, "RUNNING")
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         context.started_at = clock.now()
         try:
@@ -424,18 +428,14 @@ class Pipeline:
 
     # -- log lines -------------------------------------------------------------------------
 
-    def _line(self, row: QueuedJob, state: str, elapsed: float | None = None,
-              detail: str = "") -> str:
-        second = int(time.time())
-        if self._stamp[0] != second:  # formatting the local time once a second is enough
-            self._stamp = (second, timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"))
-        head = f"{self._stamp[1]} {row.name} [{row.id}] "
-        tail = f" {state}" + (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "")
-        line = head + "." * max(3, 100 - len(head) - len(tail)) + tail
-        return f"{line} ({detail})" if detail else line
-
-    def _log(self, row: QueuedJob, state: str, started: float, detail: str = "") -> str:
-        self.log(self._line(row, state, time.monotonic() - started, detail), state)
+    def _log(self, row: QueuedJob, state: str, started: float | None = None,
+             detail: str = "") -> str:
+        """The job line of ``row``: ``logging``, metrics and trace (:mod:`.observe`)."""
+        elapsed = None if started is None else time.monotonic() - started
+        job_line(self.worker_id, row, state, elapsed, detail)
+        if self.log is not None:
+            self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), row.name,
+                               str(row.id), state, elapsed, detail), state)
         return state
 
 

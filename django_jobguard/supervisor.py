@@ -26,11 +26,15 @@ class Supervisor:
     """Keeps ``processes`` workers running until stopped or until they all exit cleanly."""
 
     def __init__(self, options: WorkerOptions, *, processes: int, verbosity: int = 1,
-                 stdout: Any = None) -> None:
+                 stdout: Any = None, log_format: str | None = None,
+                 metrics: Any = None) -> None:
         self.options = options
         self.processes = processes
         self.verbosity = verbosity
         self.stdout = stdout
+        self.log_format = log_format
+        #: The ``--metrics-port`` server (multiprocess mode), started before the children.
+        self.metrics = metrics
         self._ctx = multiprocessing.get_context("spawn")
         self._stopping = False
         self._started: dict[int, float] = {}
@@ -41,7 +45,7 @@ class Supervisor:
         finished = self._ctx.Value("b", 0, lock=False)
         proc = self._ctx.Process(target=child.main,
                                  args=(dataclasses.asdict(self.options), self.verbosity,
-                                       finished),
+                                       finished, self.log_format, self.metrics is not None),
                                  daemon=False)
         proc.start()
         self._started[proc.pid] = time.monotonic()
@@ -66,13 +70,15 @@ class Supervisor:
                 children.remove(proc)
                 proc.join()
                 finished = self._finished.pop(proc.pid)
+                if self.metrics is not None:
+                    self.metrics.child_exited(proc.pid)
                 on_its_own = proc.exitcode == 0 and finished.value == 1
                 if not on_its_own and not self._stopping:
                     why = ("without its worker stopping (the job's code ended the process?)"
                            if proc.exitcode == 0 else f"with {proc.exitcode}")
                     logger.warning("Worker pid %s exited %s; starting a new one.",
                                    proc.pid, why)
-                    if self.stdout is not None and self.verbosity:
+                    if self.stdout is not None and self.verbosity and self.log_format != "json":
                         self.stdout.write(f"worker pid {proc.pid} exited {why}; restarting")
                     # A child that dies right after starting (bad settings, database down)
                     # is restarted with a growing delay instead of in a hot loop.

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -26,7 +25,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
-from django_jobguard import operations, queue, schedules
+from django_jobguard import logs, operations, queue, schedules
 from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import WorkerStoppedError
@@ -159,6 +158,7 @@ class Worker:
     def run(self) -> int:
         """Process jobs until a stop condition; returns the process exit code."""
         self._install_signal_handlers()
+        logs.bind_worker(self.id)
         self._start()
         started = time.monotonic()
         try:
@@ -393,6 +393,7 @@ class Worker:
         """Every few seconds: renew the leases this worker holds and say it is alive."""
         interval = max(0.5, min(float(jobguard_settings.RETRY_AFTER) / 3, 15.0))
         using = self.options.using
+        logs.bind_worker(self.id)
         last_clean = time.monotonic()
         ticker = schedules.Ticker(using)  # periodic jobs: any worker enqueues due ticks, once
         try:
@@ -455,23 +456,23 @@ def run_worker(queues: Sequence[str], **options: Any) -> int:
 
 def run_worker_process(options: WorkerOptions, *, verbosity: int = 1,
                        write: Callable[[str, str], None] | None = None) -> int:
-    """Run one worker in this process, writing its job lines at ``verbosity`` (1: outcomes,
-    2: also RUNNING, 3: debug logging). ``jobworker`` and each ``--concurrency`` child."""
+    """Run one worker in this process (``jobworker`` and each ``--concurrency`` child); its
+    job lines are ``logging`` records (:mod:`~django_jobguard.logs`, shown by the handler
+    the command installs), RUNNING ones from ``verbosity`` 2, debug logging at 3."""
     return make_worker(options, verbosity=verbosity, write=write).run()
 
 
 def make_worker(options: WorkerOptions, *, verbosity: int = 1,
                 write: Callable[[str, str], None] | None = None) -> Worker:
-    """The worker :func:`run_worker_process` runs (``jobworker --reload`` runs it itself)."""
-    if write is None:
-        def write(line: str, state: str) -> None:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-
-    def log(line: str, state: str) -> None:
-        if verbosity >= 2 or (verbosity >= 1 and state != "RUNNING"):
-            write(line, state)
+    """The worker :func:`run_worker_process` runs (``jobworker --reload`` runs it itself);
+    ``write(line, state)`` also gets each job line shown at ``verbosity``."""
+    log = None
+    if write is not None:
+        def log(line: str, state: str) -> None:
+            if verbosity >= 2 or (verbosity >= 1 and state != "RUNNING"):
+                write(line, state)
 
     if verbosity >= 3:
         logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
-    return Worker(options, log=log, log_running=verbosity >= 2)
+    running = verbosity >= 2 or logs.job_logger.isEnabledFor(logging.DEBUG)
+    return Worker(options, log=log, log_running=running)

@@ -9,3 +9,10 @@ except ImportError:
     pass
 else:
     urlpatterns.append(path("jobguard/api/", include("django_jobguard.api.urls")))
+
+try:
+    import prometheus_client  # noqa: F401  (needs the "metrics" extra)
+except ImportError:
+    pass
+else:
+    urlpatterns.append(path("jobguard/metrics/", include("django_jobguard.metrics.urls")))

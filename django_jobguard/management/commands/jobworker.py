@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_jobguard import logs
 from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.worker import WorkerOptions, make_worker, run_worker_process
@@ -59,6 +60,16 @@ class Command(BaseCommand):
         parser.add_argument("--reload", action="store_true",
                             help="Restart the worker when its code changes (development, as "
                                  "runserver does); the running job finishes first.")
+        parser.add_argument("--log-format", choices=logs.FORMATS, default=None,
+                            help="How job lines are printed: text (the default) or json (one "
+                                 "object per line). Without it they are printed only when "
+                                 "the project's LOGGING does not show them already.")
+        parser.add_argument("--metrics-port", type=int, default=None,
+                            help="Serve this worker's Prometheus metrics (jobs by outcome, "
+                                 "run times) on this port; one port for all --concurrency "
+                                 "processes. Needs django-jobguard[metrics].")
+        parser.add_argument("--metrics-address", default="0.0.0.0",
+                            help="The address --metrics-port listens on (default: all).")
         parser.add_argument("--reload-grace", type=float, default=5.0,
                             help="With --reload: seconds the running job may go on after a "
                                  "change before it goes back to the queue, its attempt unused.")
@@ -83,22 +94,71 @@ class Command(BaseCommand):
             stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
             once=opts["once"], batch=opts["batch"], using=opts["database"],
         )
+        port = opts["metrics_port"]
+        if port is not None and not 0 <= port <= 65535:
+            raise CommandError(f"--metrics-port must be a port number (0-65535), not {port}.")
+        if port is not None:
+            from django_jobguard.metrics import MetricsUnavailableError, require
+
+            try:
+                require()
+            except MetricsUnavailableError as exc:
+                raise CommandError(f"--metrics-port: {exc}") from None
         verbosity = opts["verbosity"]
+        installed = logs.install_handler(verbosity, opts["log_format"], stream=self.stdout,
+                                         style=self.style)
+        try:
+            code = self._run(options, opts, verbosity)
+        finally:
+            if installed is not None:
+                installed.remove()
+        if code:
+            sys.exit(code)
+
+    def _run(self, options: WorkerOptions, opts: dict[str, Any], verbosity: int) -> int:
         if opts["reload"]:
             from django_jobguard.reloader import run_with_reloader
 
-            code = run_with_reloader(
-                lambda: make_worker(options, verbosity=verbosity, write=self._write),
-                grace=opts["reload_grace"], write=lambda line: self._write(line, "RELOAD"))
-        elif opts["concurrency"] > 1:
+            def make() -> Any:  # in the child process only: it serves the metrics
+                self._serve_metrics(opts)
+                return make_worker(options, verbosity=verbosity)
+
+            return run_with_reloader(make, grace=opts["reload_grace"],
+                                     write=lambda line: self._write(line, "RELOAD"))
+        if opts["concurrency"] > 1:
             from django_jobguard.supervisor import Supervisor
 
-            code = Supervisor(options, processes=opts["concurrency"], verbosity=verbosity,
-                              stdout=self.stdout).run()
-        else:
-            code = run_worker_process(options, verbosity=verbosity, write=self._write)
-        if code:
-            sys.exit(code)
+            server = self._serve_metrics(opts, multiprocess=True)
+            try:
+                return Supervisor(options, processes=opts["concurrency"], verbosity=verbosity,
+                                  stdout=self.stdout, log_format=opts["log_format"],
+                                  metrics=server).run()
+            finally:
+                if server is not None:
+                    server.close()
+        server = self._serve_metrics(opts)
+        try:
+            return run_worker_process(options, verbosity=verbosity)
+        finally:
+            if server is not None:
+                server.close()
+
+    def _serve_metrics(self, opts: dict[str, Any], *, multiprocess: bool = False) -> Any:
+        """Start the ``--metrics-port`` server (and, in this process, the recording)."""
+        if opts["metrics_port"] is None:
+            return None
+        from django_jobguard.metrics.server import MetricsServer
+
+        try:
+            server = MetricsServer(opts["metrics_port"], opts["metrics_address"],
+                                   multiprocess=multiprocess)
+        except OSError as exc:
+            raise CommandError(f"--metrics-port {opts['metrics_port']}: {exc}") from None
+        if not multiprocess:
+            from django_jobguard.metrics.recording import start_recording
+
+            start_recording()
+        return server
 
     def _write(self, line: str, state: str) -> None:
         style = {"DONE": self.style.SUCCESS, "FAILED": self.style.ERROR,

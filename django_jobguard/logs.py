@@ -1,0 +1,217 @@
+"""The worker's job lines as Python ``logging`` records, and the formatters that print them.
+
+Every job line (``RUNNING``, ``DONE``, ``RELEASED``, ``FAILED``, …) is one record on the
+``django_jobguard.worker.jobs`` logger (a child of ``django_jobguard.worker``, so a project
+that routes the worker's logger gets them too) with structured attributes: ``worker_id``,
+``job_id``, ``job``, ``queue``, ``state``, ``attempt``, ``elapsed`` (seconds, ``None`` for
+``RUNNING``) and ``detail``. Levels: ``RUNNING`` DEBUG, ``FAILED`` and ``LOST`` WARNING, the
+other outcomes INFO.
+
+``jobworker`` shows them on its stdout without any ``LOGGING`` setting, as ``runserver``
+shows its request lines: :func:`install_handler` adds a handler only when the project's
+configuration would not show them (no handler on the logger's way to the root, or the
+logger not enabled for INFO), or when ``--log-format`` asks for one explicitly.
+:class:`JobLineFormatter` prints the human line, :class:`JsonFormatter` one JSON object per
+line (usable in ``LOGGING`` for any logger).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
+
+JOB_LOGGER = "django_jobguard.worker.jobs"
+job_logger = logging.getLogger(JOB_LOGGER)
+
+#: Level of each state's line; unnamed states are INFO.
+LEVELS = {"RUNNING": logging.DEBUG, "FAILED": logging.WARNING, "LOST": logging.WARNING}
+#: The job line's structured attributes, in the order :class:`JsonFormatter` writes them.
+FIELDS = ("worker_id", "job_id", "job", "queue", "state", "attempt", "elapsed", "detail")
+FORMATS = ("text", "json")
+
+_bound = threading.local()
+
+
+def bind_worker(worker_id: str) -> None:
+    """Name the worker this thread works for: records logged in it that carry no
+    ``worker_id`` get this one from the formatters (warnings of the loop and heartbeat)."""
+    _bound.worker_id = worker_id
+
+
+def current_worker() -> str:
+    return getattr(_bound, "worker_id", "")
+
+
+def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
+             detail: str = "") -> None:
+    """Log one job line for the queued row ``row`` (cheap when nobody listens)."""
+    level = LEVELS.get(state, logging.INFO)
+    if not job_logger.isEnabledFor(level):
+        return
+    tail = (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "") + (
+        f" ({detail})" if detail else "")
+    # makeRecord + handle: what Logger.log does, without looking up the caller's frame (the
+    # caller is always the pipeline; that lookup is a good part of a record's cost).
+    job_logger.handle(job_logger.makeRecord(
+        JOB_LOGGER, level, __file__, 0, "%s [%s] %s%s", (row.name, row.id, state, tail),
+        None, "job_line", extra={
+            "worker_id": worker_id, "job_id": str(row.id), "job": row.name,
+            "queue": row.queue, "state": state, "attempt": row.attempts, "elapsed": elapsed,
+            "detail": detail}))
+
+
+def text_line(stamp: str, job: str, job_id: str, state: str, elapsed: float | None = None,
+              detail: str = "", worker_id: str = "") -> str:
+    """The human job line: ``<time> <worker> <job> [<id>] ...... DONE 12 ms (detail)``."""
+    worker = f"{worker_id} " if worker_id else ""
+    head = f"{stamp} {worker}{job} [{job_id}] "
+    tail = f" {state}" + (f" {elapsed * 1000:.0f} ms" if elapsed is not None else "")
+    # The states line up at column 100 past the worker id (the same width on one host).
+    line = head + "." * max(3, 100 + len(worker) - len(head) - len(tail)) + tail
+    return f"{line} ({detail})" if detail else line
+
+
+class JobLineFormatter(logging.Formatter):
+    """The job line as ``jobworker`` prints it (local time, worker id, dots to the state),
+    coloured by outcome with ``colors`` (a Django ``color_style()``); other records as
+    ``<time> <level> <message>``."""
+
+    def __init__(self, *args: Any, colors: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.palette: dict[str, Callable[[str], str]] = {}
+        if colors is not None:
+            self.palette = {"DONE": colors.SUCCESS, "FAILED": colors.ERROR,
+                            "RELEASED": colors.WARNING, "LOST": colors.ERROR}
+        self._stamp: tuple[int, str] = (-1, "")
+
+    def stamp(self, created: float) -> str:
+        second = int(created)
+        if self._stamp[0] != second:  # formatting the local time once a second is enough
+            from django.utils import timezone
+
+            moment = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
+            self._stamp = (second, timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S"))
+        return self._stamp[1]
+
+    def format(self, record: logging.LogRecord) -> str:
+        state = getattr(record, "state", None)
+        if state is None or not hasattr(record, "job_id"):
+            text = f"{self.stamp(record.created)} {record.levelname} {record.getMessage()}"
+            if record.exc_info:
+                text += "\n" + self.formatException(record.exc_info)
+            return text
+        line = text_line(self.stamp(record.created), record.job, record.job_id, state,
+                         record.elapsed, record.detail,
+                         worker_id=getattr(record, "worker_id", "") or current_worker())
+        paint = self.palette.get(state)
+        return paint(line) if paint else line
+
+
+#: Attributes every LogRecord has; anything else came from ``extra`` and goes into the JSON.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (ISO 8601, UTC), ``level``, ``logger``,
+    ``message``, the job line's fields when present (``worker_id``, ``job_id``, ``job``,
+    ``queue``, ``state``, ``attempt``, ``elapsed``, ``detail``), any other ``extra``
+    attribute, and ``exception`` (the traceback) when the record has one.
+
+    ``LOGGING = {"formatters": {"json": {"()": "django_jobguard.logs.JsonFormatter"}}, …}``
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+            .isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        worker = getattr(record, "worker_id", "") or current_worker()
+        if worker:
+            data["worker_id"] = worker
+        for key in FIELDS[1:]:
+            if hasattr(record, key):
+                data[key] = getattr(record, key)
+        if isinstance(data.get("elapsed"), float):
+            data["elapsed"] = round(data["elapsed"], 6)
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in data:
+                data[key] = value
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            data["exception"] = record.exc_text
+        if record.stack_info:
+            data["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(data, default=str, ensure_ascii=False)
+
+
+def shown_by_project() -> bool:
+    """Whether the project's ``LOGGING`` already shows the job lines: the job logger is
+    enabled for INFO and a handler sits on its way to the root (the root's included)."""
+    if not job_logger.isEnabledFor(logging.INFO):
+        return False
+    logger: logging.Logger | None = job_logger
+    while logger is not None:
+        if any(not getattr(h, "jobguard_installed", False) for h in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent  # type: ignore[assignment]
+    return False
+
+
+class Installed:
+    """What :func:`install_handler` changed, to undo it (:meth:`remove`)."""
+
+    def __init__(self, handler: logging.Handler | None, level: int, propagate: bool) -> None:
+        self.handler = handler
+        self._level = level
+        self._propagate = propagate
+
+    def remove(self) -> None:
+        if self.handler is not None:
+            job_logger.removeHandler(self.handler)
+        job_logger.setLevel(self._level)
+        job_logger.propagate = self._propagate
+
+
+def install_handler(verbosity: int = 1, log_format: str | None = None, *,
+                    stream: TextIO | None = None, style: Any = None) -> Installed | None:
+    """Show the job lines on ``stream`` (stdout) at ``verbosity`` (0: none, 1: outcomes,
+    2: also RUNNING) unless the project's ``LOGGING`` shows them already; an explicit
+    ``log_format`` (``text``/``json``) installs the handler in any case. Returns what to
+    :meth:`~Installed.remove`, or ``None`` when the project's configuration is left as is."""
+    if log_format is not None and log_format not in FORMATS:
+        raise ValueError(f"Unknown log format {log_format!r}; use one of {', '.join(FORMATS)}.")
+    for old in [h for h in job_logger.handlers if getattr(h, "jobguard_installed", False)]:
+        job_logger.removeHandler(old)  # a handler left by an earlier run in this process
+    if log_format is None and shown_by_project():
+        return None
+    installed = Installed(None, job_logger.level, job_logger.propagate)
+    job_logger.propagate = False  # not printed twice by a handler of a parent logger
+    if verbosity <= 0:
+        job_logger.setLevel(logging.CRITICAL + 1)
+        return installed
+    handler = logging.StreamHandler(stream if stream is not None else sys.stdout)
+    handler.jobguard_installed = True  # type: ignore[attr-defined]
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        if style is None:
+            from django.core.management.color import color_style
+
+            style = color_style()
+        handler.setFormatter(JobLineFormatter(colors=style))
+    job_logger.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO)
+    job_logger.addHandler(handler)
+    installed.handler = handler
+    return installed

@@ -1,0 +1,101 @@
+"""Gauges read from the database (and the lock stores) at scrape time.
+
+One scrape describes the whole system, whichever process serves it, so several web
+processes behind a load balancer all answer the same. Cost per scrape: the two queries of
+:func:`~django_jobguard.operations.monitoring.queue_stats` (the counts the admin and
+``jobs_monitor`` show), one for the oldest waiting job per queue, one for live workers,
+and a listing of the held locks and the circuits of each usable store (SCAN on Redis). A
+store that cannot be read is reported as ``jobguard_store_up{store} 0`` and its lock and
+circuit gauges are left out, instead of failing the scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Min, Value
+from django.db.models.functions import Now
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from django_jobguard import clock
+from django_jobguard.models import STATES, QueuedJob, Worker
+from django_jobguard.operations.locks import usable_stores
+from django_jobguard.operations.monitoring import queue_stats
+from django_jobguard.operations.workers import heartbeat_grace
+from django_jobguard.stores import get_store
+
+logger = logging.getLogger("django_jobguard.metrics")
+
+
+class DatabaseCollector(Collector):
+    """``jobguard_queue_jobs{queue,state}``, ``jobguard_queue_oldest_waiting_seconds{queue}``,
+    ``jobguard_failed_jobs{queue}``, ``jobguard_workers``, ``jobguard_locks_held{store,
+    kind}``, ``jobguard_circuits_open{store}`` and ``jobguard_store_up{store}``."""
+
+    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.using = using
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._queues()
+        live = Worker.objects.using(self.using).filter(
+            last_seen_at__gte=Now() - Value(heartbeat_grace())).count()
+        yield GaugeMetricFamily("jobguard_workers", "Workers whose heartbeat is recent.",
+                                value=live)
+        yield from self._stores()
+
+    def _queues(self) -> Iterator[Any]:
+        jobs = GaugeMetricFamily("jobguard_queue_jobs",
+                                 "Queued jobs by state: waiting (due now: the queue's depth), "
+                                 "delayed, reserved (a worker holds it).",
+                                 labels=["queue", "state"])
+        failed = GaugeMetricFamily("jobguard_failed_jobs", "Failed jobs kept, by queue.",
+                                   labels=["queue"])
+        for name, counts in sorted(queue_stats(using=self.using).items()):
+            for state in STATES:
+                jobs.add_metric([name, state], counts[state])
+            failed.add_metric([name], counts["failed"])
+        yield jobs
+        yield failed
+        oldest = GaugeMetricFamily(
+            "jobguard_queue_oldest_waiting_seconds",
+            "How long the longest-waiting due job of the queue has been due (0: none).",
+            labels=["queue"])
+        now = clock.now()
+        rows = (QueuedJob.objects.using(self.using).waiting().order_by().values("queue")
+                .annotate(since=Min("available_at")))
+        for row in sorted(rows, key=lambda r: r["queue"]):
+            oldest.add_metric([row["queue"]], max((now - row["since"]).total_seconds(), 0.0))
+        yield oldest
+
+    def _stores(self) -> Iterator[Any]:
+        up = GaugeMetricFamily("jobguard_store_up",
+                               "1 if the lock store could be read at this scrape.",
+                               labels=["store"])
+        locks = GaugeMetricFamily("jobguard_locks_held",
+                                  "Locks held (not expired), by kind: unique, overlap, …",
+                                  labels=["store", "kind"])
+        circuits = GaugeMetricFamily("jobguard_circuits_open",
+                                     "Exception circuits (ThrottlesExceptions) open now.",
+                                     labels=["store"])
+        for alias in usable_stores():
+            try:
+                store = get_store(alias)
+                kinds = Counter(info.kind for info in store.locks())
+                open_circuits = sum(1 for t in store.throttles()
+                                    if t.kind == "circuit" and t.state == "open")
+            except Exception as exc:
+                logger.warning("Metrics: store %r could not be read (%s).", alias, exc)
+                up.add_metric([alias], 0)
+                continue
+            up.add_metric([alias], 1)
+            for kind in sorted({"unique", "overlap"} | set(kinds)):
+                locks.add_metric([alias, kind], kinds.get(kind, 0))
+            circuits.add_metric([alias], open_circuits)
+        yield up
+        yield locks
+        yield circuits

@@ -1,0 +1,52 @@
+"""What the pipeline tells the outside about each job: one call per job line, passed on to
+``logging`` (:mod:`~django_jobguard.logs`), the metrics recorders (``jobworker
+--metrics-port``, :mod:`django_jobguard.metrics`) and the run's trace span
+(:mod:`~django_jobguard.tracing`); and the span around one row's processing.
+
+Nothing here needs ``prometheus_client`` or OpenTelemetry: recorders register themselves,
+and tracing is a no-op without its package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from django_jobguard import logs, tracing
+
+#: ``recorder(row, state, elapsed)`` for each finished job line (not RUNNING).
+Recorder = Callable[[Any, str, "float | None"], None]
+_recorders: list[Recorder] = []
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+def running(row: Any, worker_id: str) -> contextlib.AbstractContextManager[Any]:
+    """The run span of ``row`` while the pipeline processes it (nothing without tracing)."""
+    return _NO_SPAN if tracing.tracer() is None else tracing.run_span(row, worker_id)
+
+
+def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
+             detail: str = "") -> None:
+    """One job line: ``state`` of the row ``row`` after ``elapsed`` seconds."""
+    logs.job_line(worker_id, row, state, elapsed, detail)
+    if state == "RUNNING":
+        return
+    for record in _recorders:
+        record(row, state, elapsed)
+    tracing.outcome(state, row.attempts)
+
+
+def add_recorder(recorder: Recorder) -> None:
+    if recorder not in _recorders:
+        _recorders.append(recorder)
+
+
+def recorders() -> tuple[Recorder, ...]:
+    return tuple(_recorders)
+
+
+def remove_recorder(recorder: Recorder) -> None:
+    if recorder in _recorders:
+        _recorders.remove(recorder)
