@@ -26,7 +26,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
-from django_jobguard import operations, queue, schedules
+from django_jobguard import history, operations, queue, schedules
 from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import WorkerStoppedError
@@ -151,6 +151,7 @@ class Worker:
         self._held: frozenset[Any] = frozenset()
         self._heartbeat: threading.Thread | None = None
         self._recent = RecentOutcomes()
+        self._per_queue = history.QueueCounter()  # the dashboard's history, per minute
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         self._pause_checked = 0.0
 
@@ -299,7 +300,9 @@ class Worker:
         self._in_job = True
         self._current_job = str(row.id)
         try:
-            self._recent.record(self.process(row, then=then))
+            state = self.process(row, then=then)
+            self._recent.record(state)
+            self._per_queue.record(row.queue, state)
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
@@ -410,6 +413,7 @@ class Worker:
             last_seen_at=Now(), jobs_processed=self.jobs_processed,
             current_job=self._current_job, done_last_minute=done,
             failed_last_minute=failed)
+        self._per_queue.flush(using)
 
     @staticmethod
     def _clean_up(using: str) -> None:
@@ -423,6 +427,7 @@ class Worker:
         if self._listener is not None:
             self._listener.close()
         try:
+            self._per_queue.flush(self.options.using)  # what ran since the last heartbeat
             WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
         except (DatabaseError, InterfaceError):
             pass

@@ -1,18 +1,25 @@
 """Stats and the monitor: per-queue counts (the states of the model), live workers, jobs done
-in the last minute, thresholds."""
+in the last minute, thresholds; and the dashboard's overview (counts that stay fast on a
+queue of a million rows, workers, locks and circuits, the per-minute history)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count, Sum, Value
 from django.db.models.functions import Now
 
-from django_jobguard.models import STATES, FailedJob, QueuedJob, Worker
-from django_jobguard.operations.workers import heartbeat_grace
+from django_jobguard.dialects import dialect_for
+from django_jobguard.history import current_minute
+from django_jobguard.models import STATES, FailedJob, PausedQueue, QueuedJob, QueueMinute, Worker
+from django_jobguard.operations.locks import usable_stores
+from django_jobguard.operations.workers import heartbeat_grace, live_workers
+from django_jobguard.stores import get_store
 
 
 def _empty() -> dict[str, int]:
@@ -59,6 +66,7 @@ class QueueHealth:
     failed: int
     max: int
     status: str  # "OK" or "ALERT" (size reached max)
+    unserved: bool = False  # jobs wait and no live worker serves the queue (nor '*')
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,13 +81,21 @@ class MonitorReport:
         """The queues at or over their threshold."""
         return [health.queue for health in self.queues if health.status == "ALERT"]
 
+    @property
+    def unserved(self) -> list[str]:
+        """The queues with waiting jobs that no live worker serves."""
+        return [health.queue for health in self.queues if health.unserved]
+
 
 def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1000,
             using: str = DEFAULT_DB_ALIAS) -> MonitorReport:
     """Each queue of ``thresholds`` (or every queue with jobs, at ``default_max``) with an
-    ALERT when its size reaches its maximum."""
+    ALERT when its size reaches its maximum, and flagged ``unserved`` when jobs wait and no
+    live worker serves it (a paused queue is not flagged)."""
     thresholds = thresholds or {}
     counts = queue_stats(using=using)
+    paused = set(PausedQueue.objects.using(using).values_list("queue", flat=True))
+    lonely = set(unserved(counts, worker_rows(using=using), paused))
     report = []
     for name in list(thresholds) or sorted(counts):
         c = counts.get(name) or _empty()
@@ -88,5 +104,227 @@ def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1
         report.append(QueueHealth(queue=name, size=size, waiting=c["waiting"],
                                   delayed=c["delayed"], reserved=c["reserved"],
                                   failed=c["failed"], max=limit,
-                                  status="ALERT" if size >= limit else "OK"))
+                                  status="ALERT" if size >= limit else "OK",
+                                  unserved=name in lonely))
     return MonitorReport(queues=report)
+
+
+# -- the dashboard: counts that stay fast on a large queue, workers, stores, history --------
+
+#: Up to this many jobs a state is counted exactly; above it PostgreSQL's planner estimate is
+#: shown (marked ``estimated``), so a queue of a million rows costs a few index lookups.
+EXACT_UP_TO = 10_000
+
+#: The dashboard's charts: (name, minutes shown, minutes per point).
+WINDOWS = (("1h", 60, 1), ("24h", 24 * 60, 15))
+
+
+def _queue_names(using: str) -> list[str]:
+    """The queues that have rows: a skip scan of the claim index (one index descent per
+    queue) instead of a DISTINCT over every row; MySQL/MariaDB do that scan for DISTINCT."""
+    connection = connections[using]
+    if connection.vendor == "mysql":
+        return sorted(QueuedJob.objects.using(using).order_by("queue")
+                      .values_list("queue", flat=True).distinct())
+    table = connection.ops.quote_name(QueuedJob._meta.db_table)
+    queue = connection.ops.quote_name("queue")
+    sql = (f"WITH RECURSIVE names(name) AS (SELECT MIN({queue}) FROM {table} UNION ALL "
+           f"SELECT (SELECT MIN({queue}) FROM {table} WHERE {queue} > names.name) FROM names "
+           f"WHERE names.name IS NOT NULL) SELECT name FROM names WHERE name IS NOT NULL")
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _priorities(rows, queue: str) -> list[int]:
+    """The priorities present in ``queue``, highest first (one index descent each)."""
+    found: list[int] = []
+    head = rows.filter(queue=queue)
+    while True:
+        below = head.filter(priority__lt=found[-1]) if found else head
+        priority = below.order_by("-priority").values_list("priority", flat=True).first()
+        if priority is None:
+            return found
+        found.append(priority)
+
+
+def _estimate(rows, using: str) -> int | None:
+    """PostgreSQL's estimate of how many rows ``rows`` has (its planner statistics, as fresh
+    as the last ANALYZE or autovacuum), ``None`` on other databases."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    sql, params = rows.values_list("pk").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def _count(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
+    """``(count, estimated)``: exact up to ``exact_up_to`` (a LIMITed count on an index
+    range), else PostgreSQL's estimate (never below the limit) or, elsewhere, an exact
+    count."""
+    counted = rows.values_list("available_at")[:exact_up_to + 1].count()
+    if counted <= exact_up_to:
+        return counted, False
+    estimate = _estimate(rows, using)
+    if estimate is None:
+        return rows.count(), False
+    return max(estimate, exact_up_to + 1), True
+
+
+def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
+                   using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, Any]]:
+    """Per queue: ``waiting``, ``delayed``, ``reserved`` (exact up to ``exact_up_to``, then
+    estimated on PostgreSQL: ``estimated`` says so), ``failed`` (failed jobs kept),
+    ``oldest_waiting_at`` (when the longest-waiting job became due; ``None``: none waits)
+    and ``oldest_waiting_seconds``.
+
+    Every query is a range of the claim index ``(queue, -priority, available_at)``, one per
+    queue and priority present, so the cost follows the number of queues, not of rows.
+    """
+    now = dialect_for(using).now()
+    rows = QueuedJob.objects.using(using).order_by()
+    out: dict[str, dict[str, Any]] = {}
+    for name in _queue_names(using):
+        counts = {**_empty(), "estimated": False, "oldest_waiting_at": None}
+        for priority in _priorities(rows, name):
+            level = rows.filter(queue=name, priority=priority)
+            due = level.filter(available_at__lte=now)
+            later = level.filter(available_at__gt=now)
+            for state, subset in (("waiting", due),
+                                  ("delayed", later.filter(reserved_at__isnull=True)),
+                                  ("reserved", later.filter(reserved_at__isnull=False))):
+                n, estimated = _count(subset, using, exact_up_to)
+                counts[state] += n
+                counts["estimated"] |= estimated
+            oldest = due.order_by("available_at").values_list("available_at", flat=True).first()
+            if oldest is not None and (counts["oldest_waiting_at"] is None
+                                       or oldest < counts["oldest_waiting_at"]):
+                counts["oldest_waiting_at"] = oldest
+        out[name] = counts
+    for row in FailedJob.objects.using(using).order_by().values("queue").annotate(
+            n=Count("id")):
+        out.setdefault(row["queue"], {**_empty(), "estimated": False,
+                                      "oldest_waiting_at": None})["failed"] = row["n"]
+    for counts in out.values():
+        oldest = counts["oldest_waiting_at"]
+        counts["oldest_waiting_seconds"] = (
+            max((now - oldest).total_seconds(), 0.0) if oldest is not None else None)
+    return out
+
+
+def worker_rows(*, using: str = DEFAULT_DB_ALIAS) -> list[dict[str, Any]]:
+    """The live workers (a heartbeat within ``RETRY_AFTER``; on this host, a live process):
+    id, host, pid, ``queues`` as a list, current job, last heartbeat, jobs processed."""
+    now = dialect_for(using).now()
+    rows = list(Worker.objects.using(using).filter(
+        last_seen_at__gte=Now() - Value(heartbeat_grace())).order_by("id"))
+    alive = live_workers([row.id for row in rows], using=using)
+    return [{"id": row.id, "hostname": row.hostname, "pid": row.pid,
+             "queues": [q for q in row.queues.split(",") if q],
+             "current_job": row.current_job, "last_seen_at": row.last_seen_at,
+             "seconds_since_heartbeat": max((now - row.last_seen_at).total_seconds(), 0.0),
+             "jobs_processed": row.jobs_processed} for row in rows if row.id in alive]
+
+
+def unserved(queues: Mapping[str, Mapping[str, Any]], workers: list[dict[str, Any]],
+             paused: set[str]) -> list[str]:
+    """Queues with waiting jobs that no live worker serves (``'*'`` serves every queue); a
+    paused queue is left out (nobody is meant to serve it)."""
+    served = {name for worker in workers for name in worker["queues"]}
+    if "*" in served:
+        return []
+    return sorted(name for name, counts in queues.items()
+                  if counts["waiting"] and name not in served and name not in paused)
+
+
+def store_summaries(*, limit: int = EXACT_UP_TO) -> list[dict[str, Any]]:
+    """Per usable store: ``held_locks`` (exact up to ``limit``, then ``limit + 1``),
+    ``open_circuits`` (open or half-open), or ``error`` when the store cannot be read."""
+    out = []
+    for alias in usable_stores():
+        entry: dict[str, Any] = {"store": alias, "held_locks": None, "open_circuits": None,
+                                 "error": ""}
+        try:
+            store = get_store(alias)
+            entry["held_locks"] = store.count_locks(limit=limit)
+            entry["open_circuits"] = sum(1 for t in store.throttles()
+                                         if t.kind == "circuit" and t.state != "closed")
+        except NotImplementedError:
+            entry["error"] = "this store cannot list locks or throttles"
+        except Exception as exc:  # a store that is down must not take the dashboard with it
+            entry["error"] = f"could not read the store: {exc}"
+        out.append(entry)
+    return out
+
+
+def history(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """Jobs per minute done and failed per queue, from the workers' per-minute counts
+    (:mod:`django_jobguard.history`): for each of :data:`WINDOWS`, ``start`` (the first
+    minute), ``step_minutes``, and per queue ``done`` / ``failed`` rates (jobs/min, one per
+    point, oldest first) with the window's totals."""
+    current = current_minute(using)
+    longest = max(length for _, length, _ in WINDOWS)
+    first = current - datetime.timedelta(minutes=longest - 1)
+    # Per queue, one (done, failed) slot per minute of the longest window, oldest first.
+    slots: dict[str, list[list[int]]] = {}
+    for minute, name, done, failed in QueueMinute.objects.using(using).filter(
+            minute__gte=first, minute__lte=current).values_list(
+            "minute", "queue", "done", "failed"):
+        index = int((minute - first).total_seconds() // 60)
+        row = slots.setdefault(name, [[0] * longest, [0] * longest])
+        row[0][index] += done
+        row[1][index] += failed
+    out: dict[str, Any] = {}
+    for window, length, step in WINDOWS:
+        queues = {}
+        for name, (done, failed) in sorted(slots.items()):
+            done, failed = done[longest - length:], failed[longest - length:]
+            queues[name] = {
+                "done": [round(sum(done[i:i + step]) / step, 2)
+                         for i in range(0, length, step)],
+                "failed": [round(sum(failed[i:i + step]) / step, 2)
+                           for i in range(0, length, step)],
+                "total_done": sum(done), "total_failed": sum(failed)}
+        out[window] = {"start": current - datetime.timedelta(minutes=length - 1),
+                       "step_minutes": step, "queues": queues}
+    return out
+
+
+def overview(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """Everything the dashboard and ``GET stats/history/`` show: per-queue counts with the
+    failures of the last hour, paused and unserved flags; live workers; locks and circuits
+    per store; the 1 h and 24 h history; and :func:`stats`' last-minute totals."""
+    queues = queue_overview(using=using)
+    charts = history(using=using)
+    last_hour = charts["1h"]["queues"]
+    for name in last_hour:
+        queues.setdefault(name, {**_empty(), "estimated": False, "oldest_waiting_at": None,
+                                 "oldest_waiting_seconds": None})
+    paused = {row.queue for row in PausedQueue.objects.using(using)}
+    for name in paused:
+        queues.setdefault(name, {**_empty(), "estimated": False, "oldest_waiting_at": None,
+                                 "oldest_waiting_seconds": None})
+    workers = worker_rows(using=using)
+    lonely = set(unserved(queues, workers, paused))
+    for name, counts in queues.items():
+        counts["failed_last_hour"] = last_hour.get(name, {}).get("total_failed", 0)
+        counts["done_last_hour"] = last_hour.get(name, {}).get("total_done", 0)
+        counts["paused"] = name in paused
+        counts["unserved"] = name in lonely
+    totals = Worker.objects.using(using).filter(
+        id__in=[w["id"] for w in workers]).aggregate(done=Sum("done_last_minute"),
+                                                      failed=Sum("failed_last_minute"))
+    return {
+        "generated_at": dialect_for(using).now(),
+        "queues": dict(sorted(queues.items())),
+        "workers": workers,
+        "done_last_minute": totals["done"] or 0,
+        "failed_last_minute": totals["failed"] or 0,
+        "stores": store_summaries(),
+        "history": charts,
+    }
