@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import Count, Sum, Value
+from django.db.models import Count, Min, Q, Sum, Value
 from django.db.models.functions import Now
 
 from django_jobguard.dialects import dialect_for
@@ -170,6 +170,12 @@ def _count(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
     counted = rows.values_list("available_at")[:exact_up_to + 1].count()
     if counted <= exact_up_to:
         return counted, False
+    return _over_limit(rows, using, exact_up_to)
+
+
+def _over_limit(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
+    """The count of ``rows``, known to be over ``exact_up_to``: PostgreSQL's estimate
+    (never below the limit), elsewhere an exact count."""
     estimate = _estimate(rows, using)
     if estimate is None:
         return rows.count(), False
@@ -193,18 +199,31 @@ def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
         counts = {**_empty(), "estimated": False, "oldest_waiting_at": None}
         for priority in _priorities(rows, name):
             level = rows.filter(queue=name, priority=priority)
-            due = level.filter(available_at__lte=now)
-            later = level.filter(available_at__gt=now)
-            for state, subset in (("waiting", due),
-                                  ("delayed", later.filter(reserved_at__isnull=True)),
-                                  ("reserved", later.filter(reserved_at__isnull=False))):
-                n, estimated = _count(subset, using, exact_up_to)
-                counts[state] += n
+            # Waiting: the first ``exact_up_to + 1`` rows of the range, in index order, give
+            # the count (if under the limit) and the oldest in one query.
+            due = level.filter(available_at__lte=now).order_by("available_at")
+            head = due.values_list("available_at")[:exact_up_to + 1].aggregate(
+                n=Count("available_at"), oldest=Min("available_at"))
+            if head["n"] > exact_up_to:
+                head["n"], estimated = _over_limit(due, using, exact_up_to)
                 counts["estimated"] |= estimated
-            oldest = due.order_by("available_at").values_list("available_at", flat=True).first()
+            counts["waiting"] += head["n"]
+            oldest = head["oldest"]
             if oldest is not None and (counts["oldest_waiting_at"] is None
                                        or oldest < counts["oldest_waiting_at"]):
                 counts["oldest_waiting_at"] = oldest
+            # Delayed and reserved: the rows due later (few, usually), in one query.
+            later = level.filter(available_at__gt=now)
+            split = later.values_list("reserved_at")[:exact_up_to + 1].aggregate(
+                delayed=Count("available_at", filter=Q(reserved_at__isnull=True)),
+                reserved=Count("available_at", filter=Q(reserved_at__isnull=False)))
+            if split["delayed"] + split["reserved"] > exact_up_to:
+                for state, subset in (("delayed", later.filter(reserved_at__isnull=True)),
+                                      ("reserved", later.filter(reserved_at__isnull=False))):
+                    split[state], estimated = _count(subset, using, exact_up_to)
+                    counts["estimated"] |= estimated
+            counts["delayed"] += split["delayed"]
+            counts["reserved"] += split["reserved"]
         out[name] = counts
     for row in FailedJob.objects.using(using).order_by().values("queue").annotate(
             n=Count("id")):
