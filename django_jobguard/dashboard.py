@@ -126,7 +126,7 @@ class DashboardAdmin(admin.ModelAdmin):
                                  row["done"] if row else [0.0] * points,
                                  row["failed"] if row else [0.0] * points, span=label)
                            for label, row, points in (
-                               ("1 h", rows["1h"], 60), ("24 h", rows["24h"], 96))],
+                               ("1 h", rows["1h"], 60), ("24 h", rows["24h"], 24))],
             })
         stores = [{**entry, "locks_url": self._admin_url("lock", {"store": entry["store"]}),
                    "throttles_url": self._admin_url("throttle", {"store": entry["store"]})}

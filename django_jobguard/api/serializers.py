@@ -354,7 +354,7 @@ class SeriesSerializer(serializers.Serializer):
 
 class HistorySerializer(serializers.Serializer):
     last_hour = SeriesSerializer(source="1h", help_text="60 points of 1 minute.")
-    last_day = SeriesSerializer(source="24h", help_text="96 points of 15 minutes.")
+    last_day = SeriesSerializer(source="24h", help_text="24 points, one per clock hour (UTC).")
 
 
 class StatsHistorySerializer(serializers.Serializer):

@@ -685,7 +685,7 @@ class StatsHistoryView(StatsView):
     """What the admin's dashboard shows: per-queue counts (exact up to 10,000, then
     estimated on PostgreSQL), failures of the last hour, oldest waiting job, paused and
     unserved flags; live workers; locks and circuits per store; jobs/min done and failed per
-    queue over the last hour (per minute) and day (per 15 minutes)."""
+    queue over the last hour (per minute) and the last 24 clock hours (per hour)."""
 
     @extend_schema(responses={200: s.StatsHistorySerializer, **_errors(401, 403)})
     def get(self, request):

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count, Min, Q, Sum, Value
-from django.db.models.functions import Now
+from django.db.models.functions import Now, Trunc
 
 from django_jobguard.dialects import dialect_for
 from django_jobguard.history import current_minute
@@ -115,8 +115,6 @@ def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1
 #: shown (marked ``estimated``), so a queue of a million rows costs a few index lookups.
 EXACT_UP_TO = 10_000
 
-#: The dashboard's charts: (name, minutes shown, minutes per point).
-WINDOWS = (("1h", 60, 1), ("24h", 24 * 60, 15))
 
 
 def _queue_names(using: str) -> list[str]:
@@ -281,37 +279,49 @@ def store_summaries(*, limit: int = EXACT_UP_TO) -> list[dict[str, Any]]:
     return out
 
 
+def _series(by_queue: dict[str, list[list[int]]], start: datetime.datetime, step: int,
+            minutes: list[int]) -> dict[str, Any]:
+    """One chart's data: per queue, ``done`` / ``failed`` in jobs/min for each point (its
+    count over the ``minutes`` it covers) and the window's totals."""
+    return {"start": start, "step_minutes": step, "queues": {
+        name: {"done": [round(n / m, 2) for n, m in zip(done, minutes, strict=True)],
+               "failed": [round(n / m, 2) for n, m in zip(failed, minutes, strict=True)],
+               "total_done": sum(done), "total_failed": sum(failed)}
+        for name, (done, failed) in sorted(by_queue.items())}}
+
+
 def history(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """Jobs per minute done and failed per queue, from the workers' per-minute counts
-    (:mod:`django_jobguard.history`): for each of :data:`WINDOWS`, ``start`` (the first
-    minute), ``step_minutes``, and per queue ``done`` / ``failed`` rates (jobs/min, one per
-    point, oldest first) with the window's totals."""
+    (:mod:`django_jobguard.history`): ``1h`` has the last 60 minutes, one point each; ``24h``
+    the last 24 clock hours (UTC), one point each, the current hour's rate over the minutes it
+    has had. Each has ``start`` (its first point), ``step_minutes``, and per queue ``done`` /
+    ``failed`` (jobs/min, oldest first) and the window's totals. Two small queries: 60 rows
+    per queue, and 24 per queue grouped by the database."""
     current = current_minute(using)
-    longest = max(length for _, length, _ in WINDOWS)
-    first = current - datetime.timedelta(minutes=longest - 1)
-    # Per queue, one (done, failed) slot per minute of the longest window, oldest first.
-    slots: dict[str, list[list[int]]] = {}
-    for minute, name, done, failed in QueueMinute.objects.using(using).filter(
+    rows = QueueMinute.objects.using(using).order_by()
+    # The last hour, per minute.
+    first = current - datetime.timedelta(minutes=59)
+    minutes: dict[str, list[list[int]]] = {}
+    for minute, name, done, failed in rows.filter(
             minute__gte=first, minute__lte=current).values_list(
             "minute", "queue", "done", "failed"):
         index = int((minute - first).total_seconds() // 60)
-        row = slots.setdefault(name, [[0] * longest, [0] * longest])
-        row[0][index] += done
-        row[1][index] += failed
-    out: dict[str, Any] = {}
-    for window, length, step in WINDOWS:
-        queues = {}
-        for name, (done, failed) in sorted(slots.items()):
-            done, failed = done[longest - length:], failed[longest - length:]
-            queues[name] = {
-                "done": [round(sum(done[i:i + step]) / step, 2)
-                         for i in range(0, length, step)],
-                "failed": [round(sum(failed[i:i + step]) / step, 2)
-                           for i in range(0, length, step)],
-                "total_done": sum(done), "total_failed": sum(failed)}
-        out[window] = {"start": current - datetime.timedelta(minutes=length - 1),
-                       "step_minutes": step, "queues": queues}
-    return out
+        slot = minutes.setdefault(name, [[0] * 60, [0] * 60])
+        slot[0][index] += done
+        slot[1][index] += failed
+    # The last 24 clock hours, per hour, summed by the database.
+    this_hour = current.replace(minute=0)
+    first_hour = this_hour - datetime.timedelta(hours=23)
+    hours: dict[str, list[list[int]]] = {}
+    for row in rows.filter(minute__gte=first_hour, minute__lte=current).annotate(
+            hour=Trunc("minute", "hour", tzinfo=datetime.UTC)).values("queue", "hour").annotate(
+            n_done=Sum("done"), n_failed=Sum("failed")):
+        index = int((row["hour"] - first_hour).total_seconds() // 3600)
+        slot = hours.setdefault(row["queue"], [[0] * 24, [0] * 24])
+        slot[0][index] += row["n_done"]
+        slot[1][index] += row["n_failed"]
+    return {"1h": _series(minutes, first, 1, [1] * 60),
+            "24h": _series(hours, first_hour, 60, [60] * 23 + [current.minute + 1])}
 
 
 def overview(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:

@@ -151,9 +151,11 @@ def test_overview_counts_states_oldest_waiting_and_history():
     assert hour["step_minutes"] == 1 and len(hour["queues"]["mail"]["done"]) == 60
     assert hour["queues"]["mail"]["done"][-1] == 30 and hour["queues"]["mail"]["done"][0] == 15
     day = data["history"]["24h"]
-    assert day["step_minutes"] == 15 and len(day["queues"]["mail"]["done"]) == 96
+    assert day["step_minutes"] == 60 and len(day["queues"]["mail"]["done"]) == 24
     assert day["queues"]["mail"]["total_done"] == 30 + 15 + 99  # 25 h ago is left out
-    assert day["queues"]["mail"]["done"][-1] == 2.0  # 30 jobs in the last 15 minutes
+    assert day["start"] == current.replace(minute=0) - datetime.timedelta(hours=23)
+    this_hour = 30 + (15 if current.minute >= 59 else 0)  # 59 minutes ago: this hour too?
+    assert day["queues"]["mail"]["done"][-1] == round(this_hour / (current.minute + 1), 2)
 
 
 def test_counts_are_exact_up_to_the_limit_then_estimated_on_postgresql():
@@ -306,7 +308,7 @@ def test_stats_history_api_returns_the_overview():
     mail = body["queues"]["mail"]
     assert (mail["waiting"], mail["failed_last_hour"], mail["unserved"]) == (1, 1, True)
     assert body["history"]["last_hour"]["step_minutes"] == 1
-    assert len(body["history"]["last_day"]["queues"]["mail"]["done"]) == 96
+    assert len(body["history"]["last_day"]["queues"]["mail"]["done"]) == 24
     assert body["stores"][0]["store"] == "database"
     assert set(body) == {"generated_at", "queues", "workers", "done_last_minute",
                          "failed_last_minute", "stores", "history"}
