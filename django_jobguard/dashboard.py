@@ -76,7 +76,7 @@ def chart(title: str, done: list[float], failed: list[float], *, span: str) -> S
         '<text x="{right}" y="{by}" class="label" text-anchor="end">now</text></svg>',
         w=CHART_WIDTH, h=CHART_HEIGHT, pad=CHART_PAD, right=CHART_WIDTH - CHART_PAD,
         ty=CHART_PAD - 8, by=CHART_HEIGHT - 6, title=title, grid=grid,
-        top=f"{top:g}", done=_points(done, top), failed=_points(failed, top), span=span)
+        top=f"{top:.3g}", done=_points(done, top), failed=_points(failed, top), span=span)
 
 
 class DashboardAdmin(admin.ModelAdmin):
