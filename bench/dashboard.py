@@ -15,7 +15,7 @@ The dashboard counts each state exactly up to 10,000 jobs on ranges of the claim
 takes PostgreSQL's estimate above that, so its cost follows the number of queues and
 priorities, not of rows. Goal: the page under 200 ms at 1,000,000 waiting jobs.
 It runs in a child process with the test project's settings, on its own database
-``jobguard_bench_dashboard`` (no Redis: the database store).
+``jobguard_bench_dashboard``, made anew each run (no Redis: the database store).
 """
 
 from __future__ import annotations
@@ -81,12 +81,13 @@ def run(*, smoke: bool):
 
 
 def _create_database() -> None:
+    """The scenario's database, made anew each run (a schema left by an older checkout, with
+    other migration names, cannot get in the way)."""
     import psycopg
 
     with psycopg.connect("host=127.0.0.1 port=5432 dbname=postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                            [DATABASE]).fetchone():
-            conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DATABASE}"')
 
 
 def _fill(count: int) -> None:
