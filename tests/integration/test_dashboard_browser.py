@@ -64,7 +64,8 @@ def test_dashboard_shows_charts_and_pauses_and_resumes_a_queue(live_server, brow
     points = page.locator(".jobguard-charts[data-queue=default] polyline.done").first
     assert len(points.get_attribute("points").split()) == 60
     expect(page.locator("#jobguard-workers")).to_contain_text("web-1:4117:8c2e1")
-    expect(page.locator(".jobguard-store")).to_contain_text("1")
+    store = page.locator(f'.jobguard-store[data-store="{get_store().alias}"]')
+    expect(store.locator(".value")).to_have_text("1 / 0")  # one lock held, no open circuit
     # At 1280 px the page needs no horizontal scrolling.
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     screenshot(page, tmp_path / "dashboard.png", docs_name="dashboard.png")

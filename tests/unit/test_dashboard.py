@@ -214,16 +214,23 @@ def test_monitor_flags_unserved_queues_and_exits_1(capsys):
     call_command("jobs_monitor")
 
 
-def test_store_summary_counts_held_locks_and_open_circuits():
+def test_store_summary_counts_held_locks_and_open_circuits(store_alias):
     from django_jobguard import get_store
 
-    store = get_store()
+    store = get_store(store_alias)
     store.acquire("jobguard:unique:dash:1", "me", ttl=60)
     store.acquire("jobguard:unique:dash:2", "me", ttl=60)
     store.release("jobguard:unique:dash:2", "me")
-    [summary] = [s for s in monitoring.store_summaries() if s["store"] == store.alias]
-    assert summary["held_locks"] == 1 and summary["open_circuits"] == 0
+    for key in ("jobguard:circuit:dash-open", "jobguard:circuit:dash-closed"):
+        store.circuit_enter(key, owner="w", max_attempts=1, decay=600, probe_lease=60)
+    store.circuit_leave("jobguard:circuit:dash-open", owner="w", outcome="failure",
+                        max_attempts=1, decay=600)  # one failure of one allowed: open
+    store.circuit_leave("jobguard:circuit:dash-closed", owner="w", outcome="success",
+                        max_attempts=1, decay=600)
+    [summary] = [s for s in monitoring.store_summaries() if s["store"] == store_alias]
+    assert summary["held_locks"] == 1 and summary["open_circuits"] == 1
     assert summary["error"] == ""
+    assert store.count_locks(limit=0) == 1  # counted up to limit + 1
 
 
 # -- the admin page and its permissions -----------------------------------------------------------
@@ -320,3 +327,17 @@ def test_stats_history_api_permissions():
     client = APIClient()
     client.force_authenticate(user_with("nobody"))
     assert client.get(f"{API}stats/history/").status_code == 403
+
+
+def test_a_store_that_cannot_be_read_does_not_take_the_dashboard_down(client, monkeypatch):
+    from django_jobguard.stores.database import DatabaseStore
+
+    def down(self, prefix="jobguard:", *, limit=10_000):
+        raise ConnectionError("store unreachable")
+
+    monkeypatch.setattr(DatabaseStore, "count_locks", down)
+    [summary] = [s for s in monitoring.store_summaries() if s["store"] == "database"]
+    assert summary["held_locks"] is None and "store unreachable" in summary["error"]
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    response = client.get(DASHBOARD)
+    assert response.status_code == 200 and b"store unreachable" in response.content
