@@ -327,6 +327,9 @@ def test_stats_history_api_permissions():
     client = APIClient()
     client.force_authenticate(user_with("nobody"))
     assert client.get(f"{API}stats/history/").status_code == 403
+    client.force_authenticate(user_with("reader", "view_queuedjob"))
+    typo = client.get(f"{API}stats/history/", {"window": "1h"})
+    assert typo.status_code == 400 and typo.json()["code"] == "unknown_field"
 
 
 def test_a_store_that_cannot_be_read_does_not_take_the_dashboard_down(client, monkeypatch):
