@@ -66,7 +66,7 @@ def chart(title: str, done: list[float], failed: list[float], *, span: str) -> S
         for y in (CHART_PAD, CHART_PAD + (bottom - CHART_PAD) / 2, bottom)))
     return format_html(
         '<svg class="jobguard-chart" viewBox="0 0 {w} {h}" role="img" '
-        'preserveAspectRatio="none" aria-label="{title}">'
+        'aria-label="{title}">'
         '<title>{title}</title>{grid}'
         '<text x="{pad}" y="{ty}" class="label">{title}</text>'
         '<text x="{right}" y="{ty}" class="label" text-anchor="end">max {top}/min</text>'
