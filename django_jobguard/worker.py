@@ -428,6 +428,9 @@ class Worker:
             self._listener.close()
         try:
             self._per_queue.flush(self.options.using)  # what ran since the last heartbeat
+        except (DatabaseError, InterfaceError):
+            pass  # the database is gone: the dashboard's history misses these counts
+        try:
             WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
         except (DatabaseError, InterfaceError):
             pass
