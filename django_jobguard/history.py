@@ -4,8 +4,9 @@ charts read, kept in the database so that they survive workers coming and going.
 Each worker counts the outcomes of its jobs per queue in memory (:class:`QueueCounter`, fed
 where the worker feeds its last-minute counts) and adds them, at each heartbeat, to the
 :class:`~django_jobguard.models.QueueMinute` row of the current minute by the database clock,
-in one ``INSERT ... ON CONFLICT DO UPDATE`` (``ON DUPLICATE KEY UPDATE`` on MySQL/MariaDB)
-that adds to what other workers wrote: no read-modify-write, so no lost update between
+in one ``INSERT ... ON CONFLICT DO UPDATE`` (``ON DUPLICATE KEY UPDATE`` on MySQL/MariaDB;
+the statement is the dialect's, ``Dialect.add_queue_counts``) that adds to what other
+workers wrote: no read-modify-write, so no lost update between
 workers. A job is counted in the minute of the heartbeat after it ended (at most one
 heartbeat interval, ``RETRY_AFTER / 3`` capped at 15 s, late). Housekeeping deletes rows
 older than :data:`KEEP`.
@@ -17,7 +18,7 @@ import datetime
 import threading
 from collections.abc import Mapping
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Value
 
 from django_jobguard import clock
@@ -86,24 +87,8 @@ def add_counts(counts: Mapping[str, tuple[int, int]], *, minute: datetime.dateti
     if not rows:
         return 0
     minute = minute or current_minute(using)
-    connection = connections[using]
-    table = connection.ops.quote_name(QueueMinute._meta.db_table)
-    q = connection.ops.quote_name
-    columns = ", ".join(q(c) for c in ("minute", "queue", "done", "failed"))
-    values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
-    params: list = []
-    stamp = QueueMinute._meta.get_field("minute").get_db_prep_value(minute, connection)
-    for queue, done, failed in sorted(rows):  # one order everywhere: no lock-order deadlock
-        params += [stamp, queue, done, failed]
-    if connection.vendor == "mysql":
-        conflict = (f"ON DUPLICATE KEY UPDATE {q('done')} = {q('done')} + VALUES({q('done')}), "
-                    f"{q('failed')} = {q('failed')} + VALUES({q('failed')})")
-    else:  # PostgreSQL and SQLite (3.24+) share the syntax
-        conflict = (f"ON CONFLICT ({q('minute')}, {q('queue')}) DO UPDATE SET "
-                    f"{q('done')} = {table}.{q('done')} + excluded.{q('done')}, "
-                    f"{q('failed')} = {table}.{q('failed')} + excluded.{q('failed')}")
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {values} {conflict}", params)
+    # One order everywhere, so two workers' statements lock rows in the same order.
+    dialect_for(using).add_queue_counts(minute, sorted(rows))
     return len(rows)
 
 

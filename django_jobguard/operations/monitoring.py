@@ -5,12 +5,11 @@ queue of a million rows, workers, locks and circuits, the per-minute history).""
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Min, Q, Sum, Value
 from django.db.models.functions import Now, Trunc
 
@@ -117,23 +116,6 @@ EXACT_UP_TO = 10_000
 
 
 
-def _queue_names(using: str) -> list[str]:
-    """The queues that have rows: a skip scan of the claim index (one index descent per
-    queue) instead of a DISTINCT over every row; MySQL/MariaDB do that scan for DISTINCT."""
-    connection = connections[using]
-    if connection.vendor == "mysql":
-        return sorted(QueuedJob.objects.using(using).order_by("queue")
-                      .values_list("queue", flat=True).distinct())
-    table = connection.ops.quote_name(QueuedJob._meta.db_table)
-    queue = connection.ops.quote_name("queue")
-    sql = (f"WITH RECURSIVE names(name) AS (SELECT MIN({queue}) FROM {table} UNION ALL "
-           f"SELECT (SELECT MIN({queue}) FROM {table} WHERE {queue} > names.name) FROM names "
-           f"WHERE names.name IS NOT NULL) SELECT name FROM names WHERE name IS NOT NULL")
-    with connection.cursor() as cursor:
-        cursor.execute(sql)
-        return [row[0] for row in cursor.fetchall()]
-
-
 def _priorities(rows, queue: str) -> list[int]:
     """The priorities present in ``queue``, highest first (one index descent each)."""
     found: list[int] = []
@@ -144,21 +126,6 @@ def _priorities(rows, queue: str) -> list[int]:
         if priority is None:
             return found
         found.append(priority)
-
-
-def _estimate(rows, using: str) -> int | None:
-    """PostgreSQL's estimate of how many rows ``rows`` has (its planner statistics, as fresh
-    as the last ANALYZE or autovacuum), ``None`` on other databases."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return None
-    sql, params = rows.values_list("pk").query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-        plan = cursor.fetchone()[0]
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
 
 
 def _count(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
@@ -174,7 +141,7 @@ def _count(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
 def _over_limit(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
     """The count of ``rows``, known to be over ``exact_up_to``: PostgreSQL's estimate
     (never below the limit), elsewhere an exact count."""
-    estimate = _estimate(rows, using)
+    estimate = dialect_for(using).estimate_rows(rows)
     if estimate is None:
         return rows.count(), False
     return max(estimate, exact_up_to + 1), True
@@ -190,12 +157,13 @@ def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
     Every query is a range of the claim index ``(queue, -priority, available_at)``, one per
     queue and priority present, so the cost follows the number of queues, not of rows.
     """
-    now = dialect_for(using).now()
+    dialect = dialect_for(using)
+    now = dialect.now()
     rows = QueuedJob.objects.using(using).order_by()
     out: dict[str, dict[str, Any]] = {}
-    for name in _queue_names(using):
+    for name in dialect.queue_names():
         counts = {**_empty(), "estimated": False, "oldest_waiting_at": None}
-        estimate_waiting = False
+        over_limit = False
         for priority in _priorities(rows, name):
             level = rows.filter(queue=name, priority=priority)
             # Waiting: the first ``exact_up_to + 1`` rows of the range, in index order, give
@@ -203,11 +171,7 @@ def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
             due = level.filter(available_at__lte=now).order_by("available_at")
             head = due.values_list("available_at")[:exact_up_to + 1].aggregate(
                 n=Count("available_at"), oldest=Min("available_at"))
-            if head["n"] > exact_up_to:
-                if connections[using].vendor == "postgresql":
-                    estimate_waiting = True  # one estimate for the whole queue, below
-                else:
-                    head["n"] = due.count()
+            over_limit |= head["n"] > exact_up_to  # counted for the whole queue, below
             counts["waiting"] += head["n"]
             oldest = head["oldest"]
             if oldest is not None and (counts["oldest_waiting_at"] is None
@@ -225,10 +189,14 @@ def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
                     counts["estimated"] |= estimated
             counts["delayed"] += split["delayed"]
             counts["reserved"] += split["reserved"]
-        if estimate_waiting:  # one estimate for the queue errs less than a sum of several
-            whole = _estimate(rows.filter(queue=name, available_at__lte=now), using)
-            counts["waiting"] = max(whole or 0, exact_up_to + 1)
-            counts["estimated"] = True
+        if over_limit:  # one estimate for the queue errs less than a sum of several
+            due = rows.filter(queue=name, available_at__lte=now)
+            whole = dialect.estimate_rows(due)
+            if whole is None:
+                counts["waiting"] = due.count()
+            else:
+                counts["waiting"] = max(whole, exact_up_to + 1)
+                counts["estimated"] = True
         out[name] = counts
     for row in FailedJob.objects.using(using).order_by().values("queue").annotate(
             n=Count("id")):
