@@ -115,7 +115,6 @@ def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1
 EXACT_UP_TO = 10_000
 
 
-
 def _priorities(rows, queue: str) -> list[int]:
     """The priorities present in ``queue``, highest first (one index descent each)."""
     found: list[int] = []
