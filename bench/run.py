@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 
-SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches"]
+SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches",
+             "dashboard"]
 #: The scenarios that run on MariaDB too (throughput without its PostgreSQL floor columns).
 ANY_DATABASE = ["throughput", "locks"]
 

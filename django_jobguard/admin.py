@@ -28,9 +28,11 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_jobguard import batches, operations, schedules
+from django_jobguard.dashboard import DashboardAdmin
 from django_jobguard.models import (
     Batch,
     Chain,
+    Dashboard,
     FailedJob,
     JobResult,
     Lock,
@@ -42,6 +44,8 @@ from django_jobguard.models import (
 )
 
 logger = logging.getLogger("django_jobguard.admin")
+
+admin.site.register(Dashboard, DashboardAdmin)  # the dashboard page, first in the section
 
 
 def _seconds_label(seconds: float | None, *, none: str) -> str:

@@ -11,6 +11,7 @@ import uuid
 from django.db import models
 from django.db.models import Case, CharField, Count, Q, Value, When
 from django.db.models.functions import Now
+from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import clock
@@ -404,3 +405,42 @@ class Batch(models.Model):
     @property
     def cancelled(self) -> bool:
         return self.cancelled_at is not None
+
+
+class QueueMinute(models.Model):
+    """Jobs of one queue that finished (``done``) or failed for good in one minute, as the
+    workers counted them: each worker adds its counts since its last heartbeat to the row
+    of the current minute (database clock) in one upsert. The dashboard's history charts
+    read these rows; the workers' housekeeping deletes them after two days
+    (:data:`django_jobguard.history.KEEP`)."""
+
+    minute = models.DateTimeField(_("minute"))
+    queue = models.CharField(_("queue"), max_length=100)
+    done = models.PositiveIntegerField(_("done"), default=0)
+    failed = models.PositiveIntegerField(_("failed"), default=0)
+
+    class Meta:
+        verbose_name = _("queue minute")
+        verbose_name_plural = _("queue minutes")
+        constraints = [
+            # The upsert's conflict target; its leading column serves the time-range reads
+            # and the pruning.
+            models.UniqueConstraint(fields=["minute", "queue"], name="jobguard_queue_minute"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} @ {self.minute.isoformat()}: {self.done} done, {self.failed} failed"
+
+
+class Dashboard(QueuedJob):
+    """No data of its own: gives the admin's dashboard page (``django_jobguard.dashboard``)
+    its place in the app's section. Who may see it is asked of the queued jobs' view
+    permission, so it needs no permissions of its own."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("dashboard")
+        # The admin index lists an app's models sorted by this name; the leading space (not
+        # shown in HTML) puts the dashboard first, above "Batches".
+        verbose_name_plural = format_lazy(" {}", _("Dashboard"))

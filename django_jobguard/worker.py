@@ -25,7 +25,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
-from django_jobguard import logs, operations, queue, schedules
+from django_jobguard import history, logs, operations, queue, schedules
 from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import WorkerStoppedError
@@ -150,6 +150,7 @@ class Worker:
         self._held: frozenset[Any] = frozenset()
         self._heartbeat: threading.Thread | None = None
         self._recent = RecentOutcomes()
+        self._per_queue = history.QueueCounter()  # the dashboard's history, per minute
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         self._pause_checked = 0.0
 
@@ -310,7 +311,9 @@ class Worker:
         self._in_job = True
         self._current_job = str(row.id)
         try:
-            self._recent.record(self.process(row, then=then))
+            state = self.process(row, then=then)
+            self._recent.record(state)
+            self._per_queue.record(row.queue, state)
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
                              "it will be retried.", row, exc_info=exc)
@@ -422,6 +425,7 @@ class Worker:
             last_seen_at=Now(), jobs_processed=self.jobs_processed,
             current_job=self._current_job, done_last_minute=done,
             failed_last_minute=failed)
+        self._per_queue.flush(using)
 
     @staticmethod
     def _clean_up(using: str) -> None:
@@ -434,6 +438,10 @@ class Worker:
             self._heartbeat.join(timeout=5)
         if self._listener is not None:
             self._listener.close()
+        try:
+            self._per_queue.flush(self.options.using)  # what ran since the last heartbeat
+        except (DatabaseError, InterfaceError):
+            pass  # the database is gone: the dashboard's history misses these counts
         try:
             WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
         except (DatabaseError, InterfaceError):

@@ -306,6 +306,67 @@ class StatsSerializer(serializers.Serializer):
     failed_last_minute = serializers.IntegerField()
 
 
+class QueueOverviewSerializer(QueueStatsSerializer):
+    estimated = serializers.BooleanField(
+        help_text="A count is over 10,000: PostgreSQL's planner estimate, not exact.")
+    oldest_waiting_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the longest-waiting job became due.")
+    oldest_waiting_seconds = serializers.FloatField(allow_null=True)
+    done_last_hour = serializers.IntegerField()
+    failed_last_hour = serializers.IntegerField()
+    paused = serializers.BooleanField()
+    unserved = serializers.BooleanField(
+        help_text="Jobs wait and no live worker serves the queue.")
+
+
+class WorkerOverviewSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    hostname = serializers.CharField()
+    pid = serializers.IntegerField()
+    queues = serializers.ListField(child=serializers.CharField())
+    current_job = serializers.CharField()
+    last_seen_at = serializers.DateTimeField()
+    seconds_since_heartbeat = serializers.FloatField()
+    jobs_processed = serializers.IntegerField()
+
+
+class StoreOverviewSerializer(serializers.Serializer):
+    store = serializers.CharField()
+    held_locks = serializers.IntegerField(allow_null=True,
+                                          help_text="Counted up to 10,001.")
+    open_circuits = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField(help_text="Why the store could not be read, or empty.")
+
+
+class QueueSeriesSerializer(serializers.Serializer):
+    done = serializers.ListField(child=serializers.FloatField(),
+                                 help_text="Jobs/min done, one per point, oldest first.")
+    failed = serializers.ListField(child=serializers.FloatField())
+    total_done = serializers.IntegerField()
+    total_failed = serializers.IntegerField()
+
+
+class SeriesSerializer(serializers.Serializer):
+    start = serializers.DateTimeField(help_text="The first point's minute.")
+    step_minutes = serializers.IntegerField()
+    queues = serializers.DictField(child=QueueSeriesSerializer())
+
+
+class HistorySerializer(serializers.Serializer):
+    last_hour = SeriesSerializer(source="1h", help_text="60 points of 1 minute.")
+    last_day = SeriesSerializer(source="24h", help_text="24 points, one per clock hour (UTC).")
+
+
+class StatsHistorySerializer(serializers.Serializer):
+    generated_at = serializers.DateTimeField()
+    queues = serializers.DictField(child=QueueOverviewSerializer())
+    workers = WorkerOverviewSerializer(many=True)
+    done_last_minute = serializers.IntegerField()
+    failed_last_minute = serializers.IntegerField()
+    stores = StoreOverviewSerializer(many=True)
+    history = HistorySerializer()
+
+
 # -- dispatch ----------------------------------------------------------------------------
 
 

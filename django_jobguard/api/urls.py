@@ -26,6 +26,7 @@ endpoint_patterns = [
     path("queues/<str:queue>/pause/", views.PauseQueueView.as_view(), name="queue-pause"),
     path("queues/<str:queue>/resume/", views.ResumeQueueView.as_view(), name="queue-resume"),
     path("stats/", views.StatsView.as_view(), name="stats"),
+    path("stats/history/", views.StatsHistoryView.as_view(), name="stats-history"),
     path("schedules/", views.ScheduleListView.as_view(), name="schedule-list"),
     path("dispatch/", views.DispatchView.as_view(), name="dispatch"),
 ]

@@ -35,6 +35,7 @@ from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
 from django_jobguard.models import Batch, FailedJob, QueuedJob
+from django_jobguard.operations import monitoring
 
 try:
     from drf_spectacular.openapi import AutoSchema
@@ -678,6 +679,17 @@ class StatsView(JobGuardAPIView, APIView):
     @extend_schema(responses={200: s.StatsSerializer, **_errors(401, 403)})
     def get(self, request):
         return Response(s.StatsSerializer(operations.stats()).data)
+
+
+class StatsHistoryView(StatsView):
+    """What the admin's dashboard shows: per-queue counts (exact up to 10,000, then
+    estimated on PostgreSQL), failures of the last hour, oldest waiting job, paused and
+    unserved flags; live workers; locks and circuits per store; jobs/min done and failed per
+    queue over the last hour (per minute) and the last 24 clock hours (per hour)."""
+
+    @extend_schema(responses={200: s.StatsHistorySerializer, **_errors(401, 403)})
+    def get(self, request):
+        return Response(s.StatsHistorySerializer(monitoring.overview()).data)
 
 
 # -- schedules ---------------------------------------------------------------------------

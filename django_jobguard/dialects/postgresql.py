@@ -5,6 +5,7 @@ through psycopg's server-binding cursor so that they can be prepared once per co
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -248,6 +249,17 @@ class PostgreSQLDialect(SQLDialect):
         with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cursor:
             cursor.execute(sql, params, prepare=prepare)
             return cursor.fetchall() if fetch else cursor.rowcount
+
+    def estimate_rows(self, rows: Any) -> int | None:
+        """``EXPLAIN``'s row estimate: the planner's statistics, as fresh as the last
+        ``ANALYZE`` (autovacuum runs it as the table changes)."""
+        sql, params = rows.values_list("pk").query.sql_with_params()
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
 
 
 def _session_params(alias: str) -> dict[str, Any]:

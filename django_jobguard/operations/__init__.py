@@ -6,7 +6,7 @@ call, and that the worker's housekeeping runs.
 - :mod:`.locks`: locks and throttles of any store, with a "stale" verdict; force-release,
   reset, clean;
 - :mod:`.pausing`: pause and resume queues;
-- :mod:`.monitoring`: stats and the monitor's thresholds;
+- :mod:`.monitoring`: stats, the monitor's thresholds and the dashboard's overview;
 - :mod:`.maintenance`: housekeeping (what every worker does once a minute); pruning results.
 
 Job states are defined once, on the model (:class:`~django_jobguard.models.QueuedJobQuerySet`,
@@ -56,6 +56,7 @@ from django_jobguard.operations.monitoring import (
     MonitorReport,
     QueueHealth,
     monitor,
+    overview,
     queue_stats,
     stats,
 )
@@ -87,7 +88,7 @@ __all__ = [
     "MonitorReport", "QueueHealth", "QueueNameError", "ThrottleRow", "UnknownStoreError",
     "cancel", "cancel_job", "check_queue_name", "clean_locks", "clear", "flush",
     "force_release", "forget", "housekeeping", "inspect_locks", "inspect_throttles",
-    "is_known_queue", "live_workers", "monitor", "parse_ids", "pause", "paused_queues",
+    "is_known_queue", "live_workers", "monitor", "overview", "parse_ids", "pause", "paused_queues",
     "prune_failed", "prune_results", "queue_stats", "reset_throttle", "result_retention",
     "resume", "retry", "run_now", "stats", "store_for", "usable_stores",
 ]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS
 
-from django_jobguard import batches, results
+from django_jobguard import batches, history, results
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.operations import audit
 from django_jobguard.operations.failed import failed_before
@@ -50,12 +50,14 @@ class Housekeeping:
     dead_workers: int
     failed: int = 0
     batches: int = 0  # batches whose callbacks were queued late (a worker died)
+    history: int = 0  # per-minute queue counts older than history.KEEP
 
 
 def housekeeping(*, using: str = DEFAULT_DB_ALIAS) -> Housekeeping:
     """Drop the expired locks and throttles of the default store, results kept past
     ``RESULT_RETENTION_DAYS``, failed jobs kept past ``FAILED_RETENTION_DAYS`` (when set) and
-    the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases; and queue the
+    the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases, the dashboard's
+    per-minute counts older than ``history.KEEP``; and queue the
     callbacks of batches a dying worker left complete but not settled. Any live worker runs
     this every minute; routine, so not in the audit log (one bulk DELETE each)."""
     store = get_store()
@@ -67,5 +69,6 @@ def housekeeping(*, using: str = DEFAULT_DB_ALIAS) -> Housekeeping:
     keep_failed = failed_retention()
     failed = failed_before(keep_failed, using)._raw_delete(using) if keep_failed else 0
     settled = batches.settle_finished(using=using)
+    minutes = history.prune(using=using)
     return Housekeeping(expired_locks=locks, expired_throttles=throttles, results=pruned,
-                        dead_workers=dead, failed=failed, batches=settled)
+                        dead_workers=dead, failed=failed, batches=settled, history=minutes)

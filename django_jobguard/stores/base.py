@@ -128,6 +128,11 @@ class Store:
         infos = [i for i in self.locks(prefix, include_expired=True) if i.key > cursor]
         return LockPage(infos[:limit], infos[limit - 1].key if len(infos) > limit else "")
 
+    def count_locks(self, prefix: str = "jobguard:", *, limit: int = 10_000) -> int:
+        """How many locks under ``prefix`` are held, counted up to ``limit + 1`` (the
+        dashboard shows "over ``limit``" then). This fallback lists them (SCAN in Redis)."""
+        return min(len(self.locks(prefix)), limit + 1)
+
     def clean_expired(self) -> int:
         """Remove expired locks; returns how many."""
         raise NotImplementedError

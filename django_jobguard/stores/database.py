@@ -111,6 +111,10 @@ class DatabaseStore(Store):
         return LockPage([self._info(row) for row in page],
                         page[-1].key if len(rows) > limit else "")
 
+    def count_locks(self, prefix: str = "jobguard:", *, limit: int = 10_000) -> int:
+        """A LIMITed count of the held rows: at most ``limit + 1`` rows read."""
+        return self._held().filter(key__startswith=prefix)[:limit + 1].count()
+
     def clean_expired(self) -> int:
         """Free expired locks (returns how many), and delete rows free for an hour.
 

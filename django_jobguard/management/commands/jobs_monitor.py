@@ -1,4 +1,5 @@
-"""``manage.py jobs_monitor default:100,high:10``: queue depths; exit 1 over a threshold."""
+"""``manage.py jobs_monitor default:100,high:10``: queue depths; exit 1 over a threshold or
+when jobs wait on a queue that no live worker serves."""
 
 import json
 import sys
@@ -10,13 +11,17 @@ from django_jobguard import operations
 
 class Command(BaseCommand):
     help = ("Show waiting/delayed/reserved/failed counts per queue. With queue:max pairs, "
-            "exit 1 when a queue's size (waiting + delayed + reserved) reaches its max.")
+            "exit 1 when a queue's size (waiting + delayed + reserved) reaches its max. "
+            "Also exit 1 when jobs wait on a queue that no live worker serves "
+            "(unless --allow-unserved).")
 
     def add_arguments(self, parser):
         parser.add_argument("queues", nargs="?", default="",
                             help="queue:max pairs, comma separated (a bare name uses --max).")
         parser.add_argument("--max", type=int, default=1000)
         parser.add_argument("--json", action="store_true")
+        parser.add_argument("--allow-unserved", action="store_true",
+                            help="Report queues no live worker serves without exiting 1.")
 
     def handle(self, *args, **opts):
         thresholds = {}
@@ -35,7 +40,13 @@ class Command(BaseCommand):
                 style = self.style.ERROR if r["status"] == "ALERT" else self.style.SUCCESS
                 self.stdout.write(f"{r['queue']:<20} size {r['size']:>7} (waiting {r['waiting']},"
                                   f" delayed {r['delayed']}, reserved {r['reserved']}, failed "
-                                  f"{r['failed']})  max {r['max']}  " + style(r["status"]))
+                                  f"{r['failed']})  max {r['max']}  " + style(r["status"])
+                                  + (self.style.ERROR("  UNSERVED: no live worker serves it")
+                                     if r["unserved"] else ""))
         if health.alerts:
             self.stderr.write(f"Over threshold: {', '.join(health.alerts)}")
+        if health.unserved:
+            self.stderr.write(f"Jobs wait with no live worker serving them: "
+                              f"{', '.join(health.unserved)}")
+        if health.alerts or (health.unserved and not opts["allow_unserved"]):
             sys.exit(1)

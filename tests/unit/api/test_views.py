@@ -474,6 +474,7 @@ def test_openapi_schema_is_served_valid_and_complete(api):
         ("GET", "/jobguard/api/locks/{key}/"), ("DELETE", "/jobguard/api/locks/{key}/"),
         ("GET", "/jobguard/api/throttles/"), ("GET", "/jobguard/api/throttles/{key}/"),
         ("DELETE", "/jobguard/api/throttles/{key}/"), ("GET", "/jobguard/api/stats/"),
+        ("GET", "/jobguard/api/stats/history/"),
         ("GET", "/jobguard/api/schedules/"), ("GET", "/jobguard/api/batches/"),
         ("GET", "/jobguard/api/batches/{id}/"), ("POST", "/jobguard/api/batches/{id}/cancel/"),
         ("POST", "/jobguard/api/dispatch/"), ("GET", "/jobguard/api/queues/paused/"),

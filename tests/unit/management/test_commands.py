@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import FailedJob, QueuedJob, Worker
 from tests.support import jobs
 
 pytestmark = pytest.mark.django_db
@@ -104,6 +104,7 @@ def test_clear_deletes_waiting_jobs_of_a_queue():
 
 
 def test_monitor_exits_1_over_threshold():
+    Worker.objects.create(id="elsewhere:1:w", hostname="elsewhere", pid=1, queues="*")
     for _ in range(3):
         jobs.Noop().dispatch()
     jobs.Noop().dispatch(queue="high")
@@ -114,7 +115,7 @@ def test_monitor_exits_1_over_threshold():
     assert exc.value.code == 1
     data = json.loads(call("jobs_monitor", "default:10", "--json"))
     assert data == [{"queue": "default", "size": 3, "waiting": 3, "delayed": 0, "reserved": 0,
-                     "failed": 0, "max": 10, "status": "OK"}]
+                     "failed": 0, "max": 10, "status": "OK", "unserved": False}]
     with pytest.raises(CommandError, match="must be a number"):
         call("jobs_monitor", "default:lots")
 

@@ -193,7 +193,7 @@ def test_stats_and_monitor_count_queues_the_same_way(api):
     failed_job_row(queue_name="default")
     with spy("stats") as stats, spy("monitor") as monitor:
         over_api = api.get(f"{API}stats/").json()["queues"]
-        [monitored] = json.loads(command("jobs_monitor", "--json"))
+        [monitored] = json.loads(command("jobs_monitor", "--json", "--allow-unserved"))
     assert stats.call_count == 1 and monitor.call_count == 1
     assert over_api == {"default": {"waiting": 1, "delayed": 0, "reserved": 0, "failed": 1}}
     assert {k: monitored[k] for k in ("waiting", "delayed", "reserved", "failed")} == \
