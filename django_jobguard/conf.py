@@ -28,6 +28,10 @@ DEFAULTS: dict[str, Any] = {
     "JOB_MODULES": [],
     # PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for ``--sleep``.
     "USE_NOTIFY": True,
+    # Database alias holding the queue's tables (every django_jobguard model). Another alias
+    # than "default" needs django_jobguard.routers.JobGuardRouter in DATABASE_ROUTERS; dispatch
+    # is then not part of the caller's transaction unless on_commit=True (docs/databases.md).
+    "DATABASE": "default",
     # The lock/counter store used unless a job names another (``unique_via`` and friends).
     "STORE": "database",
     # Named stores, like CACHES. ``BACKEND`` is a dotted path; other keys go to its constructor.
@@ -90,6 +94,12 @@ class JobGuardSettings:
 
 
 jobguard_settings = JobGuardSettings()
+
+
+def queue_database(using: str | None = None) -> str:
+    """``using`` if given, else the alias holding the queue (``JOBGUARD['DATABASE']``): every
+    ``using=None`` in jobguard resolves here, when called, so ``override_settings`` works."""
+    return using or jobguard_settings.DATABASE
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:

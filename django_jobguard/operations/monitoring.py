@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Sum, Value
 from django.db.models.functions import Now
 
+from django_jobguard.conf import queue_database
 from django_jobguard.models import STATES, FailedJob, QueuedJob, Worker
 from django_jobguard.operations.workers import heartbeat_grace
 
@@ -19,8 +19,9 @@ def _empty() -> dict[str, int]:
     return dict.fromkeys((*STATES, "failed"), 0)
 
 
-def queue_stats(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, int]]:
+def queue_stats(*, using: str | None = None) -> dict[str, dict[str, int]]:
     """Per queue: ``waiting``, ``delayed``, ``reserved`` and ``failed`` counts (two queries)."""
+    using = queue_database(using)
     out = {name: {**_empty(), **counts}
            for name, counts in QueuedJob.objects.using(using).state_counts().items()}
     for row in FailedJob.objects.using(using).order_by().values("queue").annotate(
@@ -29,13 +30,14 @@ def queue_stats(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, int]]:
     return out
 
 
-def stats(*, using: str = DEFAULT_DB_ALIAS) -> dict:
+def stats(*, using: str | None = None) -> dict:
     """Per-queue counts plus live workers and the jobs done and failed in the last minute.
 
     The last-minute numbers are the sums that live workers wrote at their latest heartbeat
     (each worker counts its own outcomes of the 60 s before it), so they lag by at most one
     heartbeat interval and leave out workers that have exited.
     """
+    using = queue_database(using)
     live = Worker.objects.using(using).filter(last_seen_at__gte=Now() - Value(heartbeat_grace()))
     totals = live.aggregate(workers=Count("id"), done=Sum("done_last_minute"),
                             failed=Sum("failed_last_minute"))
@@ -75,9 +77,10 @@ class MonitorReport:
 
 
 def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1000,
-            using: str = DEFAULT_DB_ALIAS) -> MonitorReport:
+            using: str | None = None) -> MonitorReport:
     """Each queue of ``thresholds`` (or every queue with jobs, at ``default_max``) with an
     ALERT when its size reaches its maximum."""
+    using = queue_database(using)
     thresholds = thresholds or {}
     counts = queue_stats(using=using)
     report = []
