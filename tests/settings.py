@@ -57,7 +57,8 @@ _QUEUE_URL = os.environ.get("JOBGUARD_TEST_QUEUE_DATABASE_URL", "")
 if _QUEUE_URL or DATABASE_URL:
     queue_db = database_from_url(_QUEUE_URL or DATABASE_URL.rstrip("/") + "_queue")
 else:
-    queue_db = {**DATABASES["default"], "NAME": str(BASE_DIR / "db-queue.sqlite3"),
+    queue_db = {**DATABASES["default"], "OPTIONS": dict(DATABASES["default"]["OPTIONS"]),
+                "NAME": str(BASE_DIR / "db-queue.sqlite3"),
                 "TEST": {"NAME": str(BASE_DIR / f".test-queue-{os.getpid()}.sqlite3")}}
 if os.environ.get("JOBGUARD_QUEUE_DB_NAME"):
     queue_db["NAME"] = os.environ["JOBGUARD_QUEUE_DB_NAME"]
