@@ -129,3 +129,25 @@ def test_admin_and_api_list_and_act_on_the_queue_database(client):
     assert not FailedJob.objects.using("queue").exists()
     assert on("queue").count() == 2 and not on("default").exists()
     assert operations.stats()["queues"]["default"]["waiting"] == 2
+
+
+def test_batches_chains_and_tasks_live_on_the_queue_database():
+    from django_jobguard import batch, chain
+    from django_jobguard.models import Batch, Chain, JobResult
+    from tests.support import tasks
+
+    handle = batch([jobs.Record("b1"), jobs.Record("b2")]).dispatch()
+    chain(jobs.Record("c1"), jobs.Record("c2")).dispatch()
+    queued = [tasks.add.enqueue(1, 2)] if tasks.task is not None else []
+    assert Batch.objects.using("queue").filter(id=handle.id).exists()
+    assert Chain.objects.using("queue").count() == 1
+    assert not Batch.objects.using("default").exists()
+    assert not Chain.objects.using("default").exists()
+    assert JobResult.objects.using("queue").count() == len(queued)
+    drain()
+    assert sorted(JobRun.objects.values_list("label", flat=True)) == ["b1", "b2", "c1", "c2"]
+    assert handle.refresh().finished and handle.pending_jobs == 0
+    for result in queued:
+        result.refresh()
+        assert result.return_value == 3
+    assert not on("queue").exists() and not JobResult.objects.using("default").exists()
