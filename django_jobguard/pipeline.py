@@ -78,9 +78,8 @@ class Pipeline:
                  defaults: Defaults | None = None, log: Log | None = None,
                  log_running: bool = True,
                  pause: Callable[[float], Any] = time.sleep) -> None:
-        using = queue_database(using)
         self.worker_id = worker_id
-        self.using = using
+        self.using = queue_database(using)
         self.defaults = defaults or Defaults()
         self.log = log or (lambda line, state: None)
         # Whether ``log`` wants RUNNING lines: the line is not even built otherwise.

@@ -280,8 +280,7 @@ class Ticker:
     """What a worker's heartbeat calls: :func:`enqueue_due` each beat, pruning hourly."""
 
     def __init__(self, using: str | None = None) -> None:
-        using = queue_database(using)
-        self.using = using
+        self.using = queue_database(using)
         self._pruned = time.monotonic()
 
     def __call__(self) -> int:
