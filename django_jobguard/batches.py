@@ -31,11 +31,12 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
+from django_jobguard.conf import queue_database
 from django_jobguard.dialects import dialect_for
 from django_jobguard.models import Batch
 
@@ -100,9 +101,10 @@ class PendingBatch:
         self.callbacks[kind].append(job)
         return self
 
-    def dispatch(self, *, using: str = DEFAULT_DB_ALIAS) -> BatchHandle:
+    def dispatch(self, *, using: str | None = None) -> BatchHandle:
         """Record the batch and queue its jobs, in the caller's transaction (one INSERT per
         500 jobs). Returns its :class:`BatchHandle`."""
+        using = queue_database(using)
         row = Batch(id=uuid.uuid4(), name=self.name[:255],
                     allow_failures=self.failures_allowed,
                     callbacks={kind: [_encoded(job) for job in jobs]
@@ -125,7 +127,8 @@ class BatchHandle:
     ``cancelled``… as last read: :meth:`refresh`), and what can be done to it."""
 
     def __init__(self, row: Batch, *, job_ids: Iterable[str] = (),
-                 using: str = DEFAULT_DB_ALIAS) -> None:
+                 using: str | None = None) -> None:
+        using = queue_database(using)
         self.row = row
         self.id = str(row.id)
         self.job_ids = list(job_ids)  # the jobs it was dispatched with
@@ -160,8 +163,9 @@ def batch(jobs: Iterable[Job], *, name: str = "") -> PendingBatch:
     return PendingBatch(jobs, name=name)
 
 
-def find(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> BatchHandle | None:
+def find(batch_id: Any, *, using: str | None = None) -> BatchHandle | None:
     """The batch ``batch_id`` (``None`` if there is none, e.g. pruned)."""
+    using = queue_database(using)
     try:
         row = Batch.objects.using(using).filter(id=batch_id).first()
     except (ValueError, TypeError, ValidationError):
@@ -201,9 +205,10 @@ def _members(batch_id: uuid.UUID, jobs: Iterable[Job]) -> list[job_queue.NewJob]
     return rows
 
 
-def add(batch_id: Any, jobs: Iterable[Job], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+def add(batch_id: Any, jobs: Iterable[Job], *, using: str | None = None) -> list[str]:
     """Add ``jobs`` to a running batch (from inside one of its jobs, typically); they
     count before the job adding them finishes, so the batch cannot complete in between."""
+    using = queue_database(using)
     rows = _members(uuid.UUID(str(batch_id)), jobs)
     with transaction.atomic(using=using):
         row = _locked(batch_id, using)
@@ -217,9 +222,10 @@ def add(batch_id: Any, jobs: Iterable[Job], *, using: str = DEFAULT_DB_ALIAS) ->
     return [str(r.id) for r in rows]
 
 
-def cancel(batch_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def cancel(batch_id: Any, *, using: str | None = None) -> bool:
     """Cancel a batch: jobs not started yet are skipped when a worker takes them (this
     process knows at once, other workers within :data:`CANCEL_CHECK_EVERY`)."""
+    using = queue_database(using)
     done = bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
                 .update(cancelled_at=Now()))
     _remember_cancelled(batch_id, using)
@@ -237,8 +243,9 @@ def _remember_cancelled(batch_id: Any, using: str) -> None:
     _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
 
 
-def cancelled(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def cancelled(payload: Any, *, using: str | None = None) -> bool:
     """Is this job a member of a cancelled batch (the worker then skips it)?"""
+    using = queue_database(using)
     batch_id = marker_of(payload)
     if batch_id is None:
         return False
@@ -254,10 +261,11 @@ def cancelled(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 
 
 def finished(payload: Any, *, outcome: str, job_id: str,
-             using: str = DEFAULT_DB_ALIAS) -> None:
+             using: str | None = None) -> None:
     """A member finished for good (call inside the transaction that acks or fails it):
     ``outcome`` is ``succeeded``, ``failed`` or ``skipped``. Updates the counts and queues
     the callbacks they call for."""
+    using = queue_database(using)
     batch_id = marker_of(payload)
     if batch_id is None:
         return
@@ -277,20 +285,22 @@ def finished(payload: Any, *, outcome: str, job_id: str,
 
 
 def counted(batch_id: str, counts: tuple[int, int] | None, *,
-            using: str = DEFAULT_DB_ALIAS) -> None:
+            using: str | None = None) -> None:
     """A member's success was counted (``counts``: the batch's ``(pending, failed)`` after
     it): when every job has run, queue the callbacks, under the batch row's lock.
 
     The pipeline counts a member in the statement that acks it and calls this after it
     (outside that transaction); if the worker dies in between, :func:`settle_finished`
     (the workers' housekeeping) queues the callbacks."""
+    using = queue_database(using)
     if counts is not None and counts[0] <= counts[1]:  # pending <= failed: every job ran
         _settle_locked(batch_id, using)
 
 
-def settle_finished(*, using: str = DEFAULT_DB_ALIAS) -> int:
+def settle_finished(*, using: str | None = None) -> int:
     """Queue the callbacks of batches whose jobs have all run but which are not marked
     finished (a worker died between a member's ack and its batch's callbacks); how many."""
+    using = queue_database(using)
     stuck = Batch.objects.using(using).filter(
         finished_at__isnull=True, pending_jobs__lte=F("failed_jobs")).values_list("id", flat=True)
     return sum(_settle_locked(batch_id, using) for batch_id in list(stuck[:100]))
@@ -339,9 +349,10 @@ def _settle(row: Batch, using: str, *, first_failure: bool = False) -> None:
 
 
 def retried(payloads: list[Any], job_ids: list[str], *,
-            using: str = DEFAULT_DB_ALIAS) -> None:
+            using: str | None = None) -> None:
     """Failed members were queued again (inside the retry's transaction): they no longer
     count as failed, so a batch whose jobs then all succeed runs its ``then``."""
+    using = queue_database(using)
     for payload, job_id in zip(payloads, job_ids, strict=True):
         batch_id = marker_of(payload)
         if batch_id is None:

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
+from django_jobguard.conf import queue_database
 from django_jobguard.models import Chain
 
 if TYPE_CHECKING:
@@ -51,8 +52,9 @@ class JobChain:
         self.jobs = jobs
         self.name = name
 
-    def dispatch(self, *, using: str = DEFAULT_DB_ALIAS) -> ChainDispatched:
+    def dispatch(self, *, using: str | None = None) -> ChainDispatched:
         """Record the chain and queue its first link, in the caller's transaction."""
+        using = queue_database(using)
         from django_jobguard.jobs import build_row
 
         chain_id = uuid.uuid4()
@@ -95,9 +97,10 @@ def _locked(chain_id: str, using: str) -> Chain | None:
     return Chain.objects.using(using).select_for_update().filter(id=chain_id).first()
 
 
-def advance(payload: Any, *, succeeded: bool, using: str = DEFAULT_DB_ALIAS) -> None:
+def advance(payload: Any, *, succeeded: bool, using: str | None = None) -> None:
     """A link finished (call inside the transaction that acks or fails it): queue the next
     link, complete the chain, or stop it and cancel the rest."""
+    using = queue_database(using)
     marker = marker_of(payload)
     if marker is None:
         return
@@ -130,9 +133,10 @@ def advance(payload: Any, *, succeeded: bool, using: str = DEFAULT_DB_ALIAS) -> 
     row.save(using=using, update_fields=fields)
 
 
-def retried(payloads: list[Any], *, using: str = DEFAULT_DB_ALIAS) -> None:
+def retried(payloads: list[Any], *, using: str | None = None) -> None:
     """Failed links were queued again (call inside the retry's transaction): their chains
     run again from there, the cancelled links after them pending."""
+    using = queue_database(using)
     for payload in payloads:
         marker = marker_of(payload)
         if marker is None:

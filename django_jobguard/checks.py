@@ -12,6 +12,10 @@ Ids:
 - jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
   djangorestframework is installed).
 - jobguard.E007 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
+- jobguard.E120 ``DATABASE`` names an alias that is not in ``DATABASES``.
+- jobguard.E121 ``DATABASE`` is not ``"default"`` but the routers do not send the queue's models
+  there (reads, writes and migrations): ``JobGuardRouter`` is missing from ``DATABASE_ROUTERS``
+  or a router before it sends them elsewhere.
 - jobguard.E040 ``UNKNOWN_JOB_GRACE`` is not a number of seconds >= 0.
 - jobguard.E070 ``TEST_MODE`` is not ``""`` or ``"inline"``.
 - jobguard.E060–E064 a periodic schedule cannot run: E060 bad cron expression, E061 unknown
@@ -61,6 +65,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "USE_NOTIFY": (bool,),
     "LISTEN_DATABASE": (str, type(None)),
     "PGBOUNCER": (bool, list, tuple),
+    "DATABASE": (str,),
     "STORE": (str,),
     "STORES": (dict,),
     "DEFERRALS_CONSUME_ATTEMPTS": (bool,),
@@ -105,7 +110,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
             + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer()
-            + _check_metrics_token())
+            + _check_metrics_token() + _check_database())
 
 
 def _check_metrics_token() -> list:
@@ -117,6 +122,30 @@ def _check_metrics_token() -> list:
                   hint="Generate one with python -c 'import secrets; "
                        "print(secrets.token_urlsafe(32))' and read it from the environment.",
                   id="jobguard.E130")]
+
+
+def _check_database() -> list:
+    """jobguard.E120/E121: the queue's alias exists, and the routers send the app's models to it."""
+    from django.db import DEFAULT_DB_ALIAS, router
+
+    from django_jobguard.models import QueuedJob
+
+    alias = jobguard_settings.DATABASE
+    if alias not in connections:
+        return [Error(f"JOBGUARD['DATABASE'] = {alias!r} is not in DATABASES "
+                      f"(known: {', '.join(sorted(connections))}).", id="jobguard.E120")]
+    if alias == DEFAULT_DB_ALIAS:
+        return []
+    routed = {"reads": router.db_for_read(QueuedJob), "writes": router.db_for_write(QueuedJob)}
+    wrong = [f"{what} go to {went!r}" for what, went in routed.items() if went != alias]
+    if not router.allow_migrate_model(alias, QueuedJob):
+        wrong.append(f"migrations are not allowed on {alias!r}")
+    if not wrong:
+        return []
+    return [Error(
+        f"JOBGUARD['DATABASE'] = {alias!r}, but the queue's {', '.join(wrong)}.",
+        hint="Add 'django_jobguard.routers.JobGuardRouter' to DATABASE_ROUTERS (before any "
+             "router that sends every model to one database).", id="jobguard.E121")]
 
 
 def _check_reliability() -> list:

@@ -28,6 +28,10 @@ DEFAULTS: dict[str, Any] = {
     "JOB_MODULES": [],
     # PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for ``--sleep``.
     "USE_NOTIFY": True,
+    # Database alias holding the queue's tables (every django_jobguard model). Another alias
+    # than "default" needs django_jobguard.routers.JobGuardRouter in DATABASE_ROUTERS; dispatch
+    # is then not part of the caller's transaction unless on_commit=True (docs/databases.md).
+    "DATABASE": "default",
     # A DATABASES alias with a direct (session) connection to the queue's PostgreSQL database,
     # used only for LISTEN; None: LISTEN on the queue's own database. Needed behind a
     # transaction-pooling PgBouncer, where a LISTEN never hears a NOTIFY (docs/databases.md).
@@ -101,6 +105,12 @@ class JobGuardSettings:
 
 
 jobguard_settings = JobGuardSettings()
+
+
+def queue_database(using: str | None = None) -> str:
+    """``using`` if given, else the alias holding the queue (``JOBGUARD['DATABASE']``): every
+    ``using=None`` in jobguard resolves here, when called, so ``override_settings`` works."""
+    return using or jobguard_settings.DATABASE
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:

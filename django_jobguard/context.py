@@ -13,8 +13,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from django.db import DEFAULT_DB_ALIAS
-
+from django_jobguard.conf import queue_database
 from django_jobguard.envelope import Envelope
 from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter, check_fraction
@@ -31,7 +30,7 @@ class JobContext:
     attempt: int = 1
     worker_id: str | None = None
     #: Database alias holding the queue row.
-    using: str = DEFAULT_DB_ALIAS
+    using: str = field(default_factory=queue_database)  # JOBGUARD["DATABASE"]
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     envelope: Envelope = field(default_factory=Envelope)
     #: Exceptions that reached the worker in earlier runs (``max_exceptions``).

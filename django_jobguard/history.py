@@ -18,10 +18,10 @@ import datetime
 import threading
 from collections.abc import Mapping
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Value
 
 from django_jobguard import clock
+from django_jobguard.conf import queue_database
 from django_jobguard.dialects import dialect_for
 from django_jobguard.models import QueueMinute
 
@@ -54,7 +54,7 @@ class QueueCounter:
         with self._lock:
             return {queue: (c[0], c[1]) for queue, c in self._counts.items()}
 
-    def flush(self, using: str = DEFAULT_DB_ALIAS) -> int:
+    def flush(self, using: str | None = None) -> int:
         """Add the counts to the current minute's rows; returns how many rows were written.
         If the write fails the counts are kept for the next flush (and the error raised)."""
         with self._lock:
@@ -72,28 +72,30 @@ class QueueCounter:
             raise
 
 
-def current_minute(using: str = DEFAULT_DB_ALIAS) -> datetime.datetime:
+def current_minute(using: str | None = None) -> datetime.datetime:
     """The database clock's current minute (seconds dropped), aware UTC."""
-    now = dialect_for(using).now() + datetime.timedelta(seconds=clock.offset())
+    now = dialect_for(queue_database(using)).now() + datetime.timedelta(seconds=clock.offset())
     return now.replace(second=0, microsecond=0)
 
 
 def add_counts(counts: Mapping[str, tuple[int, int]], *, minute: datetime.datetime | None = None,
-               using: str = DEFAULT_DB_ALIAS) -> int:
+               using: str | None = None) -> int:
     """Add ``{queue: (done, failed)}`` to the rows of ``minute`` (default: now, database
     clock) in one atomic upsert statement; returns the number of queues written."""
     rows = [(queue, done, failed) for queue, (done, failed) in counts.items()
             if done or failed]
     if not rows:
         return 0
+    using = queue_database(using)
     minute = minute or current_minute(using)
     # One order everywhere, so two workers' statements lock rows in the same order.
     dialect_for(using).add_queue_counts(minute, sorted(rows))
     return len(rows)
 
 
-def prune(*, older_than: datetime.timedelta = KEEP, using: str = DEFAULT_DB_ALIAS) -> int:
+def prune(*, older_than: datetime.timedelta = KEEP, using: str | None = None) -> int:
     """Delete the minutes older than ``older_than`` (database clock); returns how many."""
+    using = queue_database(using)
     old = QueueMinute.objects.using(using).filter(
         minute__lt=clock.db_now() - Value(older_than))
     return old._raw_delete(using)

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from django_jobguard import durations, registry, serialization, signals, tracing, unique_jobs
 from django_jobguard import queue as job_queue
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Delay
 from django_jobguard.envelope import Envelope, UniqueRef
@@ -169,10 +169,11 @@ class Job:
         delay: Delay = None,
         queue: str | None = None,
         priority: int | None = None,
-        on_commit: bool = False,
-        using: str = DEFAULT_DB_ALIAS,
+        on_commit: bool | str = False,
+        using: str | None = None,
     ) -> Dispatched:
         """Queue this job; see :func:`dispatch`."""
+        using = queue_database(using)
         return dispatch(
             self, delay=delay, queue=queue, priority=priority, on_commit=on_commit, using=using
         )
@@ -237,15 +238,19 @@ def dispatch(
     delay: Delay = None,
     queue: str | None = None,
     priority: int | None = None,
-    on_commit: bool = False,
-    using: str = DEFAULT_DB_ALIAS,
+    on_commit: bool | str = False,
+    using: str | None = None,
 ) -> Dispatched:
     """Queue ``job``. Returns a truthy :class:`Dispatched` with the job id, or a falsy one
     with ``skipped="unique"`` when a unique job with the same key is already queued or running.
 
     The row is inserted in the caller's transaction, so a rollback takes it away again;
-    ``on_commit=True`` inserts it after the transaction commits instead.
+    ``on_commit=True`` inserts it after the transaction commits instead. With the queue on a
+    database of its own (``JOBGUARD['DATABASE']``) the insert commits on that database at once
+    whatever the caller's transaction on ``default`` does; ``on_commit=True`` waits for the
+    transaction of ``default`` (or of the alias ``on_commit`` names) to commit.
     """
+    using = queue_database(using)
     return dispatch_many([job], delay=delay, queue=queue, priority=priority,
                          on_commit=on_commit, using=using)[0]
 
@@ -256,8 +261,8 @@ def dispatch_many(
     delay: Delay = None,
     queue: str | None = None,
     priority: int | None = None,
-    on_commit: bool = False,
-    using: str = DEFAULT_DB_ALIAS,
+    on_commit: bool | str = False,
+    using: str | None = None,
     batch_size: int = 500,
 ) -> list[Dispatched]:
     """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each.
@@ -268,6 +273,7 @@ def dispatch_many(
     each result has the id its job will have, and a duplicate found at the commit is dropped
     then (its result in the returned list becomes skipped; ``job_skipped_unique`` is sent).
     """
+    using = queue_database(using)
     jobs = list(jobs)
     when = durations.due(delay)
     built = [build_row(job, when=when, queue=queue, priority=priority) for job in jobs]
@@ -291,11 +297,20 @@ def dispatch_many(
         if inserted:
             signals.jobs_inserted.send(sender=Job, job_ids=inserted, using=using)
 
-    if on_commit:
-        transaction.on_commit(insert, using=using)  # at once outside a transaction
+    if on_commit:  # at once outside a transaction
+        transaction.on_commit(insert, using=commit_database(on_commit))
     else:
         insert()
     return results
+
+
+def commit_database(on_commit: bool | str) -> str:
+    """The alias whose transaction ``dispatch(on_commit=...)`` waits for: the one named, or
+    ``default`` for ``True``. The caller's own data lives on ``default`` (Django's convention,
+    and where the router sends every model but the queue's), so that is the commit the job must
+    not run before, wherever the queue is. With the queue on ``default`` too, it is the same
+    transaction as before a separate queue database existed."""
+    return on_commit if isinstance(on_commit, str) else DEFAULT_DB_ALIAS
 
 
 def _push_unique(jobs: list[Job], built: list[tuple[job_queue.NewJob, Envelope]], *,

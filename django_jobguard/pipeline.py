@@ -26,11 +26,11 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
 from django_jobguard import clock, queue, registry, results, signals, unique_jobs, workflows
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Due
 from django_jobguard.envelope import Envelope, encoded_size, unique_ref
@@ -76,12 +76,12 @@ Log = Callable[[str, str], None]
 class Pipeline:
     """Processes claimed rows for the worker ``worker_id`` (see the module docstring)."""
 
-    def __init__(self, *, worker_id: str, using: str = DEFAULT_DB_ALIAS,
+    def __init__(self, *, worker_id: str, using: str | None = None,
                  defaults: Defaults | None = None, log: Log | None = None,
                  log_running: bool = True,
                  pause: Callable[[float], Any] = time.sleep) -> None:
         self.worker_id = worker_id
-        self.using = using
+        self.using = queue_database(using)
         self.defaults = defaults or Defaults()
         #: Called with each job line's text and state, besides the ``logging`` record
         #: (:mod:`~django_jobguard.logs`): in-process callers collecting outcomes.

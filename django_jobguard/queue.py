@@ -23,30 +23,32 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Value
 
 from django_jobguard import clock, pooling
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import Listener, ListenUnavailable, NewJob, dialect_for
 from django_jobguard.durations import NOW, Due
 from django_jobguard.models import FailedJob, PausedQueue, QueuedJob
 
 
-def push(jobs: Sequence[NewJob], *, using: str = DEFAULT_DB_ALIAS, batch_size: int = 500) -> None:
+def push(jobs: Sequence[NewJob], *, using: str | None = None, batch_size: int = 500) -> None:
     """Insert ``jobs`` (one INSERT per batch) and wake the workers listening, if any."""
+    using = queue_database(using)
     if jobs:
         dialect_for(using).push(jobs, batch_size=max(batch_size, 1))
 
 
-def withdraw(ids: Iterable[Any], *, using: str = DEFAULT_DB_ALIAS) -> None:
+def withdraw(ids: Iterable[Any], *, using: str | None = None) -> None:
     """Delete rows just pushed in the current transaction (a unique job found a duplicate)."""
+    using = queue_database(using)
     ids = list(ids)
     if ids:
         QueuedJob.objects.using(using).filter(id__in=ids)._raw_delete(using)
 
 
-def exists(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def exists(job_id: Any, *, using: str | None = None) -> bool:
     """Whether a queued row with ``job_id`` exists, counting one that an open transaction is
     inserting: that waits for the transaction to end, as a second insert of the id would.
 
@@ -56,6 +58,7 @@ def exists(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     waits: an insert of the id in a savepoint, always rolled back (PostgreSQL, SQLite), or a
     locking read (MariaDB/MySQL).
     """
+    using = queue_database(using)
     try:
         job_id = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
     except ValueError:
@@ -63,17 +66,19 @@ def exists(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     return dialect_for(using).job_exists(job_id)
 
 
-def notify(queues: Iterable[str], *, using: str = DEFAULT_DB_ALIAS) -> None:
+def notify(queues: Iterable[str], *, using: str | None = None) -> None:
     """Wake workers listening on ``queues`` (sent when the surrounding transaction commits;
     a no-op on databases without NOTIFY)."""
+    using = queue_database(using)
     dialect_for(using).notify(queues)
 
 
-def listen(using: str = DEFAULT_DB_ALIAS) -> Listener | None:
+def listen(using: str | None = None) -> Listener | None:
     """A listener that wakes on :func:`notify`, or ``None`` where the database has none (the
     worker then polls). It listens on ``JOBGUARD['LISTEN_DATABASE']`` when set; it raises
     :class:`ListenUnavailable` (saying why) when ``using`` is declared behind PgBouncer
     without one, or when a NOTIFY does not reach it (see :mod:`django_jobguard.pooling`)."""
+    using = queue_database(using)
     via = pooling.listen_alias(using)
     if via == using and pooling.behind_pgbouncer(using):
         raise ListenUnavailable(
@@ -92,7 +97,7 @@ def claim(
     worker_id: str,
     limit: int = 1,
     start: int | None = None,
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
 ) -> list[QueuedJob]:
     """Reserve up to ``limit`` due jobs from the first of ``queues`` that has any
     (:data:`ALL_QUEUES`, ``"*"``, stands for every queue not named, see :func:`_expand`).
@@ -102,6 +107,7 @@ def claim(
     through :func:`start` when they begin. A payload that does not decode comes back as its
     text, for the worker to fail the job.
     """
+    using = queue_database(using)
     lease = float(jobguard_settings.RETRY_AFTER)
     dialect = dialect_for(using)
     now = limit if start is None else max(0, min(start, limit))
@@ -145,9 +151,10 @@ def _expand(queues: Sequence[str], using: str) -> Iterator[str]:
 _turns = itertools.count()
 
 
-def start(row: QueuedJob, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def start(row: QueuedJob, *, using: str | None = None) -> bool:
     """Count the attempt of a row as it starts, unless its claim already did; False if the
     worker no longer holds it (its lease ran out and another worker took it)."""
+    using = queue_database(using)
     if getattr(row, "attempt_counted", True):
         return True
     if not _held(row, using).update(attempts=F("attempts") + 1):
@@ -158,8 +165,9 @@ def start(row: QueuedJob, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 
 
 def paused(queues: Sequence[str] | None = None, *,
-           using: str = DEFAULT_DB_ALIAS) -> set[str]:
+           using: str | None = None) -> set[str]:
     """Which of ``queues`` (or of all queues) are paused."""
+    using = queue_database(using)
     rows = PausedQueue.objects.using(using)
     if queues is not None:
         rows = rows.filter(queue__in=list(queues))
@@ -176,15 +184,17 @@ def _claimable(queues: Sequence[str], using: str):
     return rows.filter(queue__in=queues)
 
 
-def next_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> datetime.datetime | None:
+def next_due(queues: Sequence[str], *, using: str | None = None) -> datetime.datetime | None:
     """When the earliest row of ``queues`` becomes claimable (``None`` if they are empty or
     paused)."""
+    using = queue_database(using)
     return _claimable(queues, using).aggregate(due=Min("available_at"))["due"]
 
 
-def seconds_until_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> float | None:
+def seconds_until_due(queues: Sequence[str], *, using: str | None = None) -> float | None:
     """Seconds until the earliest row of ``queues`` becomes claimable, measured with the
     database clock in the same query (``None`` if the queues are empty or paused)."""
+    using = queue_database(using)
     found = _claimable(queues, using).aggregate(
         due=Min("available_at"), now=Max(clock.db_now()))
     if found["due"] is None:
@@ -193,9 +203,10 @@ def seconds_until_due(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -
 
 
 def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
-                  using: str = DEFAULT_DB_ALIAS) -> int:
+                  using: str | None = None) -> int:
     """Push back the lease of the rows ``worker_id`` holds (the worker's heartbeat); only of
     ``ids`` among them when given (the jobs it is still working on)."""
+    using = queue_database(using)
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
     rows = QueuedJob.objects.using(using).filter(reserved_by=worker_id, reserved_at__isnull=False)
     if ids is not None:
@@ -206,21 +217,24 @@ def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
 # -- while a job runs ----------------------------------------------------------------------
 
 
-def cancel_requested(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def cancel_requested(job_id: Any, *, using: str | None = None) -> bool:
     """Whether an operator asked the running job ``job_id`` to stop."""
+    using = queue_database(using)
     return QueuedJob.objects.using(using).filter(
         id=job_id, cancel_requested_at__isnull=False).exists()
 
 
-def request_cancel(job_id: Any, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def request_cancel(job_id: Any, *, using: str | None = None) -> bool:
     """Ask the reserved job ``job_id`` to stop; False if no worker holds it."""
+    using = queue_database(using)
     return bool(QueuedJob.objects.using(using).reserved().filter(id=job_id).update(
         cancel_requested_at=clock.db_now()))
 
 
 def write_progress(job_id: Any, fraction: float, message: str, *, worker_id: str,
-                   using: str = DEFAULT_DB_ALIAS) -> bool:
+                   using: str | None = None) -> bool:
     """Store a running job's progress (only while ``worker_id`` holds it)."""
+    using = queue_database(using)
     return bool(QueuedJob.objects.using(using).filter(id=job_id, reserved_by=worker_id).update(
         progress=fraction, progress_message=message[:255]))
 
@@ -233,11 +247,12 @@ def _held(row: QueuedJob, using: str):
 
 
 def ack(row: QueuedJob, *, then: QueuedJob | None = None,
-        using: str = DEFAULT_DB_ALIAS) -> bool:
+        using: str | None = None) -> bool:
     """Delete a finished job; False if the worker no longer held it (lease lost).
 
     ``then``, the row claimed ahead that the worker runs next, has its attempt counted in
     the same round trip (see :func:`start`)."""
+    using = queue_database(using)
     dialect = dialect_for(using)
     if then is None or getattr(then, "attempt_counted", True):
         return dialect.ack(row.id, row.reserved_by)
@@ -249,9 +264,10 @@ def ack(row: QueuedJob, *, then: QueuedJob | None = None,
 
 
 def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None,
-                 using: str = DEFAULT_DB_ALIAS) -> tuple[bool, tuple[int, int] | None]:
+                 using: str | None = None) -> tuple[bool, tuple[int, int] | None]:
     """:func:`ack` of a batch member that also counts its success in the batch, atomically
     (one statement on PostgreSQL): ``(acked, (pending, failed) after it)``."""
+    using = queue_database(using)
     start = then if then is not None and not getattr(then, "attempt_counted", True) else None
     acked, started, counts = dialect_for(using).ack_counting(
         row.id, row.reserved_by, start.id if start else None, batch_id)
@@ -269,7 +285,7 @@ def release(
     exception: BaseException | None = None,
     count_exception: bool = True,
     wait_reason: str = "",
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
 ) -> bool:
     """Make a reserved job available again when ``due`` (seconds after the database's now,
     or an absolute time).
@@ -280,6 +296,7 @@ def release(
     towards ``max_exceptions`` unless ``count_exception=False`` (a middleware handled it).
     ``wait_reason`` says why the job waits, for operators (``circuit 'sms' was open``).
     """
+    using = queue_database(using)
     changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": _at(due),
                                "wait_reason": wait_reason[:255]}
     if not count_attempt and getattr(row, "attempt_counted", True):
@@ -319,13 +336,14 @@ def fail(
     *,
     reason: str = "",
     last_error: str | None = None,
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
 ) -> FailedJob | None:
     """Move a job to failed jobs with its exception and traceback, in one transaction.
 
     ``reason`` says which limit ended it; ``last_error`` is the last exception the job itself
     raised (default: the one its row kept from an earlier run).
     """
+    using = queue_database(using)
     exc_type = type(exception)
     formatted = "".join(tb_module.format_exception(exc_type, exception, exception.__traceback__))
     with transaction.atomic(using=using):

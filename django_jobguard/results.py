@@ -12,10 +12,11 @@ import json
 import traceback
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from django_jobguard.conf import queue_database
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 
 READY, RUNNING, SUCCESSFUL, FAILED = "READY", "RUNNING", "SUCCESSFUL", "FAILED"
@@ -44,8 +45,9 @@ def _locked(job_id: Any, using: str) -> JobResult | None:
 
 
 def create_ready(*, job_id: Any, name: str, queue: str, payload: dict[str, Any],
-                 enqueued_at: datetime.datetime, using: str = DEFAULT_DB_ALIAS) -> JobResult:
+                 enqueued_at: datetime.datetime, using: str | None = None) -> JobResult:
     """The READY row written beside a newly queued job (same transaction)."""
+    using = queue_database(using)
     return JobResult.objects.using(using).create(
         id=job_id, name=name, queue=queue, status=READY, payload=payload,
         enqueued_at=enqueued_at, errors=[], worker_ids=[],
@@ -54,12 +56,13 @@ def create_ready(*, job_id: Any, name: str, queue: str, payload: dict[str, Any],
 
 def mark_running(job_id: Any, *, worker_id: str, attempt: int,
                  defaults: dict[str, Any] | None = None,
-                 using: str = DEFAULT_DB_ALIAS) -> JobResult:
+                 using: str | None = None) -> JobResult:
     """A worker starts running the job: RUNNING, its id appended, start times set.
 
     ``defaults`` fill a row that does not exist yet (a failed job retried after its result
     was pruned).
     """
+    using = queue_database(using)
     now = timezone.now()
     with transaction.atomic(using=using):
         result = _locked(job_id, using)
@@ -77,8 +80,9 @@ def mark_running(job_id: Any, *, worker_id: str, attempt: int,
 
 def mark_ready(row: QueuedJob, *, worker_id: str, ran: bool,
                exception: BaseException | None = None,
-               using: str = DEFAULT_DB_ALIAS) -> JobResult:
+               using: str | None = None) -> JobResult:
     """The job went back to the queue (a retry or a deferral): READY, the error kept."""
+    using = queue_database(using)
     return _merge(row, status=READY, worker_id=worker_id, ran=ran, exception=exception,
                   using=using)
 
@@ -86,8 +90,9 @@ def mark_ready(row: QueuedJob, *, worker_id: str, ran: bool,
 def mark_finished(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
                   started_at: datetime.datetime | None = None, return_value: Any = None,
                   exception: BaseException | None = None, only_existing: bool = False,
-                  using: str = DEFAULT_DB_ALIAS) -> JobResult | None:
+                  using: str | None = None) -> JobResult | None:
     """The job ended for good (SUCCESSFUL or FAILED). Earlier workers and errors stay."""
+    using = queue_database(using)
     return _merge(row, status=status, worker_id=worker_id, ran=ran, started_at=started_at,
                   return_value=return_value, exception=exception,
                   only_existing=only_existing, using=using)
@@ -96,12 +101,13 @@ def mark_finished(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
 def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
            started_at: datetime.datetime | None = None, return_value: Any = None,
            exception: BaseException | None = None, only_existing: bool = False,
-           using: str = DEFAULT_DB_ALIAS) -> JobResult | None:
+           using: str | None = None) -> JobResult | None:
     """Fold one outcome into the job's result row, creating it if needed.
 
     ``ran`` says whether ``handle()`` ran this time, so the worker id counts as an attempt
     unless :func:`mark_running` recorded it already.
     """
+    using = queue_database(using)
     now = timezone.now()
     with transaction.atomic(using=using):
         result = _locked(row.id, using)
@@ -125,9 +131,10 @@ def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
     return result
 
 
-def prune(*, older_than: datetime.timedelta, using: str = DEFAULT_DB_ALIAS) -> int:
+def prune(*, older_than: datetime.timedelta, using: str | None = None) -> int:
     """Delete finished results older than ``older_than``, and results of jobs that no longer
     exist anywhere (cleared from the queue) enqueued before then. Returns how many."""
+    using = queue_database(using)
     cutoff = timezone.now() - older_than
     finished = JobResult.objects.using(using).filter(status__in=FINISHED, finished_at__lt=cutoff)
     count = finished._raw_delete(using)

@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from django_jobguard import registry
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.cron import CronError, CronExpression, get_zone
 from django_jobguard.dialects import dialect_for
 from django_jobguard.models import ScheduleTick
@@ -242,10 +242,11 @@ def _enqueue_tick(schedule: Schedule, tick: datetime.datetime, *, missed: bool,
     return True
 
 
-def enqueue_due(*, using: str = DEFAULT_DB_ALIAS,
+def enqueue_due(*, using: str | None = None,
                 now: datetime.datetime | None = None) -> int:
     """Queue every due tick of every enabled schedule once; returns how many this call
     recorded. A broken schedule is logged and skipped; the others still run."""
+    using = queue_database(using)
     schedules = [s for s in all_schedules().values() if s.enabled]
     if not schedules:
         return 0
@@ -263,8 +264,9 @@ def enqueue_due(*, using: str = DEFAULT_DB_ALIAS,
 
 
 def prune_ticks(*, older_than: datetime.timedelta = KEEP_TICKS,
-                using: str = DEFAULT_DB_ALIAS) -> int:
+                using: str | None = None) -> int:
     """Delete tick rows older than ``older_than``, keeping each schedule's newest."""
+    using = queue_database(using)
     cutoff = dialect_for(using).now() - older_than
     deleted = 0
     ticks = ScheduleTick.objects.using(using)
@@ -277,8 +279,8 @@ def prune_ticks(*, older_than: datetime.timedelta = KEEP_TICKS,
 class Ticker:
     """What a worker's heartbeat calls: :func:`enqueue_due` each beat, pruning hourly."""
 
-    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
-        self.using = using
+    def __init__(self, using: str | None = None) -> None:
+        self.using = queue_database(using)
         self._pruned = time.monotonic()
 
     def __call__(self) -> int:
@@ -323,8 +325,9 @@ class ScheduleStatus:
                 "next_tick": self.next_tick.isoformat() if self.next_tick else None}
 
 
-def schedule_status(*, using: str = DEFAULT_DB_ALIAS) -> list[ScheduleStatus]:
+def schedule_status(*, using: str | None = None) -> list[ScheduleStatus]:
     """Every valid schedule, by name, with its last and next run."""
+    using = queue_database(using)
     schedules = all_schedules()
     now = dialect_for(using).now()
     lasts = _last_ticks(list(schedules), using)

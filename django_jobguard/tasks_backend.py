@@ -32,11 +32,11 @@ from typing import Any
 
 from django.apps import apps
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_jobguard import results, signals, unique_jobs
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.jobs import Job, dispatch
 from django_jobguard.models import JobResult
 from django_jobguard.stores import get_store
@@ -336,7 +336,8 @@ signals.job_failed.connect(_on_failed, dispatch_uid="jobguard-tasks-failed")
 class JobGuardBackend(BaseTaskBackend):
     """Runs django.tasks tasks on jobguard's queue; results are kept in ``JobResult``.
 
-    ``OPTIONS``: ``DATABASE`` — alias holding the queue and results (default ``"default"``).
+    ``OPTIONS``: ``DATABASE`` — alias holding the queue and results (default
+    ``JOBGUARD['DATABASE']``, itself ``"default"`` unless set).
     ``QUEUES`` — task queue names allowed (default ``["default"]``; ``[]`` allows any); run
     ``manage.py jobworker --queue <names>`` for them.
     """
@@ -349,7 +350,12 @@ class JobGuardBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
-        self.database = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+        self._database: str | None = self.options.get("DATABASE")
+
+    @property
+    def database(self) -> str:
+        """The alias holding the queue and results (read when used: settings may change)."""
+        return queue_database(self._database)
 
     # -- validation ---------------------------------------------------------------------
 

@@ -27,10 +27,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.db import DEFAULT_DB_ALIAS
-
 from django_jobguard import durations, keys
 from django_jobguard import queue as job_queue
+from django_jobguard.conf import queue_database
 from django_jobguard.envelope import UniqueRef
 from django_jobguard.stores import get_store
 
@@ -73,7 +72,7 @@ def ref_for(job: JobLike, job_id: Any) -> UniqueRef | None:
                      owner=str(job_id))
 
 
-def acquire(job: JobLike, ref: UniqueRef, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def acquire(job: JobLike, ref: UniqueRef, *, using: str | None = None) -> bool:
     """Take ``ref``'s lock for the dispatch; ``False`` when another copy holds it.
 
     Call it after the job's row is inserted, in the same transaction (``dispatch()`` does).
@@ -81,6 +80,7 @@ def acquire(job: JobLike, ref: UniqueRef, *, using: str = DEFAULT_DB_ALIAS) -> b
     dispatch rolled back in a store that cannot roll back, or its process died) is taken
     over. An owner's row that an open transaction is inserting is waited for.
     """
+    using = queue_database(using)
     ttl = durations.seconds(job.unique_for, name=f"{job.name}.unique_for") or None
     store = get_store(ref.store)
     for _ in range(_TAKEOVER_ROUNDS):

@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
 from django_jobguard import history, logs, operations, queue, schedules
 from django_jobguard.claiming import ClaimSize
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
@@ -70,7 +70,7 @@ class WorkerOptions:
     rest: float = 0.0
     once: bool = False
     batch: int = 0  # rows per claim; 0: JOBGUARD['CLAIM_BATCH_SIZE'], adaptive when None
-    using: str = DEFAULT_DB_ALIAS
+    using: str = field(default_factory=queue_database)  # JOBGUARD["DATABASE"]
 
 
 def _rss_mb() -> float:

@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
-
 from django_jobguard import batches, chains
+from django_jobguard.conf import queue_database
 
 __all__ = ["counted", "counted_in_batch", "finished", "involved", "retried", "skip_reason"]
 
@@ -34,22 +33,25 @@ def counted_in_batch(payload: Any) -> str | None:
 
 
 def counted(batch_id: str, counts: tuple[int, int] | None, *,
-            using: str = DEFAULT_DB_ALIAS) -> None:
+            using: str | None = None) -> None:
     """A batch member was acked and counted (``counts``: ``(pending, failed)`` after it)."""
+    using = queue_database(using)
     batches.counted(batch_id, counts, using=using)
 
 
-def skip_reason(payload: Any, *, using: str = DEFAULT_DB_ALIAS) -> str:
+def skip_reason(payload: Any, *, using: str | None = None) -> str:
     """Why a job must not run although it is due (its batch was cancelled), or ``""``."""
+    using = queue_database(using)
     if involved(payload) and batches.cancelled(payload, using=using):
         return "its batch was cancelled"
     return ""
 
 
 def finished(payload: Any, *, outcome: str, job_id: str = "",
-             using: str = DEFAULT_DB_ALIAS) -> None:
+             using: str | None = None) -> None:
     """A job finished for good: ``succeeded``, ``failed`` (no tries left) or ``skipped``
     (cancelled)."""
+    using = queue_database(using)
     if not involved(payload):
         return
     chains.advance(payload, succeeded=outcome == SUCCEEDED, using=using)
@@ -57,8 +59,9 @@ def finished(payload: Any, *, outcome: str, job_id: str = "",
 
 
 def retried(payloads: list[Any], job_ids: list[str], *,
-            using: str = DEFAULT_DB_ALIAS) -> None:
+            using: str | None = None) -> None:
     """Failed jobs were queued again."""
+    using = queue_database(using)
     pairs = [(p, i) for p, i in zip(payloads, job_ids, strict=True) if involved(p)]
     chains.retried([p for p, _ in pairs], using=using)
     batches.retried([p for p, _ in pairs], [i for _, i in pairs], using=using)

@@ -5,6 +5,13 @@ Under pytest-xdist each worker (``gw0``, ``gw1``, ...) gets its own Redis databa
 keys. The shifted URL is written back to the environment (with ``JOBGUARD_XDIST_REDIS`` marking
 it done), so that worker subprocesses the tests start use the same database without shifting
 again. Test databases get per-worker names from pytest-django (``test_<name>_gw0``).
+
+A second alias, ``queue``, is where the separate-queue-database tests put the queue
+(tests/integration/test_separate_database.py, ``JOBGUARD['DATABASE'] = "queue"``): the database
+of ``JOBGUARD_TEST_QUEUE_DATABASE_URL``, or by default one beside the default database, of the
+same kind (``<name>_queue`` on a server, a second file on SQLite). pytest-django creates its
+test database only for tests that ask for it. Worker subprocesses get its test name in
+``JOBGUARD_QUEUE_DB_NAME`` and the queue's alias in ``JOBGUARD_DATABASE``.
 """
 
 import os
@@ -31,7 +38,13 @@ if (_WORKER and os.environ.get("JOBGUARD_REDIS_URL")
     os.environ["JOBGUARD_XDIST_REDIS"] = _WORKER
 
 from testproject.settings import *  # noqa: E402,F401,F403
-from testproject.settings import DATABASES, JOBGUARD  # noqa: E402
+from testproject.settings import (  # noqa: E402
+    BASE_DIR,
+    DATABASE_URL,
+    DATABASES,
+    JOBGUARD,
+    database_from_url,
+)
 
 JOBGUARD = {**JOBGUARD, "JOB_MODULES": [
     "tests.support.jobs", "tests.support.tasks", "tests.support.limit_jobs",
@@ -50,3 +63,19 @@ if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
     if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT") == "1":
         DATABASES["listen"] = _direct
         JOBGUARD["LISTEN_DATABASE"] = "listen"
+
+if os.environ.get("JOBGUARD_DATABASE"):  # a worker subprocess of a separate-queue test
+    JOBGUARD["DATABASE"] = os.environ["JOBGUARD_DATABASE"]
+
+_QUEUE_URL = os.environ.get("JOBGUARD_TEST_QUEUE_DATABASE_URL", "")
+if _QUEUE_URL or DATABASE_URL:
+    queue_db = database_from_url(_QUEUE_URL or DATABASE_URL.rstrip("/") + "_queue")
+else:
+    queue_db = {**DATABASES["default"], "OPTIONS": dict(DATABASES["default"]["OPTIONS"]),
+                "NAME": str(BASE_DIR / "db-queue.sqlite3"),
+                "TEST": {"NAME": str(BASE_DIR / f".test-queue-{os.getpid()}.sqlite3")}}
+if os.environ.get("JOBGUARD_QUEUE_DB_NAME"):
+    queue_db["NAME"] = os.environ["JOBGUARD_QUEUE_DB_NAME"]
+DATABASES = {**DATABASES, "queue": queue_db}
+# Decides nothing while JOBGUARD['DATABASE'] is "default" (every test but the separate ones).
+DATABASE_ROUTERS = ["django_jobguard.routers.JobGuardRouter"]

@@ -9,12 +9,20 @@ Times come from the database clock through Django's ``Now()``.
 from __future__ import annotations
 
 import datetime
+import os
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import (
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.models import BigIntegerField, Exists, F, Func, Q, TextField, Value
 from django.db.models.functions import Greatest
 from django.db.models.sql import Query
@@ -281,6 +289,70 @@ class MySQLDialect(GenericDialect):
                            [QueuedJob._meta.pk.get_db_prep_value(job_id, connection)])
             return cursor.fetchone() is not None
 
+    def acquire_lock(self, key: str, owner: str, *, ttl: float | None,
+                     job_id: str) -> int | None:
+        """Take the key's row with the generic conditional UPDATE, after making sure the row
+        exists, committed, outside the caller's transaction.
+
+        An INSERT of the row inside the caller's transaction deadlocked on InnoDB when that
+        transaction rolled back (error 1213): the other transactions waiting to insert the
+        same key inherit gap locks on the removed row's place, each holds one and each needs
+        the insert intention lock the other's gap lock blocks. A row that is already there is
+        never removed by a rollback, and the UPDATEs queue up on its row lock instead. The
+        free row (owner empty) is created by :meth:`_create_lock_row`; cleaning removes it
+        after an hour like any released lock's row, and a row removed in between is made
+        again."""
+        locks = Lock.objects.using(self.using)
+        for _ in range(3):
+            if not locks.filter(key=key).exists() and not self._create_lock_row(key):
+                return super().acquire_lock(key, owner, ttl=ttl, job_id=job_id)
+            with transaction.atomic(using=self.using):
+                taken = locks.filter(Q(owner="") | Q(expires_at__lte=clock.db_now()),
+                                     key=key).update(
+                    owner=owner, token=Greatest(F("token") + 1, _NowMicros(self.NOW_US)),
+                    acquired_at=clock.db_now(), expires_at=_expiry(ttl), job_id=job_id,
+                )
+                if taken:
+                    return locks.filter(key=key, owner=owner).values_list(
+                        "token", flat=True).get()
+            if locks.filter(key=key).exists():
+                return None  # held by another owner
+        return None
+
+    def _create_lock_row(self, key: str) -> bool:
+        """Insert the free row of ``key`` (if missing) and commit it: on this connection when
+        it is outside a transaction, else on a second connection of this thread; ``False``
+        when that cannot be done without waiting on the caller's own transaction.
+
+        The second connection waits at most a second for a row lock: longer means it waits for
+        the caller's transaction (which deleted the row, say), which would wait for it in turn.
+        The caller then inserts the row itself, as the generic dialect does. A deadlock of the
+        one-statement insert with another of the same key is retried."""
+        connection = connections[self.using]
+        side = _side_connection(self.using) if connection.in_atomic_block else connection
+        quote, meta = connection.ops.quote_name, Lock._meta
+        columns = ", ".join(quote(meta.get_field(name).column) for name in (
+            "key", "owner", "token", "acquired_at", "expires_at", "job_id"))
+        sql = (f"INSERT IGNORE INTO {quote(meta.db_table)} ({columns}) "
+               f"VALUES (%s, '', 0, {self.NOW}, NULL, '')")
+        for attempt in range(1, 5):
+            try:
+                with side.cursor() as cursor:
+                    if side is not connection:
+                        cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+                    cursor.execute(sql, [key])
+                return True
+            except (OperationalError, InterfaceError) as exc:
+                code = exc.args[0] if exc.args else None
+                if code == _LOCK_WAIT_TIMEOUT:
+                    return False
+                if side is not connection:  # gone away, or a deadlock: a fresh one next
+                    side.close()
+                if attempt == 4:
+                    raise
+                time.sleep(0.005 * attempt)
+        return False
+
     def push(self, jobs: Sequence[NewJob], *, batch_size: int) -> None:
         connection = connections[self.using]
         prep_id = QueuedJob._meta.pk.get_db_prep_value
@@ -304,6 +376,23 @@ class MySQLDialect(GenericDialect):
                    f"VALUES {', '.join([_MYSQL_PUSH_ROW] * rows)}")
             self._push_sql[rows] = sql
         return sql
+
+
+_side = threading.local()
+_LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
+
+
+def _side_connection(alias: str) -> Any:
+    """A second connection to ``alias`` for this thread (autocommit, not in ``connections``:
+    Django's request and worker clean-ups never close it; it reconnects when used after a
+    ``close()``). A forked child makes its own."""
+    held = getattr(_side, "held", None)
+    if held is None or held[0] != os.getpid():
+        held = _side.held = (os.getpid(), {})
+    wrapper = held[1].get(alias)
+    if wrapper is None:
+        wrapper = held[1][alias] = connections.create_connection(alias)
+    return wrapper
 
 
 #: The first server versions with ``SELECT … FOR UPDATE SKIP LOCKED``.

@@ -16,13 +16,13 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Min, Value
 from django.db.models.functions import Now
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from django_jobguard import clock
+from django_jobguard.conf import queue_database
 from django_jobguard.models import STATES, QueuedJob, Worker
 from django_jobguard.operations.locks import usable_stores
 from django_jobguard.operations.monitoring import queue_stats
@@ -37,8 +37,8 @@ class DatabaseCollector(Collector):
     ``jobguard_failed_jobs{queue}``, ``jobguard_workers``, ``jobguard_locks_held{store,
     kind}``, ``jobguard_circuits_open{store}`` and ``jobguard_store_up{store}``."""
 
-    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
-        self.using = using
+    def __init__(self, using: str | None = None) -> None:
+        self.using = queue_database(using)
 
     def collect(self) -> Iterator[Any]:
         yield from self._queues()

@@ -7,12 +7,13 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import QuerySet, Value
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
 from django_jobguard import registry, results, workflows
+from django_jobguard.conf import queue_database
 from django_jobguard.envelope import Envelope
 from django_jobguard.exceptions import JobGuardError
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
@@ -62,7 +63,7 @@ def _failed_ids(failed: FailedSelection, *, queue_name: str | None,
 
 
 def retry(failed: FailedSelection = None, *, queue: str | None = None, actor: str = "",
-          using: str = DEFAULT_DB_ALIAS, batch_size: int = 500) -> list[str]:
+          using: str | None = None, batch_size: int = 500) -> list[str]:
     """Queue failed jobs again under their ids with fresh attempts, and remove them from
     failed jobs; returns the ids retried.
 
@@ -72,6 +73,7 @@ def retry(failed: FailedSelection = None, *, queue: str | None = None, actor: st
     transaction, one INSERT, UPDATE and DELETE per batch; ``IntegrityError`` when a queued
     job has one of the ids already (nothing is retried then).
     """
+    using = queue_database(using)
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1.")
     wanted = _failed_ids(failed, queue_name=queue, using=using)
@@ -123,9 +125,10 @@ def _fresh_payload(failed: FailedJob) -> dict:
 
 
 def forget(failed: QuerySet[FailedJob] | Iterable[FailedJob | str | uuid.UUID], *,
-           actor: str = "", using: str = DEFAULT_DB_ALIAS) -> int:
+           actor: str = "", using: str | None = None) -> int:
     """Delete failed jobs: a queryset, or ids/rows that must exist (:class:`FailedJobNotFound`).
     Returns how many. (:func:`flush` deletes them all.)"""
+    using = queue_database(using)
     if failed is None:
         raise ValueError("forget() needs the failed jobs to delete; flush() deletes all.")
     ids = _failed_ids(failed, queue_name=None, using=using)
@@ -146,9 +149,10 @@ def failed_before(older_than: datetime.timedelta | None, using: str) -> QuerySet
 
 
 def flush(older_than: datetime.timedelta | None = None, *, actor: str = "",
-          using: str = DEFAULT_DB_ALIAS) -> int:
+          using: str | None = None) -> int:
     """Delete every failed job, or those that failed more than ``older_than`` ago (database
     clock). Returns how many."""
+    using = queue_database(using)
     deleted = failed_before(older_than, using).delete()[0]
     if deleted:
         age = f" older than {older_than}" if older_than is not None else ""
@@ -157,8 +161,9 @@ def flush(older_than: datetime.timedelta | None = None, *, actor: str = "",
 
 
 def prune_failed(older_than: datetime.timedelta, *, actor: str = "",
-                 using: str = DEFAULT_DB_ALIAS) -> int:
+                 using: str | None = None) -> int:
     """Delete failed jobs that failed more than ``older_than`` ago. Returns how many."""
+    using = queue_database(using)
     deleted = failed_before(older_than, using).delete()[0]
     if deleted:
         audit.record("prune_failed", deleted, f"Pruned {deleted} failed job(s) older than "

@@ -7,11 +7,10 @@ import datetime
 import uuid
 from dataclasses import dataclass
 
-from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
 from django_jobguard import keys
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import QueuedJob
 from django_jobguard.operations import audit
 from django_jobguard.operations.workers import live_workers
@@ -77,7 +76,7 @@ def _job_uuid(job_id: str) -> uuid.UUID | None:
     except (ValueError, AttributeError, TypeError):
         return None
 
-def inspect_locks(store: Store, *, using: str = DEFAULT_DB_ALIAS) -> list[LockRow]:
+def inspect_locks(store: Store, *, using: str | None = None) -> list[LockRow]:
     """Every lock in ``store`` (expired ones too) with its stale verdict (all of them at
     once: ``jobs_locks``; pages use :func:`lock_page`).
 
@@ -86,6 +85,7 @@ def inspect_locks(store: Store, *, using: str = DEFAULT_DB_ALIAS) -> list[LockRo
     worker, or runs again after a crash (reserved since the lock was taken). A lock without a
     job id is only judged by its expiry.
     """
+    using = queue_database(using)
     return _judged(store, store.locks(include_expired=True), using)
 
 
@@ -102,10 +102,11 @@ class LockRowPage:
 
 
 def lock_page(store: Store, *, kind: str | None = None, prefix: str = "", cursor: str = "",
-              limit: int = 100, using: str = DEFAULT_DB_ALIAS) -> LockRowPage:
+              limit: int = 100, using: str | None = None) -> LockRowPage:
     """About ``limit`` locks of ``kind`` (``unique``/``overlap``; ``None``: any) whose key
     starts with ``prefix``, from ``cursor``; one store read and one query for the verdicts,
     however many locks the store holds. ``prefix`` may leave out ``jobguard:<kind>:``."""
+    using = queue_database(using)
     if kind is not None and kind not in LOCK_KINDS:
         raise ValueError(f"Unknown lock kind {kind!r}; expected one of {', '.join(LOCK_KINDS)}.")
     if not 1 <= limit <= 1000:
@@ -116,8 +117,9 @@ def lock_page(store: Store, *, kind: str | None = None, prefix: str = "", cursor
     return LockRowPage(_judged(store, page.locks, using), page.cursor)
 
 
-def inspect_lock(store: Store, key: str, *, using: str = DEFAULT_DB_ALIAS) -> LockRow | None:
+def inspect_lock(store: Store, key: str, *, using: str | None = None) -> LockRow | None:
     """The held lock ``key`` with its stale verdict (one lookup), or ``None``."""
+    using = queue_database(using)
     info = store.get_lock(key)
     return _judged(store, [info], using)[0] if info is not None else None
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from django.db import DEFAULT_DB_ALIAS
-
 from django_jobguard import batches, history, results
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.operations import audit
 from django_jobguard.operations.failed import failed_before
 from django_jobguard.operations.workers import dead_workers
@@ -22,9 +20,10 @@ def result_retention() -> datetime.timedelta | None:
 
 
 def prune_results(older_than: datetime.timedelta, *, actor: str = "",
-                  using: str = DEFAULT_DB_ALIAS) -> int:
+                  using: str | None = None) -> int:
     """Delete results that finished more than ``older_than`` ago, and results whose job is
     gone (cleared). Returns how many."""
+    using = queue_database(using)
     if older_than < datetime.timedelta(0):
         raise ValueError("The age of results to delete must not be negative.")
     deleted = results.prune(older_than=older_than, using=using)
@@ -53,13 +52,14 @@ class Housekeeping:
     history: int = 0  # per-minute queue counts older than history.KEEP
 
 
-def housekeeping(*, using: str = DEFAULT_DB_ALIAS) -> Housekeeping:
+def housekeeping(*, using: str | None = None) -> Housekeeping:
     """Drop the expired locks and throttles of the default store, results kept past
     ``RESULT_RETENTION_DAYS``, failed jobs kept past ``FAILED_RETENTION_DAYS`` (when set) and
     the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases, the dashboard's
     per-minute counts older than ``history.KEEP``; and queue the
     callbacks of batches a dying worker left complete but not settled. Any live worker runs
     this every minute; routine, so not in the audit log (one bulk DELETE each)."""
+    using = queue_database(using)
     store = get_store()
     locks = store.clean_expired()
     throttles = store.clean_expired_throttles()

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Min, Q, Sum, Value
 from django.db.models.functions import Now, Trunc
 
+from django_jobguard.conf import queue_database
 from django_jobguard.dialects import dialect_for
 from django_jobguard.history import current_minute
 from django_jobguard.models import STATES, FailedJob, PausedQueue, QueuedJob, QueueMinute, Worker
@@ -25,8 +25,9 @@ def _empty() -> dict[str, int]:
     return dict.fromkeys((*STATES, "failed"), 0)
 
 
-def queue_stats(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, int]]:
+def queue_stats(*, using: str | None = None) -> dict[str, dict[str, int]]:
     """Per queue: ``waiting``, ``delayed``, ``reserved`` and ``failed`` counts (two queries)."""
+    using = queue_database(using)
     out = {name: {**_empty(), **counts}
            for name, counts in QueuedJob.objects.using(using).state_counts().items()}
     for row in FailedJob.objects.using(using).order_by().values("queue").annotate(
@@ -35,13 +36,14 @@ def queue_stats(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, int]]:
     return out
 
 
-def stats(*, using: str = DEFAULT_DB_ALIAS) -> dict:
+def stats(*, using: str | None = None) -> dict:
     """Per-queue counts plus live workers and the jobs done and failed in the last minute.
 
     The last-minute numbers are the sums that live workers wrote at their latest heartbeat
     (each worker counts its own outcomes of the 60 s before it), so they lag by at most one
     heartbeat interval and leave out workers that have exited.
     """
+    using = queue_database(using)
     live = Worker.objects.using(using).filter(last_seen_at__gte=Now() - Value(heartbeat_grace()))
     totals = live.aggregate(workers=Count("id"), done=Sum("done_last_minute"),
                             failed=Sum("failed_last_minute"))
@@ -87,10 +89,11 @@ class MonitorReport:
 
 
 def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1000,
-            using: str = DEFAULT_DB_ALIAS) -> MonitorReport:
+            using: str | None = None) -> MonitorReport:
     """Each queue of ``thresholds`` (or every queue with jobs, at ``default_max``) with an
     ALERT when its size reaches its maximum, and flagged ``unserved`` when jobs wait and no
     live worker serves it (a paused queue is not flagged)."""
+    using = queue_database(using)
     thresholds = thresholds or {}
     counts = queue_stats(using=using)
     paused = set(PausedQueue.objects.using(using).values_list("queue", flat=True))
@@ -147,7 +150,7 @@ def _over_limit(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
 
 
 def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
-                   using: str = DEFAULT_DB_ALIAS) -> dict[str, dict[str, Any]]:
+                   using: str | None = None) -> dict[str, dict[str, Any]]:
     """Per queue: ``waiting``, ``delayed``, ``reserved`` (exact up to ``exact_up_to``, then
     estimated on PostgreSQL: ``estimated`` says so), ``failed`` (failed jobs kept),
     ``oldest_waiting_at`` (when the longest-waiting job became due; ``None``: none waits)
@@ -156,6 +159,7 @@ def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
     Every query is a range of the claim index ``(queue, -priority, available_at)``, one per
     queue and priority present, so the cost follows the number of queues, not of rows.
     """
+    using = queue_database(using)
     dialect = dialect_for(using)
     now = dialect.now()
     rows = QueuedJob.objects.using(using).order_by()
@@ -208,9 +212,10 @@ def queue_overview(*, exact_up_to: int = EXACT_UP_TO,
     return out
 
 
-def worker_rows(*, using: str = DEFAULT_DB_ALIAS) -> list[dict[str, Any]]:
+def worker_rows(*, using: str | None = None) -> list[dict[str, Any]]:
     """The live workers (a heartbeat within ``RETRY_AFTER``; on this host, a live process):
     id, host, pid, ``queues`` as a list, current job, last heartbeat, jobs processed."""
+    using = queue_database(using)
     now = dialect_for(using).now()
     rows = list(Worker.objects.using(using).filter(
         last_seen_at__gte=Now() - Value(heartbeat_grace())).order_by("id"))
@@ -264,13 +269,14 @@ def _series(by_queue: dict[str, list[list[int]]], start: datetime.datetime, step
         for name, (done, failed) in sorted(by_queue.items())}}
 
 
-def history(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+def history(*, using: str | None = None) -> dict[str, Any]:
     """Jobs per minute done and failed per queue, from the workers' per-minute counts
     (:mod:`django_jobguard.history`): ``1h`` has the last 60 minutes, one point each; ``24h``
     the last 24 clock hours (UTC), one point each, the current hour's rate over the minutes it
     has had. Each has ``start`` (its first point), ``step_minutes``, and per queue ``done`` /
     ``failed`` (jobs/min, oldest first) and the window's totals. Two small queries: 60 rows
     per queue, and 24 per queue grouped by the database."""
+    using = queue_database(using)
     current = current_minute(using)
     rows = QueueMinute.objects.using(using).order_by()
     # The last hour, per minute.
@@ -298,10 +304,11 @@ def history(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
             "24h": _series(hours, first_hour, 60, [60] * 23 + [current.minute + 1])}
 
 
-def overview(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+def overview(*, using: str | None = None) -> dict[str, Any]:
     """Everything the dashboard and ``GET stats/history/`` show: per-queue counts with the
     failures of the last hour, paused and unserved flags; live workers; locks and circuits
     per store; the 1 h and 24 h history; and :func:`stats`' last-minute totals."""
+    using = queue_database(using)
     queues = queue_overview(using=using)
     charts = history(using=using)
     last_hour = charts["1h"]["queues"]

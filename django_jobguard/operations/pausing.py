@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 
 from django_jobguard import queue as job_queue
 from django_jobguard import registry
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import FailedJob, PausedQueue, QueuedJob, Worker
 from django_jobguard.operations import audit
 
@@ -30,9 +30,10 @@ def check_queue_name(name: str) -> str:
     return name
 
 
-def is_known_queue(name: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def is_known_queue(name: str, *, using: str | None = None) -> bool:
     """Whether ``name`` is a queue jobguard has heard of: the default queue, a registered
     job's queue, a queue with queued or failed jobs, or one a worker serves."""
+    using = queue_database(using)
     if name == jobguard_settings.DEFAULT_QUEUE:
         return True
     if any(getattr(job, "queue", None) == name for job in registry.all_jobs().values()):
@@ -46,9 +47,10 @@ def is_known_queue(name: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 
 
 def pause(name: str, *, force: bool = False, actor: str = "",
-          using: str = DEFAULT_DB_ALIAS) -> bool:
+          using: str | None = None) -> bool:
     """Stop workers claiming from queue ``name`` (running jobs finish); False if it was
     paused already. An unknown queue is refused unless ``force`` (to pause ahead of time)."""
+    using = queue_database(using)
     name = check_queue_name(name)
     if not force and not is_known_queue(name, using=using):
         raise QueueNameError(f"Unknown queue {name!r}: no job, worker or registered job uses "
@@ -62,9 +64,10 @@ def pause(name: str, *, force: bool = False, actor: str = "",
     return True
 
 
-def resume(name: str, *, actor: str = "", using: str = DEFAULT_DB_ALIAS) -> None:
+def resume(name: str, *, actor: str = "", using: str | None = None) -> None:
     """Let workers claim from ``name`` again, waking listening workers;
     :class:`QueueNameError` if it was not paused."""
+    using = queue_database(using)
     name = check_queue_name(name)
     with transaction.atomic(using=using):
         deleted, _ = PausedQueue.objects.using(using).filter(queue=name).delete()
@@ -74,6 +77,7 @@ def resume(name: str, *, actor: str = "", using: str = DEFAULT_DB_ALIAS) -> None
     audit.record("resume", 1, f"Resumed queue {name!r}", actor)
 
 
-def paused_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[PausedQueue]:
+def paused_queues(*, using: str | None = None) -> list[PausedQueue]:
     """The paused queues, by name."""
+    using = queue_database(using)
     return list(PausedQueue.objects.using(using).order_by("queue"))

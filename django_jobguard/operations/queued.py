@@ -6,12 +6,13 @@ from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
 from django_jobguard import unique_jobs, workflows
+from django_jobguard.conf import queue_database
 from django_jobguard.envelope import unique_ref
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 from django_jobguard.operations import audit
@@ -24,11 +25,12 @@ class CancelResult:
 
 
 def cancel(jobs: Iterable[QueuedJob], *, actor: str = "",
-           using: str = DEFAULT_DB_ALIAS) -> CancelResult:
+           using: str | None = None) -> CancelResult:
     """Delete jobs that no worker holds and free their unique locks; reserved ones stay.
 
     Each delete re-checks the state in SQL, so a job a worker claims meanwhile is not deleted.
     """
+    using = queue_database(using)
     result = CancelResult(cancelled=[], reserved=[])
     for row in jobs:
         # _raw_delete: one DELETE whose WHERE re-checks the state (Django's delete() could
@@ -64,10 +66,11 @@ class JobNotQueuedError(LookupError):
 DELETED, STOPPING = "deleted", "stopping"
 
 
-def cancel_job(job_id: str, *, actor: str = "", using: str = DEFAULT_DB_ALIAS) -> str:
+def cancel_job(job_id: str, *, actor: str = "", using: str | None = None) -> str:
     """Cancel one job: delete it if no worker holds it (freeing its unique lock) and return
     ``"deleted"``, or ask the running job to stop (``job.cancelled``) and return
     ``"stopping"``. :class:`JobNotQueuedError` says why a job that is not queued cannot be."""
+    using = queue_database(using)
     for _ in range(3):  # the job may change state between the two statements
         row = QueuedJob.objects.using(using).filter(id=job_id).first()
         if row is None:
@@ -108,13 +111,14 @@ class ClearResult:
 
 
 def clear(queues: Sequence[str] | None = None, *, keep_locks: bool = False, actor: str = "",
-          using: str = DEFAULT_DB_ALIAS) -> ClearResult:
+          using: str | None = None) -> ClearResult:
     """Delete waiting and delayed jobs (reserved ones finish) of ``queues`` or all queues, and
     free their unique locks unless ``keep_locks`` (Laravel's ``queue:clear`` keeps them).
 
     To free exactly the locks of the deleted rows, the rows are locked first (SKIP LOCKED), so
     one a worker claims meanwhile is neither deleted nor has its lock freed.
     """
+    using = queue_database(using)
     rows = QueuedJob.objects.using(using).unreserved()
     if queues:
         rows = rows.filter(queue__in=list(queues))

@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import Q, Value
 from django.utils.functional import cached_property
 
 from django_jobguard import clock
+from django_jobguard.conf import queue_database
 from django_jobguard.dialects import Dialect, ThrottleRow, dialect_for
 from django_jobguard.models import Lock, Throttle
 from django_jobguard.stores import counters
@@ -48,11 +49,12 @@ def _expiry(ttl: float | None) -> Any:
 
 
 class DatabaseStore(Store):
-    """Store backed by the ``Lock`` and ``Throttle`` tables on ``database`` (default alias)."""
+    """Store backed by the ``Lock`` and ``Throttle`` tables on ``database`` (default: the
+    queue's, ``JOBGUARD['DATABASE']``)."""
 
-    def __init__(self, *, alias: str, database: str = DEFAULT_DB_ALIAS) -> None:
+    def __init__(self, *, alias: str, database: str | None = None) -> None:
         super().__init__(alias=alias)
-        self.using = database
+        self.using = queue_database(database)
 
     @cached_property
     def _dialect(self) -> Dialect:

@@ -15,11 +15,10 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import F, Q, Value
 
 from django_jobguard import clock
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import QueuedJob
 from django_jobguard.pipeline import Pipeline
 from django_jobguard.retry import Defaults
@@ -72,9 +71,10 @@ def _claimable(*, delayed: bool) -> Q:
 
 
 def claim_row(job_id: object, *, worker_id: str, delayed: bool = False,
-              using: str = DEFAULT_DB_ALIAS) -> QueuedJob | None:
+              using: str | None = None) -> QueuedJob | None:
     """Reserve the row ``job_id`` as a worker's claim does (attempt counted, lease taken);
     ``None`` if it is gone or not claimable."""
+    using = queue_database(using)
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
     rows = QueuedJob.objects.using(using).filter(_claimable(delayed=delayed), id=job_id)
     now = clock.db_now()
@@ -95,7 +95,7 @@ def _queues(queue: str | Sequence[str] | None) -> list[str] | None:
 def drain(queue: str | Sequence[str] | None = None, recursive: bool = True,
           delayed: bool = False, *, max_jobs: int = 1000, tries: int = 1,
           timeout: float | None = None, backoff: Iterable[float] = (0.0,),
-          using: str = DEFAULT_DB_ALIAS) -> DrainResult:
+          using: str | None = None) -> DrainResult:
     """Run the due jobs of ``queue`` (a name, names, or every queue) in this process until
     none is due, and return how they ended.
 
@@ -104,10 +104,11 @@ def drain(queue: str | Sequence[str] | None = None, recursive: bool = True,
     ``backoff`` are the worker's options for jobs that set none. :class:`DrainError` after
     ``max_jobs`` runs (a job that keeps releasing itself).
     """
+    using = queue_database(using)
     if max_jobs < 1:
         raise ValueError(f"max_jobs must be at least 1, not {max_jobs}.")
     queues = _queues(queue)
-    run_on_commit_callbacks(using)
+    run_on_commit_callbacks()  # every alias: on_commit hooks the caller's
     base = QueuedJob.objects.using(using)
     if queues is not None:
         base = base.filter(queue__in=queues)
@@ -135,6 +136,6 @@ def drain(queue: str | Sequence[str] | None = None, recursive: bool = True,
             if row is None:
                 continue
             result.add(pipeline.process(row))
-            run_on_commit_callbacks(using)
+            run_on_commit_callbacks()  # every alias: on_commit hooks the caller's
     finally:
         running.active = outer

@@ -11,21 +11,21 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
 from django.test import override_settings
 
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.pipeline import Pipeline
 from django_jobguard.testing import draining
 
 __all__ = ["inline", "run_inline"]
 
 
-def run_inline(job_ids: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+def run_inline(job_ids: Sequence[str], *, using: str | None = None) -> list[str]:
     """Claim and run the just-queued rows ``job_ids`` now; returns the states they ended in.
 
     Called by ``dispatch()`` in inline mode. While a job runs, the jobs it dispatches wait
     for it to finish (so the time limit and the rows of the outer job stay its own)."""
+    using = queue_database(using)
     pending: list[str] | None = getattr(draining.running, "inline_pending", None)
     if pending is not None:  # inside an inline run: queue behind it
         pending.extend(job_ids)

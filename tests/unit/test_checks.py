@@ -237,3 +237,36 @@ def test_pgbouncer_true_means_every_postgresql_alias_but_the_listen_database(ali
     assert "pooled" in pooled and "direct" not in pooled and "lite" not in pooled
     assert [e.msg.split("'")[1] for e in errors if e.id == "jobguard.W110"] == [
         alias for alias in pooled if alias in ("default", "pooled")]
+
+
+def test_queue_database_must_be_a_known_alias():
+    with override_settings(JOBGUARD={"DATABASE": "queues"}):
+        (error,) = check_settings()
+    assert error.id == "jobguard.E120" and "'queues' is not in DATABASES" in error.msg
+
+
+def test_a_separate_queue_database_needs_the_router():
+    # tests/settings.py defines the "queue" alias and installs JobGuardRouter.
+    with override_settings(JOBGUARD={"DATABASE": "queue"}):
+        assert check_settings() == []
+    with override_settings(JOBGUARD={"DATABASE": "queue"}, DATABASE_ROUTERS=[]):
+        (error,) = check_settings()
+    assert error.id == "jobguard.E121"
+    assert "reads go to 'default', writes go to 'default'" in error.msg
+    assert "django_jobguard.routers.JobGuardRouter" in error.hint
+
+
+def test_a_router_sending_everything_elsewhere_first_is_reported():
+    class Everything:
+        def db_for_read(self, model, **hints):
+            return "default"
+
+        db_for_write = db_for_read
+
+        def allow_migrate(self, db, app_label, **hints):
+            return db == "default"
+
+    routers = [Everything(), "django_jobguard.routers.JobGuardRouter"]
+    with override_settings(JOBGUARD={"DATABASE": "queue"}, DATABASE_ROUTERS=routers):
+        (error,) = check_settings()
+    assert error.id == "jobguard.E121" and "migrations are not allowed on 'queue'" in error.msg

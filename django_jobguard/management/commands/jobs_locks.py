@@ -47,8 +47,9 @@ class Command(BaseCommand):
         parser.add_argument("--clean", action="store_true", help="Remove expired locks.")
         parser.add_argument("--stale", action="store_true", help="List only stale locks.")
         parser.add_argument("--json", action="store_true", help="Print the list as JSON.")
-        parser.add_argument("--database", default="default",
-                            help="Database alias holding the queue (for the stale check).")
+        parser.add_argument("--database", default=None,
+                            help="Database alias holding the queue"
+                                 " (for the stale check; default: JOBGUARD['DATABASE']).")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:

@@ -15,8 +15,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--days", type=float, default=None,
                             help="Keep results that finished within this many days.")
-        parser.add_argument("--database", default="default",
-                            help="Database alias holding the results.")
+        parser.add_argument("--database", default=None,
+                            help="Database alias holding the results "
+                                 "(default: JOBGUARD['DATABASE']).")
 
     def handle(self, *args, **opts):
         days = opts["days"]

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_jobguard import logs
 from django_jobguard.checks import check_skip_locked
-from django_jobguard.conf import jobguard_settings
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.worker import WorkerOptions, make_worker, run_worker_process
 
 
@@ -55,8 +55,9 @@ class Command(BaseCommand):
                                  "without a backlog, up to 16 with one).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Worker processes to run under one supervisor.")
-        parser.add_argument("--database", default="default",
-                            help="Database alias holding the queue.")
+        parser.add_argument("--database", default=None,
+                            help="Database alias holding the queue "
+                                 "(default: JOBGUARD['DATABASE']).")
         parser.add_argument("--reload", action="store_true",
                             help="Restart the worker when its code changes (development, as "
                                  "runserver does); the running job finishes first.")
@@ -86,13 +87,14 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1.")
         if opts["reload"] and opts["concurrency"] > 1:
             raise CommandError("--reload runs one worker process; leave out --concurrency.")
-        for error in check_skip_locked(databases=[opts["database"]]):
+        database = queue_database(opts["database"])
+        for error in check_skip_locked(databases=[database]):
             raise CommandError(f"{error.msg} ({error.id})")
         options = WorkerOptions(
             queues=queues, sleep=opts["sleep"], tries=opts["tries"], timeout=opts["timeout"],
             backoff=opts["backoff"], max_jobs=opts["max_jobs"], max_time=opts["max_time"],
             stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
-            once=opts["once"], batch=opts["batch"], using=opts["database"],
+            once=opts["once"], batch=opts["batch"], using=database,
         )
         port = opts["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
