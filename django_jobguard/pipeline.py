@@ -88,6 +88,8 @@ class Pipeline:
         self._stamp: tuple[int, str] = (-1, "")
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
+        #: That job (an executor ends its attempt when its thread is stuck past its timeout).
+        self.job: JobLike | None = None
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -248,7 +250,7 @@ class Pipeline:
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         context.started_at = clock.now()
         try:
-            self.running = context
+            self.running, self.job = context, job
             with time_limit(context.policy.timeout, finished=lambda: context.handle_finished,
                             label=f"{row.name} [{row.id}]"):
                 result = run_middleware(job)
@@ -267,7 +269,7 @@ class Pipeline:
                 return self._store_outage(row, exc)
             return self._after_exception(row, job, exc)
         finally:
-            self.running = None
+            self.running = self.job = None
         if context.cancel_seen:
             return Outcome.cancelled()
         if context.requested is not None:
