@@ -242,6 +242,22 @@ class Worker(models.Model):
         return self.id
 
 
+class QueueGate(models.Model):
+    """The row every claim of a queue with a ``global_concurrency`` (``JOBGUARD["QUEUES"]``)
+    locks while it counts the queue's running jobs and claims, so that claims of that queue
+    from all workers and hosts take turns and never run more than the cap at once."""
+
+    queue = models.CharField(_("queue"), max_length=100, primary_key=True)
+    claimed_at = models.DateTimeField(_("last claimed at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("queue gate")
+        verbose_name_plural = _("queue gates")
+
+    def __str__(self) -> str:
+        return self.queue
+
+
 class PausedQueue(models.Model):
     """A queue that workers do not claim from until it is resumed (its row deleted).
 

@@ -26,7 +26,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Value
 
-from django_jobguard import clock
+from django_jobguard import clock, queue_caps
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects import Listener, NewJob, dialect_for
 from django_jobguard.durations import NOW, Due
@@ -98,21 +98,34 @@ def claim(
     """
     lease = float(jobguard_settings.RETRY_AFTER)
     dialect = dialect_for(using)
-    now = limit if start is None else max(0, min(start, limit))
     for queue in _expand(queues, using, queues if named is None else named):
-        rows = dialect.claim(queue, worker_id=worker_id, limit=now, lease=lease) if now else []
-        for row in rows:
-            row.attempt_counted = True
-        if limit > now and len(rows) == now:  # a backlog: claim the rest ahead, uncounted
-            ahead = dialect.claim(queue, worker_id=worker_id, limit=limit - now, lease=lease,
-                                  count_attempts=False)
-            for row in ahead:
-                row.attempt_counted = False
-            rows += ahead
+        cap = queue_caps.global_concurrency(queue)
+        if cap is None:
+            rows = _claim_from(dialect, queue, worker_id, limit, start, lease)
+        else:  # counted and claimed while holding the queue's gate row
+            with queue_caps.gate(queue, cap, using=using) as room:
+                rows = _claim_from(dialect, queue, worker_id, min(limit, room), start, lease)
         if rows:
-            rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
             return rows
     return []
+
+
+def _claim_from(dialect: Any, queue: str, worker_id: str, limit: int, start: int | None,
+                lease: float) -> list[QueuedJob]:
+    """:func:`claim` of one queue: the rows started now first, then those claimed ahead."""
+    now = limit if start is None else max(0, min(start, limit))
+    rows = dialect.claim(queue, worker_id=worker_id, limit=now, lease=lease) if now else []
+    for row in rows:
+        row.attempt_counted = True
+    if limit > now and len(rows) == now:  # a backlog: claim the rest ahead, uncounted
+        ahead = dialect.claim(queue, worker_id=worker_id, limit=limit - now, lease=lease,
+                              count_attempts=False)
+        for row in ahead:
+            row.attempt_counted = False
+        rows += ahead
+    if rows:
+        rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
+    return rows
 
 
 #: In a worker's queue list: every queue not named in it (``--queue high,*``: ``high`` first).

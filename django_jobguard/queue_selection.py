@@ -103,16 +103,19 @@ class QueueSelection:
                     if running[entry.name] < entry.limit]
         if not eligible or free < 1:
             return []
-        total = sum(entry.limit for _, entry in eligible)
         for _, entry in eligible:
             self._credit[entry.name] += entry.limit
         order = sorted(eligible, key=lambda item: (-self._credit[item[1].name], item[0]))
+        # Smooth weighted round robin over the queues that have work: the winner gives back
+        # the weights of this round's contenders. A queue found empty is no contender: its
+        # credit of this round is taken back and it keeps none (no burst when work comes).
+        contenders = sum(entry.limit for _, entry in eligible)
         for _, entry in order:
             room = entry.limit - running[entry.name]
             rows = claim_one([entry.name], min(free, room))
             if rows:
-                self._credit[entry.name] -= total * len(rows)
+                self._credit[entry.name] -= contenders * len(rows)
                 return rows
-            # Nothing due there: it banks no credit for later.
-            self._credit[entry.name] = min(self._credit[entry.name], 0)
+            contenders -= entry.limit
+            self._credit[entry.name] = min(self._credit[entry.name] - entry.limit, 0)
         return []

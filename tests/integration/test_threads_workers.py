@@ -3,6 +3,7 @@ PostgreSQL (+ Redis as the lock store where configured)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import defaultdict
 
@@ -12,7 +13,7 @@ from demo.models import JobRun
 from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
-from tests.support import jobs, wait_for
+from tests.support import jobs, wait_for, worker_env
 from tests.support.lock_jobs import Overlap
 from tests.support.thread_jobs import SleepInC, Spin
 
@@ -132,3 +133,32 @@ def test_a_worker_whose_threads_are_all_stuck_exits_non_zero(workers):
     rows = list(QueuedJob.objects.values("reserved_at", "attempts", "last_error"))
     assert len(rows) == 2
     assert all(r["reserved_at"] is None and "JobTimeoutError" in r["last_error"] for r in rows)
+
+
+def test_global_concurrency_holds_across_three_worker_processes(workers):
+    env = worker_env(JOBGUARD_QUEUES=json.dumps({"reports": {"global_concurrency": 2}}))
+    pool = workers(3, "--threads", "3", "--queue", "reports", "--sleep", "0.1", env=env)
+    wait_for(lambda: WorkerRow.objects.count() == 3, timeout=60, what="workers up")
+    dispatch_many([jobs.Record("capped", key=str(i), seconds=0.3) for i in range(12)],
+                  queue="reports")
+    wait_for(lambda: JobRun.objects.filter(label="capped", ended_at__isnull=False).count() == 12,
+             timeout=120, what="all 12 jobs ran")
+    for proc in pool.procs:
+        proc.send_signal(signal.SIGTERM)
+    outputs = pool.wait(60)
+    runs = list(JobRun.objects.filter(label="capped").values("started_at", "ended_at", "pid"))
+    assert len(runs) == 12
+    assert ran_at_once(runs) == 2  # never more than the cap, and the cap was used
+    assert not QueuedJob.objects.exists()
+    assert not any(LOCKED in out for out in outputs)
+
+
+def test_weighted_queues_share_one_slot_three_to_one(workers):
+    dispatch_many([jobs.Record("high", key=str(i)) for i in range(12)], queue="high")
+    dispatch_many([jobs.Record("default", key=str(i)) for i in range(12)])
+    workers(1, "--queue", "high:3,default:1", "--batch", "1", "--stop-when-empty",
+            "--sleep", "0").wait(120)
+    order = list(JobRun.objects.order_by("started_at", "id").values_list("label", flat=True))
+    assert len(order) == 24
+    assert order[:12].count("default") == 3  # while both had work: 3 high per default
+    assert order[:8] == ["high", "high", "default", "high"] * 2
