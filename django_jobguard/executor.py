@@ -103,7 +103,10 @@ class _Slot:
     def _loop(self) -> None:
         try:
             while True:
-                row = self.inbox.get()
+                try:
+                    row = self.inbox.get()
+                except (timeouts.ThreadTimeoutError, _Stopped):
+                    continue  # raised as its job ended: there is nothing left to stop
                 if row is None:
                     return
                 self._run(row)
@@ -116,10 +119,10 @@ class _Slot:
         state = ""
         try:
             state = self.pipeline.process(row)
-        except timeouts.ThreadTimeoutError:
-            # Raised after the job left its time limit (a race with the coordinator): the
-            # row's outcome is written or its lease brings it back.
-            logger.warning("%s [%s]: its timeout arrived after the job ended.", row.name,
+        except (timeouts.ThreadTimeoutError, _Stopped):
+            # Raised as the job left its time limit (it ran out just then): the outcome was
+            # written, or the row's lease brings it back.
+            logger.warning("%s [%s]: its timeout or stop arrived as the job ended.", row.name,
                            row.id)
         except (DatabaseError, InterfaceError) as exc:
             logger.exception("Database error while finishing %s; its lease will expire and "
@@ -129,6 +132,10 @@ class _Slot:
                              "expire and it will be retried.", row, exc_info=exc)
             self.executor.worker._stop.wait(1)  # back off: the failing service may restart
         finally:
+            timeouts.forget_thread_limit()
+            rest = self.executor.worker.options.rest
+            if rest and not self.abandoned:
+                self.executor.worker._stop.wait(rest)
             self.executor._finished(self, row, state)
             _reset_connections()
 

@@ -47,7 +47,7 @@ from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
-from django_jobguard.timeouts import time_limit
+from django_jobguard.timeouts import ThreadTimeoutError, time_limit
 
 if TYPE_CHECKING:
     from django_jobguard.context import JobLike
@@ -109,8 +109,10 @@ class Pipeline:
             return self._lost(row, started)
         try:
             return self._process(row, started, then)
-        except (DatabaseError, InterfaceError, StoreUnavailableError):
-            raise  # transient: the row's lease runs out and it is retried
+        except (DatabaseError, InterfaceError, StoreUnavailableError, ThreadTimeoutError):
+            # Transient: the row's lease runs out and it is retried. (A ThreadTimeoutError
+            # here was raised into a worker thread just as its job left its time limit.)
+            raise
         except Exception as exc:
             return self._unprocessable(row, exc, started)
 

@@ -120,6 +120,13 @@ def _thread_limit(seconds: float, finished: Callable[[], bool],
                 del _limits[ident]
 
 
+def forget_thread_limit() -> None:
+    """Drop this thread's limit, if one was left behind (a timeout raised just as the job
+    left its limit cuts the clean-up of :func:`_thread_limit` short)."""
+    with _limits_lock:
+        _limits.pop(threading.get_ident(), None)
+
+
 def thread_limit(thread_id: int) -> ThreadLimit | None:
     """The limit of the job running in the thread ``thread_id`` now, if it has one."""
     with _limits_lock:
@@ -163,13 +170,18 @@ def expire_thread_limits(thread_ids: Container[int]) -> list[ThreadLimit]:
     :func:`time_limit`); returns the limits that ran out now."""
     expired = []
     for limit in overdue_threads(thread_ids):
-        limit.raised = True
-        expired.append(limit)
-        if limit.finished():
-            logger.warning("%s: its time ran out after handle() finished; letting its "
-                           "middleware finish.", limit.label)
-            continue
-        logger.warning("%s has run past its timeout of %g s; raising the timeout in its "
+        # Under the lock its thread takes to leave the limit, so the timeout cannot land
+        # after the job has left it (between this check and the raise).
+        with _limits_lock:
+            if _limits.get(limit.thread_id) is not limit:
+                continue
+            limit.raised = True
+            expired.append(limit)
+            if limit.finished():
+                logger.warning("%s: its time ran out after handle() finished; letting its "
+                               "middleware finish.", limit.label)
+                continue
+            raise_in_thread(limit.thread_id, ThreadTimeoutError)
+        logger.warning("%s has run past its timeout of %g s; raised the timeout in its "
                        "thread.", limit.label, limit.seconds)
-        raise_in_thread(limit.thread_id, ThreadTimeoutError)
     return expired

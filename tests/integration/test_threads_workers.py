@@ -162,3 +162,24 @@ def test_weighted_queues_share_one_slot_three_to_one(workers):
     assert len(order) == 24
     assert order[:12].count("default") == 3  # while both had work: 3 high per default
     assert order[:8] == ["high", "high", "default", "high"] * 2
+
+
+def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(workers):
+    """--concurrency 2 --threads 3 with a 3 s lease and 4 s jobs: without the heartbeat
+    renewing every running job's lease they would run twice."""
+    env = worker_env(JOBGUARD_RETRY_AFTER="3", JOBGUARD_DEFAULT_TIMEOUT="0")
+    pool = workers(1, "--concurrency", "2", "--threads", "3", "--sleep", "0.1", env=env)
+    wait_for(lambda: WorkerRow.objects.count() == 2, timeout=60, what="two workers up")
+    dispatch_many([jobs.Record("long", key=str(i), seconds=4) for i in range(6)])
+    shown = wait_for(lambda: [row.current_job.split(",") for row in WorkerRow.objects.all()
+                              if row.current_job.count(",") == 2], timeout=60,
+                     what="a worker row listing its three running jobs")
+    assert set(shown[0]) <= {str(i) for i in QueuedJob.objects.values_list("id", flat=True)}
+    wait_for(lambda: JobRun.objects.filter(label="long", ended_at__isnull=False).count() == 6,
+             timeout=120, what="the six jobs ran")
+    pool.procs[0].send_signal(signal.SIGTERM)
+    pool.wait(60)
+    runs = list(JobRun.objects.filter(label="long").values_list("job_id", "pid"))
+    assert len(runs) == 6 and len({job_id for job_id, _ in runs}) == 6  # none ran twice
+    assert len({pid for _, pid in runs}) == 2  # both processes ran jobs
+    assert not QueuedJob.objects.exists()
