@@ -17,8 +17,9 @@ The interface the worker loop uses (an async executor implements the same):
 - :meth:`~ThreadExecutor.abort` (signal-safe) and :meth:`~ThreadExecutor.shutdown`: a
   graceful stop finishes the running jobs, an abort hands them back to the queue.
 
-The rows held (running, for lease renewal) are ``worker._held`` (a frozenset swapped under a
-lock) and the Worker row's ``current_job`` lists them all.
+What it needs of its worker is :class:`Coordinator`: count finished jobs, and learn which
+rows run now (the heartbeat renews their leases; the Worker row's ``current_job`` lists
+them all).
 
 **Time limits.** No signal reaches a job in another thread. At its ``timeout`` the
 coordinator raises :class:`~django_jobguard.timeouts.ThreadTimeoutError` in the job's thread
@@ -47,7 +48,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError, InterfaceError, connections
 
@@ -57,7 +58,6 @@ from django_jobguard.pipeline import Pipeline
 
 if TYPE_CHECKING:
     from django_jobguard.models import QueuedJob
-    from django_jobguard.worker import Worker
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -66,6 +66,23 @@ EXIT_STUCK = 13
 #: Seconds an abort (a second Ctrl-C) gives the running jobs to go back to the queue
 #: themselves before the coordinator puts back the rows of those still running.
 ABORT_GRACE = 3.0
+
+
+class Coordinator(Protocol):
+    """What an executor needs of the worker that owns it (:class:`~django_jobguard.worker.
+    Worker` implements it)."""
+
+    #: The worker's own pipeline: executor pipelines copy its settings; the coordinator's
+    #: writes (a stuck job's attempt ended) go through it. ``pipeline.pause(seconds)``
+    #: waits, and returns early when the worker is told to stop.
+    pipeline: Pipeline
+
+    def job_finished(self, state: str) -> None:
+        """Count a finished job (``state`` as logged: DONE, FAILED, ...); any thread."""
+
+    def show_running(self, rows: list[QueuedJob]) -> None:
+        """``rows`` are the jobs running now: renew their leases, show them on the Worker
+        row (called under the executor's lock)."""
 
 
 class AllThreadsStuck(Exception):
@@ -130,12 +147,11 @@ class _Slot:
         except Exception as exc:  # a store or signal receiver failed outside the job
             logger.exception("Error while finishing %s; if it was not acked its lease will "
                              "expire and it will be retried.", row, exc_info=exc)
-            self.executor.worker._stop.wait(1)  # back off: the failing service may restart
+            self.executor.worker.pipeline.pause(1)  # back off: the failing service may restart
         finally:
             timeouts.forget_thread_limit()
-            rest = self.executor.worker.options.rest
-            if rest and not self.abandoned:
-                self.executor.worker._stop.wait(rest)
+            if self.executor.rest and not self.abandoned:
+                self.executor.worker.pipeline.pause(self.executor.rest)
             self.executor._finished(self, row, state)
             _reset_connections()
 
@@ -150,9 +166,11 @@ def _reset_connections() -> None:
 class ThreadExecutor:
     """Runs up to ``size`` claimed rows at once on threads (see the module docstring)."""
 
-    def __init__(self, worker: Worker, size: int) -> None:
+    def __init__(self, worker: Coordinator, size: int, *, rest: float = 0.0) -> None:
         self.worker = worker
         self.size = size
+        #: Seconds a thread rests after each job (``--rest``).
+        self.rest = rest
         self._cond = threading.Condition()
         self._log_lock = threading.Lock()
         self._numbers = iter(range(1, 1_000_000))
@@ -285,7 +303,7 @@ class ThreadExecutor:
         for _slot, job in running:
             try:
                 if queue.release(job.row, count_attempt=False, wait_reason=_Stopped.detail,
-                                 using=self.worker.options.using):
+                                 using=self.worker.pipeline.using):
                     logger.warning("%s [%s] goes back to the queue (worker stopped at once).",
                                    job.row.name, job.row.id)
             except (DatabaseError, InterfaceError) as exc:
@@ -305,16 +323,14 @@ class ThreadExecutor:
                 del self._busy[slot]
                 if not slot.abandoned:
                     self._idle.append(slot)
-                self.worker._job_finished(state)
+                self.worker.job_finished(state)
                 self._publish()
             slot.running = None
             self._cond.notify_all()
 
     def _publish(self) -> None:
-        """What the heartbeat renews and the Worker row shows (under ``_cond``)."""
-        rows = [running.row for running in self._busy.values()]
-        self.worker._held = frozenset(row.id for row in rows)
-        self.worker._current_job = ",".join(str(row.id) for row in rows)
+        """Tell the worker which rows run now (under ``_cond``)."""
+        self.worker.show_running([running.row for running in self._busy.values()])
 
     def _give_up(self, slot: _Slot, limit: timeouts.ThreadLimit) -> None:
         """End the attempt of a job stuck past its timeout and the grace period, and put a
@@ -340,7 +356,7 @@ class ThreadExecutor:
             if job is None or job.context.job_id != str(row.id):
                 raise RuntimeError("the stuck thread's job is not known")  # never expected
             outcome = main._after_exception(row, job, error)
-            self.worker._job_finished(main.apply(row, job, outcome, running.started))
+            self.worker.job_finished(main.apply(row, job, outcome, running.started))
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Could not end the attempt of %s (%s); its lease will bring it "
                            "back.", row, exc)

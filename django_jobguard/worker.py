@@ -224,7 +224,8 @@ class Worker:
 
         self._install_signal_handlers()
         self._start()
-        executor = self._executor = ThreadExecutor(self, self.options.threads)
+        executor = self._executor = ThreadExecutor(self, self.options.threads,
+                                                   rest=self.options.rest)
         started = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -272,11 +273,17 @@ class Worker:
             self._stop.wait(1)
             return []
 
-    def _job_finished(self, state: str) -> None:
+    def job_finished(self, state: str) -> None:
         """Count a job an executor thread finished (any thread)."""
         with self._finished_lock:
             self._recent.record(state)
             self.jobs_processed += 1
+
+    def show_running(self, rows: list[QueuedJob]) -> None:
+        """The rows an executor runs now: their leases are renewed, the Worker row lists
+        them."""
+        self._held = frozenset(row.id for row in rows)
+        self._current_job = ",".join(str(row.id) for row in rows)
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second

@@ -183,3 +183,16 @@ def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(w
     assert len(runs) == 6 and len({job_id for job_id, _ in runs}) == 6  # none ran twice
     assert len({pid for _, pid in runs}) == 2  # both processes ran jobs
     assert not QueuedJob.objects.exists()
+
+
+def test_a_queues_number_caps_its_running_jobs_in_a_threaded_worker(workers):
+    dispatch_many([jobs.Record("slow", key=str(i), seconds=0.3) for i in range(4)],
+                  queue="slow")
+    dispatch_many([jobs.Record("fast", key=str(i), seconds=0.1) for i in range(12)])
+    workers(1, "--threads", "4", "--queue", "slow:1,default:3", "--stop-when-empty",
+            "--sleep", "0.1").wait(120)
+    slow = list(JobRun.objects.filter(label="slow").values("started_at", "ended_at"))
+    fast = list(JobRun.objects.filter(label="fast").values("started_at", "ended_at"))
+    assert len(slow) == 4 and len(fast) == 12
+    assert ran_at_once(slow) == 1  # slow:1
+    assert ran_at_once(fast) <= 3 and ran_at_once(slow + fast) >= 2
