@@ -3,6 +3,8 @@ limits of jobs in threads (real threads, each with its own database connection).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from demo.models import JobRun
 
@@ -11,7 +13,7 @@ from django_jobguard.executor import EXIT_STUCK
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.worker import Worker, WorkerOptions
-from tests.support import jobs
+from tests.support import jobs, wait_for
 from tests.support.thread_jobs import SleepInC, Spin
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,3 +69,8 @@ def test_a_worker_whose_threads_are_all_stuck_exits_13(monkeypatch):
     assert len(rows) == 2
     assert all(r["reserved_at"] is None and r["attempts"] == 1 and r["exceptions"] == 1
                and "given up" in r["last_error"] for r in rows)
+    # the stuck threads end when their sleep returns (their late writes change nothing)
+    wait_for(lambda: not [t for t in threading.enumerate()
+                          if t.name.startswith("jobguard-executor")], timeout=15,
+             what="the stuck threads ended")
+    assert QueuedJob.objects.filter(reserved_at__isnull=True).count() == 2
