@@ -20,6 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run(**options) -> tuple[int, Worker]:
+    options.setdefault("memory", 0)  # the test process itself may be over 128 MB
     w = Worker(WorkerOptions(sleep=0.05, **options))
     return w.run(), w
 
