@@ -75,3 +75,21 @@ def test_a_worker_whose_threads_are_all_stuck_exits_13(monkeypatch):
                           if t.name.startswith("jobguard-executor")], timeout=15,
              what="the stuck threads ended")
     assert QueuedJob.objects.filter(reserved_at__isnull=True).count() == 2
+
+
+def test_writes_of_an_attempt_that_was_ended_do_not_touch_a_later_claim_by_the_same_worker():
+    """What a given-up thread may still do when its call returns: every write is checked
+    against the claim it came from, not only the worker."""
+    from django_jobguard import queue
+
+    jobs.Record("again").dispatch()
+    (stale,) = queue.claim(["default"], worker_id="w", limit=1)
+    assert queue.release(stale)  # the coordinator ended that attempt
+    (current,) = queue.claim(["default"], worker_id="w", limit=1)  # the same worker again
+    assert current.claims == stale.claims + 1
+    assert not queue.ack(stale)
+    assert not queue.release(stale)
+    assert queue.fail(stale, RuntimeError("late")) is None
+    row = QueuedJob.objects.get()
+    assert row.reserved_by == "w" and row.claims == current.claims
+    assert queue.ack(current) and not QueuedJob.objects.exists()
