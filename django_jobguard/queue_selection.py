@@ -76,6 +76,9 @@ class QueueSelection:
         self.entries = list(entries)
         self.names = [entry.name for entry in self.entries]
         self.weighted = any(entry.limit is not None for entry in self.entries)
+        if self.weighted and any(entry.limit is None for entry in self.entries):
+            raise ValueError("give every queue a number or none (queue_limits names "
+                             "only some of the queues)")
         self._named = {name for name in self.names if name != ALL_QUEUES}
         self._credit = dict.fromkeys(self.names, 0)
 

@@ -91,3 +91,8 @@ def test_star_with_a_number_counts_every_other_queue_together():
     selection = QueueSelection(parse_queues("high:2,*:1"))
     assert selection.running(Counter(high=1, a=1, b=2)) == Counter(high=1, **{"*": 3})
     assert selection.entry_of("anything") == "*" and selection.entry_of("high") == "high"
+
+
+def test_numbers_for_only_some_queues_are_refused_in_python_too():
+    with pytest.raises(ValueError, match="every queue a number or none"):
+        QueueSelection([QueueEntry("high", 3), QueueEntry("default")])
