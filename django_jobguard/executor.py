@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_jobguard import queue, timeouts, watchdog
+from django_jobguard import queue, timeouts
 from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
 from django_jobguard.pipeline import Pipeline
 
@@ -118,6 +118,7 @@ class _Slot:
         self.thread.start()
 
     def _loop(self) -> None:
+        timeouts.enforce_in_this_thread()
         try:
             while True:
                 try:
@@ -178,7 +179,6 @@ class ThreadExecutor:
         self._busy: dict[_Slot, _Running] = {}
         self._stuck: list[_Slot] = []
         self._aborted = False
-        self._armed_until: float | None = None
         for _ in range(size):
             self._idle.append(_Slot(self, next(self._numbers)))
 
@@ -252,7 +252,6 @@ class ThreadExecutor:
         if len(self._stuck) >= self.size:
             raise AllThreadsStuck(f"{len(self._stuck)} threads are stuck in jobs past their "
                                   f"time limits")
-        self._arm_watchdog()
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -288,9 +287,6 @@ class ThreadExecutor:
             slot.inbox.put(None)
         for slot in slots:
             slot.thread.join(timeout=5)
-        if self._armed_until is not None:
-            watchdog.for_this_process().disarm()
-            self._armed_until = None
 
     def _hand_back_running(self) -> None:
         """Put back every row still running, its attempt unused (the process exits next)."""
@@ -340,6 +336,7 @@ class ThreadExecutor:
             if running is None:
                 return
             slot.abandoned = True
+            timeouts.abandon(limit)
             self._stuck.append(slot)
             self._idle.append(_Slot(self, next(self._numbers)))
             self._publish()
@@ -363,23 +360,3 @@ class ThreadExecutor:
         except Exception as exc:
             logger.exception("Could not end the attempt of %s; its lease will bring it back.",
                              row, exc_info=exc)
-
-    def _arm_watchdog(self) -> None:
-        """Keep the watchdog armed for the earliest hard limit of a running job: if the
-        coordinator cannot run (a thread holds the GIL), the process is killed then."""
-        earliest = None
-        for slot in self._busy_slots():
-            limit = timeouts.thread_limit(slot.thread.ident or 0)
-            if limit is not None and (earliest is None or limit.deadline < earliest[0]):
-                earliest = (limit.deadline, limit)
-        dog = watchdog.for_this_process()
-        if earliest is None:
-            if self._armed_until is not None:
-                dog.disarm()
-                self._armed_until = None
-            return
-        deadline, limit = earliest
-        hard = deadline - limit.seconds + timeouts.hard_limit(limit.seconds)
-        if self._armed_until != hard:
-            dog.arm(max(hard - time.monotonic(), 0.0), limit.label)
-            self._armed_until = hard

@@ -1,12 +1,16 @@
 """A job's time limit inside the worker process (SIGALRM, main thread only), backed by the
 watchdog process for jobs that no signal interrupts (:mod:`django_jobguard.watchdog`).
 
-In another thread (``jobworker --threads``) no signal reaches the job: :func:`time_limit`
-registers the limit as a :class:`ThreadLimit` instead, and the worker's coordinator asks
-:func:`overdue_threads` and raises the timeout into the job's thread with
-:func:`raise_in_thread` (between two bytecodes, as SIGALRM does; a thread inside C code or a
-blocking call gets it when that returns). A job still running :data:`GRACE` seconds later is
-given up by the executor (see :mod:`django_jobguard.executor`)."""
+In an executor thread (``jobworker --threads``, see :func:`enforce_in_this_thread`) no
+signal reaches the job: :func:`time_limit` registers the limit as a :class:`ThreadLimit`
+instead, and the worker's coordinator raises the timeout into the job's thread
+(:func:`expire_thread_limits`: between two bytecodes, as SIGALRM does; a thread inside C code
+or a blocking call gets it when that returns). A job still running :data:`GRACE` seconds
+later is given up by the executor (see :mod:`django_jobguard.executor`). The watchdog stays
+armed for the earliest hard limit of the registered jobs, armed by the job's own thread as
+it starts, so that a job that holds the GIL from its first instruction on (and so keeps the
+coordinator from running) still ends with the process. Other threads (the embedded worker)
+run without a time limit, as before."""
 
 from __future__ import annotations
 
@@ -54,7 +58,10 @@ def time_limit(seconds: float, *, finished: Callable[[], bool] = lambda: False,
         yield
         return
     if threading.current_thread() is not threading.main_thread():
-        with _thread_limit(seconds, finished, label):
+        if getattr(_local, "enforced", False):
+            with _thread_limit(seconds, finished, label):
+                yield
+        else:
             yield
         return
     fired = False
@@ -99,10 +106,47 @@ class ThreadLimit:
     label: str
     #: Set once the timeout was raised into the thread (it is raised once).
     raised: bool = False
+    #: Set when the executor gave the job up (its thread is stuck): no longer armed.
+    abandoned: bool = False
+
+    @property
+    def hard_deadline(self) -> float:
+        """When the watchdog kills the process if the job still runs (time.monotonic())."""
+        return self.deadline - self.seconds + hard_limit(self.seconds)
 
 
 _limits: dict[int, ThreadLimit] = {}
 _limits_lock = threading.Lock()
+_local = threading.local()
+_armed: ThreadLimit | None = None  # the limit the watchdog is armed for
+
+
+def enforce_in_this_thread() -> None:
+    """Jobs run in this thread (an executor thread) get their time limits enforced."""
+    _local.enforced = True
+
+
+def abandon(limit: ThreadLimit) -> None:
+    """The executor gave this job up: the watchdog no longer counts on it ending."""
+    with _limits_lock:
+        limit.abandoned = True
+        _rearm()
+
+
+def _rearm() -> None:
+    """Arm the watchdog for the earliest hard limit of the jobs running in threads, or disarm
+    it when there is none (under ``_limits_lock``)."""
+    global _armed
+    live = [limit for limit in _limits.values() if not limit.abandoned]
+    earliest = min(live, key=lambda limit: limit.hard_deadline, default=None)
+    if earliest is _armed:
+        return
+    dog = watchdog.for_this_process()
+    if earliest is None:
+        dog.disarm()
+    else:
+        dog.arm(max(earliest.hard_deadline - time.monotonic(), 0.0), earliest.label)
+    _armed = earliest
 
 
 @contextmanager
@@ -112,19 +156,22 @@ def _thread_limit(seconds: float, finished: Callable[[], bool],
     limit = ThreadLimit(ident, seconds, time.monotonic() + seconds, finished, label)
     with _limits_lock:
         _limits[ident] = limit
+        _rearm()
     try:
         yield
     finally:
         with _limits_lock:
             if _limits.get(ident) is limit:
                 del _limits[ident]
+                _rearm()
 
 
 def forget_thread_limit() -> None:
     """Drop this thread's limit, if one was left behind (a timeout raised just as the job
     left its limit cuts the clean-up of :func:`_thread_limit` short)."""
     with _limits_lock:
-        _limits.pop(threading.get_ident(), None)
+        if _limits.pop(threading.get_ident(), None) is not None:
+            _rearm()
 
 
 def thread_limit(thread_id: int) -> ThreadLimit | None:
