@@ -109,9 +109,10 @@ class Pipeline:
             return self._lost(row, started)
         try:
             return self._process(row, started, then)
-        except (DatabaseError, InterfaceError, StoreUnavailableError, ThreadTimeoutError):
-            # Transient: the row's lease runs out and it is retried. (A ThreadTimeoutError
-            # here was raised into a worker thread just as its job left its time limit.)
+        except (DatabaseError, InterfaceError, StoreUnavailableError, ThreadTimeoutError,
+                WorkerStoppedError):
+            # Transient: the row's lease runs out and it is retried. (A timeout or stop here
+            # was raised into a worker thread just as its job left middleware and handle().)
             raise
         except Exception as exc:
             return self._unprocessable(row, exc, started)
