@@ -31,6 +31,8 @@ Ids:
 - jobguard.W110 an alias behind PgBouncer without ``DISABLE_SERVER_SIDE_CURSORS``.
 - jobguard.W111 an alias behind PgBouncer with ``OPTIONS["prepare_threshold"]`` (psycopg's
   server-side prepared statements break on PgBouncer < 1.21).
+- jobguard.E100–E102 ``QUEUES`` is not a dict of queue names to known keys, or a
+  ``global_concurrency`` is not a whole number >= 1.
 - jobguard.E130 ``METRICS_TOKEN`` is shorter than 16 characters.
 - jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
@@ -77,6 +79,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "SCHEDULE": (dict,),
     "EMBEDDED_WORKER": (dict, type(None)),
     "METRICS_TOKEN": (str, type(None)),
+    "QUEUES": (dict,),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
@@ -110,7 +113,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
             + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer()
-            + _check_metrics_token() + _check_database())
+            + _check_metrics_token() + _check_database()
+            + _check_queues())
 
 
 def _check_metrics_token() -> list:
@@ -258,6 +262,33 @@ def _check_pgbouncer() -> list:
                      f"default: no prepared statements), or run PgBouncer >= 1.21 with "
                      f"max_prepared_statements > 0 and silence jobguard.W111. " + docs,
                 id="jobguard.W111"))
+    return errors
+
+
+def _check_queues() -> list:
+    """jobguard.E100–E102: ``QUEUES`` maps queue names to dicts of known keys, and each
+    ``global_concurrency`` is a whole number of jobs >= 1."""
+    from django_jobguard.queue_caps import QUEUE_KEYS
+
+    errors: list = []
+    hint = 'e.g. JOBGUARD["QUEUES"] = {"reports": {"global_concurrency": 2}}'
+    for name, config in jobguard_settings.QUEUES.items():
+        if not isinstance(name, str) or not name or name == "*" or not isinstance(config, dict):
+            errors.append(Error(f"JOBGUARD['QUEUES'] must map queue names to dicts; "
+                                f"{name!r}: {config!r} is not one.", hint=hint,
+                                id="jobguard.E100"))
+            continue
+        for key in sorted(set(config) - QUEUE_KEYS):
+            errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}] has an unknown key {key!r}.",
+                                hint=f"Known keys: {', '.join(sorted(QUEUE_KEYS))}.",
+                                id="jobguard.E101"))
+        cap = config.get("global_concurrency")
+        if "global_concurrency" in config and (
+                isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['global_concurrency'] must be "
+                                f"a whole number of jobs >= 1, not {cap!r}.",
+                                hint="Leave the key out for no cap; pause a queue with "
+                                     "jobs_pause to run none.", id="jobguard.E102"))
     return errors
 
 

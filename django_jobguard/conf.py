@@ -75,6 +75,9 @@ DEFAULTS: dict[str, Any] = {
     # The bearer token Prometheus sends to the metrics view (django_jobguard.metrics.urls);
     # None: only logged-in staff with the view permission may read it.
     "METRICS_TOKEN": None,
+    # Settings per queue name: {"reports": {"global_concurrency": 2}} runs at most two jobs of
+    # "reports" at once across every worker and host (enforced in the database at each claim).
+    "QUEUES": {},
 }
 
 

@@ -49,7 +49,7 @@ from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
-from django_jobguard.timeouts import time_limit
+from django_jobguard.timeouts import ThreadTimeoutError, time_limit
 
 if TYPE_CHECKING:
     from django_jobguard.context import JobLike
@@ -91,6 +91,8 @@ class Pipeline:
         self.pause = pause
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
+        #: That job (an executor ends its attempt when its thread is stuck past its timeout).
+        self.job: JobLike | None = None
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -111,8 +113,11 @@ class Pipeline:
                 return self._lost(row, started)
             try:
                 return self._process(row, started, then)
-            except (DatabaseError, InterfaceError, StoreUnavailableError):
-                raise  # transient: the row's lease runs out and it is retried
+            except (DatabaseError, InterfaceError, StoreUnavailableError, ThreadTimeoutError,
+                    WorkerStoppedError):
+                # Transient: the row's lease runs out and it is retried. (A timeout or stop
+                # here was raised into a worker thread just as its job left handle().)
+                raise
             except Exception as exc:
                 return self._unprocessable(row, exc, started)
 
@@ -252,7 +257,7 @@ class Pipeline:
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         context.started_at = clock.now()
         try:
-            self.running = context
+            self.running, self.job = context, job
             with time_limit(context.policy.timeout, finished=lambda: context.handle_finished,
                             label=f"{row.name} [{row.id}]"):
                 result = run_middleware(job)
@@ -271,7 +276,7 @@ class Pipeline:
                 return self._store_outage(row, exc)
             return self._after_exception(row, job, exc)
         finally:
-            self.running = None
+            self.running = self.job = None
         if context.cancel_seen:
             return Outcome.cancelled()
         if context.requested is not None:

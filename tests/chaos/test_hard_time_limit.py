@@ -27,10 +27,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transac
 LEASE = 12
 
 
-def start_worker(log) -> subprocess.Popen:
+def start_worker(log, *args: str) -> subprocess.Popen:
     env = chaos_env(JOBGUARD_RETRY_AFTER=str(LEASE), JOBGUARD_DEFAULT_TIMEOUT="2",
                     JOBGUARD_EXTRA_JOB_MODULES="tests.chaos.gil_jobs")
-    return subprocess.Popen([sys.executable, str(MANAGE), "jobworker", "--sleep", "0.2"],
+    return subprocess.Popen([sys.executable, str(MANAGE), "jobworker", "--sleep", "0.2", *args],
                             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
@@ -50,11 +50,14 @@ def watchdogs_of(pid: int) -> list[int]:
     return found
 
 
-def test_a_job_holding_the_gil_is_killed_at_its_hard_limit_and_never_copied():
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_a_job_holding_the_gil_is_killed_at_its_hard_limit_and_never_copied(threads):
+    """With --threads the job's thread holds the GIL, so the coordinator cannot give it up:
+    the watchdog, armed by that thread as the job started, kills the process."""
     assert hard_limit(HoldsTheGil.timeout) < LEASE
     job = HoldsTheGil().dispatch()
     logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]  # noqa: SIM115
-    first = start_worker(logs[0])
+    first = start_worker(logs[0], "--threads", threads)
     second = None
     try:
         wait_for(lambda: JobRun.objects.filter(label="gil").exists(), timeout=60)

@@ -270,3 +270,34 @@ def test_a_router_sending_everything_elsewhere_first_is_reported():
     with override_settings(JOBGUARD={"DATABASE": "queue"}, DATABASE_ROUTERS=routers):
         (error,) = check_settings()
     assert error.id == "jobguard.E121" and "migrations are not allowed on 'queue'" in error.msg
+
+
+def _queues_errors(queues) -> list:
+    with override_settings(JOBGUARD={"QUEUES": queues}):
+        return check_settings()
+
+
+def test_queues_must_be_a_dict():
+    errors = _queues_errors(["reports"])
+    assert ids(errors) == ["jobguard.E002"] and "QUEUES" in errors[0].msg
+
+
+@pytest.mark.parametrize("queues", [{"reports": 2}, {"": {}}, {"*": {"global_concurrency": 1}}])
+def test_queues_must_map_queue_names_to_dicts(queues):
+    errors = _queues_errors(queues)
+    assert ids(errors) == ["jobguard.E100"] and "queue names to dicts" in errors[0].msg
+
+
+def test_a_queues_unknown_key_is_named():
+    errors = _queues_errors({"reports": {"global_concurency": 2}})
+    assert ids(errors) == ["jobguard.E101"] and "'global_concurency'" in errors[0].msg
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, "2", True, None])
+def test_global_concurrency_must_be_a_whole_number_of_jobs(cap):
+    errors = _queues_errors({"reports": {"global_concurrency": cap}})
+    assert ids(errors) == ["jobguard.E102"] and repr(cap) in errors[0].msg
+
+
+def test_valid_queues_pass():
+    assert _queues_errors({"reports": {"global_concurrency": 2}, "emails": {}}) == []

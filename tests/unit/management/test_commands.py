@@ -10,6 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob, Worker
 from tests.support import jobs
 
@@ -129,6 +130,23 @@ def test_jobworker_rejects_bad_options():
         call("jobworker", "--reload", "--concurrency", "2")
     with pytest.raises(CommandError, match="--reload-grace must not be negative"):
         call("jobworker", "--reload", "--reload-grace", "-1")
+    with pytest.raises(CommandError, match="--threads must be at least 1"):
+        call("jobworker", "--threads", "0")
+    with pytest.raises(CommandError, match="--reload runs one job at a time"):
+        call("jobworker", "--reload", "--threads", "4")
+    with pytest.raises(CommandError, match="--queue: 'high:x': the number after ':' must be"):
+        call("jobworker", "--queue", "high:x,default:1")
+    with pytest.raises(CommandError, match="give every queue a number or none"):
+        call("jobworker", "--queue", "high:3,default")
+
+
+@pytest.mark.django_db(transaction=True)  # the threads use their own connections
+def test_jobworker_with_threads_and_weighted_queues_runs_the_jobs():
+    dispatch_many([jobs.Noop(n) for n in range(4)])
+    dispatch_many([jobs.Noop(n) for n in range(2)], queue="high")
+    out = call("jobworker", "--threads", "3", "--queue", "high:1,default:2",
+               "--stop-when-empty", "--sleep", "0", "--memory", "0")
+    assert out.count(" DONE ") == 6 and not QueuedJob.objects.exists()
 
 
 def test_jobworker_once_runs_one_job():
