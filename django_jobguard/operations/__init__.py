@@ -6,6 +6,8 @@ call, and that the worker's housekeeping runs.
 - :mod:`.locks`: locks and throttles of any store, with a "stale" verdict; force-release,
   reset, clean;
 - :mod:`.pausing`: pause and resume queues;
+- :mod:`.search`: the filters of the admin, the API and the commands (name, queue, state,
+  exception class, JSON lookups inside the arguments);
 - :mod:`.monitoring`: stats and the monitor's thresholds;
 - :mod:`.maintenance`: housekeeping (what every worker does once a minute); pruning results.
 
@@ -78,11 +80,18 @@ from django_jobguard.operations.queued import (
     clear,
     run_now,
 )
+from django_jobguard.operations.search import (
+    JobSearch,
+    SearchError,
+    name_q,
+    result_name_q,
+)
 from django_jobguard.operations.workers import DEAD_WORKER_AFTER_LEASES, live_workers
 
 __all__ = [
     "DEAD_WORKER_AFTER_LEASES", "DELETED", "STATES", "STOPPING", "CancelResult", "ClearResult",
-    "FailedJobNotFound", "FailedSelection", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
+    "FailedJobNotFound", "FailedSelection", "JobSearch", "SearchError", "name_q",
+    "result_name_q", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
     "LockRow", "LockRowPage", "inspect_lock", "lock_page",
     "MonitorReport", "QueueHealth", "QueueNameError", "ThrottleRow", "UnknownStoreError",
     "cancel", "cancel_job", "check_queue_name", "clean_locks", "clear", "flush",
