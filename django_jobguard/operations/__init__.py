@@ -1,8 +1,10 @@
 """What operators do: the one layer that the admin, the REST API and the management commands
 call, and that the worker's housekeeping runs.
 
-- :mod:`.queued`: cancel (never a reserved job), cancel-or-stop one job, run now, clear;
+- :mod:`.queued`: cancel (never a reserved job), cancel-or-stop one job, run now, clear,
+  requeue an orphaned reservation (owner-checked);
 - :mod:`.failed`: retry, forget, flush, prune;
+- :mod:`.bulk`: retry, forget or delete every job a search matches, in bounded batches;
 - :mod:`.locks`: locks and throttles of any store, with a "stale" verdict; force-release,
   reset, clean;
 - :mod:`.pausing`: pause and resume queues;
@@ -23,6 +25,12 @@ Call these through this package (``operations.retry(...)``), not their modules.
 """
 
 from django_jobguard.models import STATES
+from django_jobguard.operations.bulk import (
+    BulkResult,
+    delete_matching,
+    forget_matching,
+    retry_matching,
+)
 from django_jobguard.operations.failed import (
     FailedJobNotFound,
     FailedSelection,
@@ -71,13 +79,19 @@ from django_jobguard.operations.pausing import (
 )
 from django_jobguard.operations.queued import (
     DELETED,
+    NOT_RESERVED,
     STOPPING,
+    WORKER_ALIVE,
     CancelResult,
     ClearResult,
     JobNotQueuedError,
+    RequeueRefused,
+    RequeueResult,
     cancel,
     cancel_job,
     clear,
+    requeue,
+    requeue_job,
     run_now,
 )
 from django_jobguard.operations.search import (
@@ -86,10 +100,18 @@ from django_jobguard.operations.search import (
     name_q,
     result_name_q,
 )
-from django_jobguard.operations.workers import DEAD_WORKER_AFTER_LEASES, live_workers
+from django_jobguard.operations.workers import (
+    DEAD_WORKER_AFTER_LEASES,
+    live_workers,
+    stale_reservations,
+    worker_states,
+)
 
 __all__ = [
     "DEAD_WORKER_AFTER_LEASES", "DELETED", "STATES", "STOPPING", "CancelResult", "ClearResult",
+    "BulkResult", "NOT_RESERVED", "RequeueRefused", "RequeueResult", "WORKER_ALIVE",
+    "delete_matching", "forget_matching", "requeue", "requeue_job", "retry_matching",
+    "stale_reservations", "worker_states",
     "FailedJobNotFound", "FailedSelection", "JobSearch", "SearchError", "name_q",
     "result_name_q", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
     "LockRow", "LockRowPage", "inspect_lock", "lock_page",
