@@ -34,6 +34,7 @@ from django_jobguard.operations.bulk import (
 from django_jobguard.operations.failed import (
     FailedJobNotFound,
     FailedSelection,
+    failed_before,
     flush,
     forget,
     parse_ids,
@@ -112,7 +113,7 @@ __all__ = [
     "BulkResult", "NOT_RESERVED", "RequeueRefused", "RequeueResult", "WORKER_ALIVE",
     "delete_matching", "forget_matching", "requeue", "requeue_job", "retry_matching",
     "stale_reservations", "worker_states",
-    "FailedJobNotFound", "FailedSelection", "JobSearch", "SearchError", "name_q",
+    "FailedJobNotFound", "FailedSelection", "JobSearch", "failed_before", "SearchError", "name_q",
     "result_name_q", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
     "LockRow", "LockRowPage", "inspect_lock", "lock_page",
     "MonitorReport", "QueueHealth", "QueueNameError", "ThrottleRow", "UnknownStoreError",
