@@ -22,8 +22,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -85,6 +86,11 @@ def _timestamp(field: str, label: Any) -> Any:
     return column
 
 
+def _breakable(name: str) -> str:
+    """A dotted name that may wrap after each dot (long job paths in a narrow column)."""
+    return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in name.split(".")))
+
+
 #: Rows named on a confirmation page (the count covers them all).
 CONFIRM_SAMPLE = 10
 
@@ -109,12 +115,14 @@ class JobSearchAdminMixin:
     (a django.tasks task's own name), the search box taking argument lookups, and bulk
     actions over everything the list matches, confirmed with a count first."""
 
-    search_help_text = _("Search ids and names, or arguments as JSON: kwargs__invoice_id=7 "
-                         'args__0="abc" (several narrow together).')
+    search_help_text = _('Ids, names, or arguments as JSON: kwargs__invoice_id=7 args__0="abc"')
+
+    class Media:
+        css = {"all": ["django_jobguard/admin-lists.css"]}
 
     @admin.display(description=_("job name"), ordering="name")
     def name_display(self, obj: Any) -> str:
-        return registry.display_name(obj.name, obj.payload)
+        return _breakable(registry.display_name(obj.name, obj.payload))
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str):
         lookups, rest = _split_search(search_term)
@@ -214,8 +222,10 @@ class JobNameFilter(admin.SimpleListFilter):
 
 @admin.register(QueuedJob)
 class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
-    list_display = ["name_display", "queue", "state_display", "progress_display", "attempts",
-                    "priority", "available_at_display", "id"]
+    # Fits at 1280 px beside the admin's navigation: the id is in each row's link and in the
+    # search, not a column of its own.
+    list_display = ["name_display", "queue", "state_display", "attempts", "priority",
+                    "available_at_display"]
     list_filter = ["queue", StateFilter, JobNameFilter]
     search_fields = ["id", "name"]
     ordering = ["queue", "-priority", "available_at"]
@@ -250,14 +260,19 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
             stale = getattr(obj, "jobguard_stale", None)
             if stale is None:  # the detail page: this row alone
                 stale = operations.stale_reservations([obj]).get(str(obj.id), "")
+            # A running job's progress shows here (one column less in the list).
+            progress = format_html("<br>{}", self.progress_display(obj)) \
+                if obj.progress is not None else ""
             if stale:
                 return format_html('reserved by <code>{}</code> since {}, <strong class='
-                                   '"jobguard-stale" title="{}">stale: {}</strong>',
-                                   obj.reserved_by, since, stale, stale)
+                                   '"jobguard-stale" title="{}">stale: {}</strong>{}',
+                                   obj.reserved_by, since, stale, stale, progress)
             if obj.cancel_requested_at is not None:
                 return format_html("reserved by <code>{}</code> since {}, "
-                                   "<strong>cancel requested</strong>", obj.reserved_by, since)
-            return format_html("reserved by <code>{}</code> since {}", obj.reserved_by, since)
+                                   "<strong>cancel requested</strong>{}", obj.reserved_by, since,
+                                   progress)
+            return format_html("reserved by <code>{}</code> since {}{}", obj.reserved_by, since,
+                               progress)
         if state == "delayed":
             until = timezone.localtime(obj.available_at).strftime("%Y-%m-%d %H:%M:%S")
             if obj.wait_reason:
@@ -413,7 +428,7 @@ class ExceptionFilter(admin.SimpleListFilter):
 @admin.register(FailedJob)
 class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
     list_display = ["name_display", "queue", "exception_short", "message_short",
-                    "reason_short", "attempts", "failed_at_display", "id"]
+                    "reason_short", "attempts", "failed_at_display"]
     list_filter = ["queue", JobNameFilter, ExceptionFilter, "failed_at"]
     search_fields = ["id", "name", "exception_class", "message", "reason"]
     date_hierarchy = "failed_at"
@@ -433,11 +448,11 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
 
     @admin.display(description=_("message"))
     def message_short(self, obj: FailedJob) -> str:
-        return Truncator(obj.message).chars(80)
+        return Truncator(obj.message).chars(70)
 
     @admin.display(description=_("why it ended"), ordering="reason")
     def reason_short(self, obj: FailedJob) -> str:
-        return Truncator(obj.reason).chars(60)
+        return Truncator(obj.reason).chars(50)
 
     @admin.display(description=_("last error"))
     def last_error_pretty(self, obj: FailedJob) -> str:
@@ -570,11 +585,13 @@ class WorkerAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     """Workers with a verdict: alive, or gone (the process ended on this host, or no
     heartbeat), as the locks page and the queued jobs' "stale" flag judge them."""
 
-    list_display = ["id", "status_display", "queues", "current_job", "jobs_processed",
-                    "done_last_minute", "failed_last_minute", "started_at_display",
-                    "last_seen_at_display"]
+    list_display = ["id_display", "status_display", "queues_display", "current_job_display",
+                    "jobs_processed", "last_minute", "last_seen_at_display"]
     list_filter = [WorkerAliveFilter]
     readonly_fields = [f.name for f in Worker._meta.fields]
+
+    class Media:
+        css = {"all": ["django_jobguard/admin-lists.css"]}
     ordering = ["-last_seen_at"]
 
     started_at_display = _timestamp("started_at", _("started at"))
@@ -589,6 +606,25 @@ class WorkerAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
             for row in cl.result_list:
                 row.jobguard_status = states.get(row.id, "unknown")
         return response
+
+    @admin.display(description=_("worker"), ordering="id")
+    def id_display(self, obj: Worker) -> str:
+        """``host:pid:token``, breakable after each colon (long host names)."""
+        return format_html_join(mark_safe(":<wbr>"), "{}", ((p,) for p in obj.id.split(":")))
+
+    @admin.display(description=_("queues"), ordering="queues")
+    def queues_display(self, obj: Worker) -> str:
+        return ", ".join(obj.queues.split(","))
+
+    @admin.display(description=_("current job"), ordering="current_job")
+    def current_job_display(self, obj: Worker) -> str:
+        if not obj.current_job:
+            return "-"
+        return format_html('<code title="{}">{}…</code>', obj.current_job, obj.current_job[:8])
+
+    @admin.display(description=_("last minute: done / failed"))
+    def last_minute(self, obj: Worker) -> str:
+        return f"{obj.done_last_minute} / {obj.failed_last_minute}"
 
     @admin.display(description=_("status"))
     def status_display(self, obj: Worker) -> str:
@@ -674,7 +710,7 @@ class JobResultAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
 
     @admin.display(description=_("job name"), ordering="name")
     def name_display(self, obj: JobResult) -> str:
-        return registry.display_name(obj.name, obj.payload, result=True)
+        return _breakable(registry.display_name(obj.name, obj.payload, result=True))
 
 
 @admin.register(ScheduleTick)
