@@ -49,6 +49,10 @@ def is_argument_param(name: str) -> bool:
 def parse_argument(name: str, raw: str) -> tuple[tuple[str, ...], Any]:
     """``("kwargs", "invoice_id"), 7`` from ``kwargs__invoice_id`` and ``"7"``;
     :class:`SearchError` for a malformed name or a value that is not one JSON scalar."""
+    if not _storable(name) or not _storable(raw):
+        raise SearchError(name.encode("utf-8", "backslashreplace").decode("utf-8"),
+                          "An argument lookup cannot contain NUL characters or invalid "
+                          "Unicode.")
     path = tuple(name.split("__"))
     if path[0] not in ARGUMENT_ROOTS or len(path) < 2:
         raise SearchError(name, f"{name!r} is not an argument lookup: write args__<index> or "
@@ -70,9 +74,25 @@ def parse_argument(name: str, raw: str) -> tuple[tuple[str, ...], Any]:
         raise SearchError(name, f"{name}: compare one value (a number, a string, true, false "
                                 f"or null), not a JSON {type(value).__name__}; reach inside "
                                 f"it with a longer lookup ({name}__<key>).")
+    if isinstance(value, str) and not _storable(value):
+        raise SearchError(name, f"{name}: the value cannot contain NUL characters or invalid "
+                                f"Unicode.")
     if isinstance(value, float) and not math.isfinite(value):
         raise SearchError(name, f"{name}: {raw!r} is not a finite number.")
     return path, value
+
+
+def _storable(text: Any) -> bool:
+    """Text a database can compare: no NUL, no lone surrogates."""
+    if not isinstance(text, str):
+        return False
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_arguments(params: Mapping[str, Any] | Iterable[tuple[str, Any]]

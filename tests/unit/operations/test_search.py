@@ -59,11 +59,15 @@ def test_a_key_named_like_a_django_lookup_is_a_key():
     ("kwargs__id", "NaN", "not a finite number"),
     ("args__first", "1", "numbered from 0"),
     ("kwargs____id", "1", "empty or blank key"),
+    ("kwargs__id", '"a\\u0000b"', "NUL characters"),
+    ("kwargs__id", '"\\ud800"', "invalid Unicode"),
+    ("kwargs__i\x00d", "1", "NUL characters"),
 ])
 def test_bad_argument_lookups_name_the_parameter(name, raw, says):
     with pytest.raises(SearchError) as caught:
         JobSearch.from_params({name: raw}, failed=False)
-    assert caught.value.param == name and says in str(caught.value)
+    assert caught.value.param == name
+    assert says in str(caught.value)
 
 
 def test_unknown_queue_and_state_are_errors_but_known_queues_are_not():
