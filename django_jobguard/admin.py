@@ -143,6 +143,15 @@ class JobSearchAdminMixin:
                     "payload__" + "__".join(keys) + "__icontains": rest})
         return queryset, duplicates
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        queue = request.GET.get("queue")
+        if queue and request.method == "GET":  # a typo must not look like an empty queue
+            try:
+                operations.search.check_queue(queue)
+            except operations.SearchError as exc:
+                self.message_user(request, exc.message, messages.WARNING)
+        return super().changelist_view(request, extra_context)
+
     def confirm(self, request: HttpRequest, queryset: Any, *, title: str, question: str,
                 button: str, notes: list[str] | None = None,
                 count: int | None = None) -> TemplateResponse | None:

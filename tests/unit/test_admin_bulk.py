@@ -69,6 +69,15 @@ def test_a_bad_lookup_is_a_message_not_an_error_page(admin_client):
     assert "kwargs__invoice_id: 'seven' is not valid JSON" in message
 
 
+def test_an_unknown_queue_says_so(admin_client):
+    failed(1, queue_name="billing")
+    response = admin_client.get(FAILED, {"queue": "biling"})
+    assert response.status_code == 200 and page_ids(response) == []
+    assert "Unknown queue 'biling': no job, worker or registered job uses it." in \
+        messages_of(response)
+    assert messages_of(admin_client.get(FAILED, {"queue": "billing"})) == []
+
+
 def test_exception_filter_takes_a_class_name(admin_client):
     timeout = failed(1, exception="builtins.TimeoutError")
     failed(2)
