@@ -272,16 +272,12 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
             # A running job's progress shows here (one column less in the list).
             progress = format_html("<br>{}", self.progress_display(obj)) \
                 if obj.progress is not None else ""
-            if stale:
-                return format_html('reserved by <code>{}</code> since {}, <strong class='
-                                   '"jobguard-stale" title="{}">stale: {}</strong>{}',
-                                   obj.reserved_by, since, stale, stale, progress)
-            if obj.cancel_requested_at is not None:
-                return format_html("reserved by <code>{}</code> since {}, "
-                                   "<strong>cancel requested</strong>{}", obj.reserved_by, since,
-                                   progress)
-            return format_html("reserved by <code>{}</code> since {}{}", obj.reserved_by, since,
-                               progress)
+            cancel = format_html(", <strong>{}</strong>", _("cancel requested")) \
+                if obj.cancel_requested_at is not None else ""
+            flag = format_html(', <strong class="jobguard-stale" title="{}">stale: {}</strong>',
+                               stale, stale) if stale else ""
+            return format_html("reserved by <code>{}</code> since {}{}{}{}", obj.reserved_by,
+                               since, cancel, flag, progress)
         if state == "delayed":
             until = timezone.localtime(obj.available_at).strftime("%Y-%m-%d %H:%M:%S")
             if obj.wait_reason:
