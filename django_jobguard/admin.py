@@ -136,10 +136,11 @@ class JobSearchAdminMixin:
                     self.message_user(request, _("Search: %(error)s") % {"error": exc.message},
                                       messages.ERROR)
                 return queryset.none(), False
+        narrowed = queryset  # the list's filters (and argument lookups) applied
         queryset, duplicates = super().get_search_results(request, queryset, rest)
         if rest:  # the names operators see: a django.tasks task's own dotted name
             for adapter, keys in registry.display_paths().items():
-                queryset |= self.get_queryset(request).filter(name=adapter, **{
+                queryset |= narrowed.filter(name=adapter, **{
                     "payload__" + "__".join(keys) + "__icontains": rest})
         return queryset, duplicates
 

@@ -273,6 +273,10 @@ def test_django_tasks_show_and_filter_by_their_own_name(admin_client):
     assert page_ids(admin_client.get(QUEUED, {"name": "tests.support.tasks.add"})) == \
         [str(row.id)]
     assert page_ids(admin_client.get(QUEUED, {"q": "tasks.add"})) == [str(row.id)]
+    assert page_ids(admin_client.get(QUEUED, {"q": "tasks.add", "queue": "default"})) == \
+        [str(row.id)]
+    waiting(queue_name="other")  # a known queue without the task: the search stays inside it
+    assert page_ids(admin_client.get(QUEUED, {"q": "tasks.add", "queue": "other"})) == []
     assert str(plain.id) in page_ids(admin_client.get(QUEUED, {"q": "Noop"}))
 
 
