@@ -100,6 +100,6 @@ def delete_matching(rows: QuerySet[QueuedJob], *, actor: str = "", description: 
         done += len(payloads)
         skipped += len(batch) - len(payloads)
     if done:
-        audit.record("delete", done, f"Deleted {done} queued job(s) matching "
+        audit.record("cancel", done, f"Cancelled {done} queued job(s) matching "
                      f"{description or 'the search'}", actor)
     return BulkResult(done=done, skipped=skipped)
