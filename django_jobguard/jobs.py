@@ -71,6 +71,10 @@ class Job:
     delete_when_missing_models: ClassVar[bool] = False
     #: Keep a :class:`~django_jobguard.models.JobResult` when the job ends.
     keep_result: ClassVar[bool] = False
+    #: Adapter jobs only (django.tasks): the keys leading to the dotted name of what the job
+    #: runs in its payload (and result row), shown to operators instead of ``name``.
+    display_path: ClassVar[tuple[str, ...]] = ()
+    result_display_path: ClassVar[tuple[str, ...]] = ()
 
     #: This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`).
     context: JobContext

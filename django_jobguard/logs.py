@@ -48,8 +48,9 @@ def current_worker() -> str:
 
 
 def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
-             detail: str = "") -> None:
-    """Log one job line for the queued row ``row`` (cheap when nobody listens)."""
+             detail: str = "", *, name: str | None = None) -> None:
+    """Log one job line for the queued row ``row`` (cheap when nobody listens); ``name``:
+    the job's name to show (a django.tasks task's own), by default ``row.name``."""
     level = LEVELS.get(state, logging.INFO)
     if not job_logger.isEnabledFor(level):
         return
@@ -58,9 +59,9 @@ def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
     # makeRecord + handle: what Logger.log does, without looking up the caller's frame (the
     # caller is always the pipeline; that lookup is a good part of a record's cost).
     job_logger.handle(job_logger.makeRecord(
-        JOB_LOGGER, level, __file__, 0, "%s [%s] %s%s", (row.name, row.id, state, tail),
+        JOB_LOGGER, level, __file__, 0, "%s [%s] %s%s", (name or row.name, row.id, state, tail),
         None, "job_line", extra={
-            "worker_id": worker_id, "job_id": str(row.id), "job": row.name,
+            "worker_id": worker_id, "job_id": str(row.id), "job": name or row.name,
             "queue": row.queue, "state": state, "attempt": row.attempts, "elapsed": elapsed,
             "detail": detail}))
 

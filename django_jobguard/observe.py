@@ -28,9 +28,10 @@ def running(row: Any, worker_id: str) -> contextlib.AbstractContextManager[Any]:
 
 
 def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
-             detail: str = "") -> None:
-    """One job line: ``state`` of the row ``row`` after ``elapsed`` seconds."""
-    logs.job_line(worker_id, row, state, elapsed, detail)
+             detail: str = "", *, name: str | None = None) -> None:
+    """One job line: ``state`` of the row ``row`` after ``elapsed`` seconds (``name``: the
+    job's name to show in the log, a django.tasks task's own)."""
+    logs.job_line(worker_id, row, state, elapsed, detail, name=name)
     if state == "RUNNING":
         return
     for record in _recorders:

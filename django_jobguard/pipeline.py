@@ -124,7 +124,7 @@ class Pipeline:
     def _unprocessable(self, row: QueuedJob, exc: Exception, started: float) -> str:
         """Fail ``row`` with ``exc`` if it is still ours (nothing was applied yet); otherwise
         the error came after its outcome was written (a signal receiver) and is raised."""
-        logger.error("%s [%s] could not be processed: %s", row.name, row.id,
+        logger.error("%s [%s] could not be processed: %s", _shown(row), row.id,
                      queue.describe(exc), exc_info=(type(exc), exc, exc.__traceback__))
         try:
             with transaction.atomic(using=self.using):
@@ -170,7 +170,7 @@ class Pipeline:
             if row.wait_reason:
                 ended += f" while {row.wait_reason}"
             error = MaxAttemptsExceededError(
-                f"{row.name} has been attempted too many times: {ended}"
+                f"{_shown(row)} has been attempted too many times: {ended}"
                 + (f"; last error: {short_error(row.last_error)}" if row.last_error else "")
                 + ".")
             return self.apply(row, job, Outcome.failed(error, reason="attempts", detail=ended),
@@ -267,7 +267,7 @@ class Pipeline:
             # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
             # flag, never into these): the job failed, the worker goes on.
             logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
-                           "stop.", row.name, row.id, exc)
+                           "stop.", _shown(row), row.id, exc)
             return self._after_exception(row, job, exc)
         except Exception as exc:
             if context.cancel_seen:  # it stopped because it was asked to
@@ -294,7 +294,7 @@ class Pipeline:
             exceptions=context.exceptions + 1, now=clock.now())
         if ending:
             return Outcome.failed(exc, reason="exception", detail=ending)
-        logger.info("%s [%s] raised %r; retrying.", row.name, row.id, exc)
+        logger.info("%s [%s] raised %r; retrying.", _shown(row), row.id, exc)
         return Outcome.released(Due(delay=context.policy.backoff_for(context.attempt)),
                                 reason="exception", exception=exc)
 
@@ -306,7 +306,7 @@ class Pipeline:
         nor becomes ``last_error``."""
         delay = STORE_OUTAGE_DELAY + random.uniform(0, STORE_OUTAGE_JITTER)
         logger.warning("Store %r is unavailable (%s); %s [%s] goes back to the queue for "
-                       "%.1f s without using an attempt.", exc.store, exc.error, row.name,
+                       "%.1f s without using an attempt.", exc.store, exc.error, _shown(row),
                        row.id, delay)
         return Outcome.deferred(Due(delay=delay), reason="store_unavailable",
                                 detail=f"store {exc.store!r} was unavailable")
@@ -415,7 +415,7 @@ class Pipeline:
                 logger.exception("%s.failed() raised.", row.name)
         signals.job_failed.send(sender=type(job) if job else None, job=job, job_id=str(row.id),
                                 exception=exc)
-        logger.error("%s [%s] failed: %s", row.name, row.id, queue.describe(exc),
+        logger.error("%s [%s] failed: %s", _shown(row), row.id, queue.describe(exc),
                      exc_info=(type(exc), exc, exc.__traceback__))
         return self._log(row, "FAILED", started, queue.describe(exc))
 
@@ -437,11 +437,18 @@ class Pipeline:
              detail: str = "") -> str:
         """The job line of ``row``: ``logging``, metrics and trace (:mod:`.observe`)."""
         elapsed = None if started is None else time.monotonic() - started
-        job_line(self.worker_id, row, state, elapsed, detail)
+        shown = _shown(row)
+        job_line(self.worker_id, row, state, elapsed, detail, name=shown)
         if self.log is not None:
-            self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), row.name,
+            self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), shown,
                                str(row.id), state, elapsed, detail), state)
         return state
+
+
+def _shown(row: QueuedJob) -> str:
+    """The job's name in log lines: a django.tasks task's own dotted name, not the adapter's
+    (:func:`registry.display_name`)."""
+    return registry.display_name(row.name, row.payload)
 
 
 def rounded(seconds: float) -> str:

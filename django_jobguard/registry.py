@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import autodiscover_modules, import_string
 
@@ -54,6 +54,43 @@ def unregister(name: str) -> None:
 
 def all_jobs() -> dict[str, type[JobLike]]:
     return dict(_registry)
+
+
+# -- display names -------------------------------------------------------------------------
+#
+# An adapter job runs something else under its own registered name: every django.tasks task
+# is queued as ``django_jobguard.task``. Such a class names, in ``display_path``, where its
+# payload keeps the dotted name of what it runs (and, in ``result_display_path``, where its
+# result row keeps it), so that operators see and search for ``myapp.tasks.reindex``, not the
+# adapter. Everything that shows a job's name asks :func:`display_name`.
+
+
+def _walk(payload: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(payload, dict):
+            return None
+        payload = payload.get(key)
+    return payload
+
+
+def display_name(name: str, payload: Any, *, result: bool = False) -> str:
+    """The name to show for a row of job ``name`` with ``payload``: what an adapter job
+    runs (a django.tasks task's dotted path), else ``name`` itself. ``result``: the payload
+    is a :class:`~django_jobguard.models.JobResult`'s."""
+    job_class = _registry.get(name)
+    path = getattr(job_class, "result_display_path" if result else "display_path", None)
+    if path:
+        shown = _walk(payload, tuple(path))
+        if isinstance(shown, str) and shown:
+            return shown
+    return name
+
+
+def display_paths(*, result: bool = False) -> dict[str, tuple[str, ...]]:
+    """``{registered name: payload path}`` of the adapter jobs (for filters in SQL)."""
+    attribute = "result_display_path" if result else "display_path"
+    return {name: tuple(getattr(cls, attribute)) for name, cls in _registry.items()
+            if getattr(cls, attribute, None)}
 
 
 def autodiscover() -> None:

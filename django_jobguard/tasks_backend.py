@@ -209,6 +209,10 @@ class TaskJob(Job):
 
     name = "django_jobguard.task"
     keep_result = True
+    #: Operators see the task's own dotted name (:func:`registry.display_name`): the queued
+    #: payload keeps it as the ``task`` keyword argument, the result row as ``task``.
+    display_path = ("kwargs", "task")
+    result_display_path = ("task",)
 
     def __init__(self, task: str, backend: str, args: list, kwargs: dict) -> None:
         self.task_path, self.backend_alias = task, backend

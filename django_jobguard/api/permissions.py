@@ -37,8 +37,10 @@ class JobGuardModelPermissions(BasePermission):
     """Allow a request when the user has the model permissions its view declares.
 
     Each view has ``model_permissions``: HTTP method → permission codenames, e.g.
-    ``{"GET": ["view_lock"], "DELETE": ["change_lock"]}``; a method the view handles but does
-    not list is refused, one it does not handle goes on to its 405.
+    ``{"GET": ["view_lock"], "DELETE": ["change_lock"]}``, and a viewset may name other ones
+    for some of its actions in ``action_permissions`` (``{"forget_matching": {"POST":
+    ["delete_failedjob"]}}``); a method the view handles but does not list is refused, one
+    it does not handle goes on to its 405.
     """
 
     def has_permission(self, request: Any, view: Any) -> bool:
@@ -48,7 +50,9 @@ class JobGuardModelPermissions(BasePermission):
         method = "GET" if request.method in ("HEAD", "OPTIONS") else request.method
         if getattr(view, method.lower(), None) is None:
             return True  # no handler: the 405 that follows touches nothing
-        needed = getattr(view, "model_permissions", {}).get(method)
+        permissions = getattr(view, "action_permissions", {}).get(
+            getattr(view, "action", None)) or getattr(view, "model_permissions", {})
+        needed = permissions.get(method)
         if needed is None:
             return False
         return user.has_perms([f"django_jobguard.{codename}" for codename in needed])

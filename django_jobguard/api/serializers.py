@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
-from django_jobguard import operations
+from django_jobguard import operations, registry
 from django_jobguard.models import Batch, FailedJob, QueuedJob
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
@@ -130,16 +130,32 @@ except ImportError:  # pragma: no cover - the API works without drf-spectacular
 # -- queued and failed jobs --------------------------------------------------------------
 
 
+class DisplayNameField(serializers.CharField):
+    """The name operators know a job by: a django.tasks task's own dotted name, else the
+    registered ``name`` (:func:`~django_jobguard.registry.display_name`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault("source", "*")
+        kwargs.setdefault("help_text", "What runs: a django.tasks task's own dotted name, "
+                                       "else the registered job name.")
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return registry.display_name(value.name, value.payload)
+
+
 class QueuedJobSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=operations.STATES, source="jobguard_state",
                                     read_only=True)
+    display_name = DisplayNameField()
 
     class Meta:
         model = QueuedJob
-        fields = ["id", "name", "queue", "state", "attempts", "exceptions", "priority",
-                  "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
-                  "cancel_requested_at", "progress", "progress_message", "last_error",
-                  "payload"]
+        fields = ["id", "name", "display_name", "queue", "state", "attempts", "exceptions",
+                  "priority", "available_at", "reserved_at", "reserved_by", "created_at",
+                  "wait_reason", "cancel_requested_at", "progress", "progress_message",
+                  "last_error", "payload"]
         read_only_fields = fields
 
 
@@ -149,13 +165,40 @@ class CancelledSerializer(serializers.Serializer):
         "deleted: no worker held it; stopping: the running job was asked to stop."))
 
 
-class JobFilterSerializer(QuerySerializer):
-    """Query parameters of ``GET jobs/``."""
+class SearchQuerySerializer(QuerySerializer):
+    """Query parameters that select jobs (lists and bulk actions): the declared fields plus
+    argument lookups, ``args__<index>[__<key>…]=<JSON>`` and ``kwargs__<name>[__<key>…]=<JSON>``
+    (``kwargs__invoice_id=7``, ``args__0="abc"``). ``validated_data["search"]`` is the
+    :class:`~django_jobguard.operations.JobSearch`; a bad value is a 400 naming it."""
 
-    queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
+    failed: ClassVar[bool] = False
+
+    def accepted_names(self) -> list[str]:
+        names = super().accepted_names()
+        data = self.initial_data if hasattr(self, "initial_data") else {}
+        return names + [key for key in data if operations.search.is_argument_param(key)]
+
+    def validate(self, attrs: dict) -> dict:
+        raw = {**{key: value for key, value in attrs.items() if value != ""},
+               **{key: self.initial_data[key] for key in self.initial_data
+                  if operations.search.is_argument_param(key)}}
+        try:
+            attrs["search"] = operations.JobSearch.from_params(raw, failed=self.failed)
+        except operations.SearchError as exc:
+            raise serializers.ValidationError({exc.param: [exc.message]}) from None
+        return attrs
+
+
+class JobFilterSerializer(SearchQuerySerializer):
+    """Query parameters of ``GET jobs/`` and ``POST jobs/delete/``."""
+
+    queue = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                  help_text="A queue jobguard knows (an unknown one is a 400).")
     state = serializers.ChoiceField(choices=operations.STATES, required=False,
                                     allow_blank=True)
-    name = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    name = serializers.CharField(required=False, allow_blank=True, max_length=255,
+                                 help_text="Job name; a django.tasks task's own dotted name "
+                                           "too.")
 
 
 class BatchSerializer(serializers.ModelSerializer):
@@ -173,10 +216,12 @@ class BatchSerializer(serializers.ModelSerializer):
 
 
 class FailedJobSerializer(serializers.ModelSerializer):
+    display_name = DisplayNameField()
+
     class Meta:
         model = FailedJob
-        fields = ["id", "name", "queue", "attempts", "priority", "reason", "exception_class",
-                  "message", "failed_at", "payload"]
+        fields = ["id", "name", "display_name", "queue", "attempts", "priority", "reason",
+                  "exception_class", "message", "failed_at", "payload"]
         read_only_fields = fields
 
 
@@ -186,11 +231,40 @@ class FailedJobDetailSerializer(FailedJobSerializer):
         read_only_fields = fields
 
 
-class FailedJobFilterSerializer(QuerySerializer):
-    """Query parameters of ``GET failed-jobs/``."""
+class FailedJobFilterSerializer(SearchQuerySerializer):
+    """Query parameters of ``GET failed-jobs/`` and ``POST failed-jobs/retry/`` and
+    ``failed-jobs/delete/``."""
 
-    queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
-    name = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    failed = True
+
+    queue = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                  help_text="A queue jobguard knows (an unknown one is a 400).")
+    name = serializers.CharField(required=False, allow_blank=True, max_length=255,
+                                 help_text="Job name; a django.tasks task's own dotted name "
+                                           "too.")
+    exception = serializers.CharField(required=False, allow_blank=True, max_length=255,
+                                      help_text="Exception class: its dotted path or its "
+                                                "name alone (TimeoutError).")
+
+
+class BulkRetriedSerializer(serializers.Serializer):
+    retried = serializers.IntegerField(help_text="Failed jobs queued again.")
+    skipped = serializers.IntegerField(help_text="Matches left alone: a queued job has "
+                                                 "their id already.")
+
+
+class BulkForgottenSerializer(serializers.Serializer):
+    deleted = serializers.IntegerField(help_text="Failed jobs deleted.")
+
+
+class BulkDeletedSerializer(serializers.Serializer):
+    deleted = serializers.IntegerField(help_text="Queued jobs deleted (unique locks freed).")
+    skipped = serializers.IntegerField(help_text="Matches left alone: a worker holds them.")
+
+
+class RequeuedSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    result = serializers.ChoiceField(choices=["requeued"])
 
 
 class RetryAllSerializer(StrictSerializer):

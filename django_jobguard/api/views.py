@@ -335,18 +335,13 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     lookup_value_regex = "[^/]+"
     model_permissions = {"GET": ["view_queuedjob"], "DELETE": ["delete_queuedjob"],
                          "POST": ["change_queuedjob"]}
-    query_handlers = frozenset({"list"})
+    action_permissions = {"delete_matching": {"POST": ["delete_queuedjob"]}}
+    query_handlers = frozenset({"list", "delete_matching"})
 
     def get_queryset(self):
         qs = QueuedJob.objects.with_state().order_by("queue", "-priority", "available_at", "id")
-        if self.action == "list":
-            filters = _query(s.JobFilterSerializer, self.request)
-            if "queue" in filters:
-                qs = qs.filter(queue=filters["queue"])
-            if "name" in filters:
-                qs = qs.filter(name=filters["name"])
-            if filters.get("state"):  # blank = any state
-                qs = qs.in_state(filters["state"])
+        if self.action in self.query_handlers:
+            qs = _query(s.JobFilterSerializer, self.request)["search"].apply(qs)
         return qs
 
     @extend_schema(parameters=[s.JobFilterSerializer], responses={
@@ -385,6 +380,33 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
             raise Http404(str(exc))
         return Response({"id": job_id, "result": result})
 
+    @extend_schema(request=None, responses={200: s.RequeuedSerializer,
+                                            **_errors(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def requeue(self, request, *args, **kwargs):
+        """Put a job reserved by a worker that is gone back on the queue now (409
+        ``worker_alive`` if its worker lives, ``not_reserved`` if no worker holds it)."""
+        try:
+            operations.requeue_job(kwargs["pk"], actor=request.user.get_username())
+        except operations.RequeueRefused as exc:
+            if exc.code == "not_queued":
+                raise Http404(str(exc))
+            raise Conflict(str(exc), code=exc.code)
+        return Response({"id": kwargs["pk"], "result": "requeued"})
+
+    @extend_schema(operation_id="jobs_delete_matching", request=None,
+                   parameters=[s.JobFilterSerializer],
+                   responses={200: s.BulkDeletedSerializer, **_errors(400, 401, 403)})
+    @action(detail=False, methods=["post"], url_path="delete", url_name="delete-matching")
+    def delete_matching(self, request, *args, **kwargs):
+        """Delete every queued job the filters match (no filter: all) that no worker holds,
+        freeing unique locks, in batches of 500; reserved ones are counted in ``skipped``."""
+        search = _query(s.JobFilterSerializer, request)["search"]
+        result = operations.delete_matching(self.get_queryset(),
+                                            actor=request.user.get_username(),
+                                            description=search.describe())
+        return Response({"deleted": result.done, "skipped": result.skipped})
+
 
 # -- failed jobs -------------------------------------------------------------------------
 
@@ -397,7 +419,8 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     lookup_value_regex = "[^/]+"
     model_permissions = {"GET": ["view_failedjob"], "POST": ["change_failedjob"],
                          "DELETE": ["delete_failedjob"]}
-    query_handlers = frozenset({"list"})
+    action_permissions = {"forget_matching": {"POST": ["delete_failedjob"]}}
+    query_handlers = frozenset({"list", "retry_matching", "forget_matching"})
     body_handlers = frozenset({"retry_all"})  # retry/ takes no body: a field sent is a 400
 
     def get_serializer_class(self):
@@ -409,12 +432,8 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
 
     def get_queryset(self):
         qs = FailedJob.objects.order_by("-failed_at", "id")
-        if self.action == "list":
-            filters = _query(s.FailedJobFilterSerializer, self.request)
-            if "queue" in filters:
-                qs = qs.filter(queue=filters["queue"])
-            if "name" in filters:
-                qs = qs.filter(name=filters["name"])
+        if self.action in self.query_handlers:
+            qs = _query(s.FailedJobFilterSerializer, self.request)["search"].apply(qs)
         return qs
 
     @extend_schema(parameters=[s.FailedJobFilterSerializer], responses={
@@ -460,6 +479,32 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
         body = s.RetryAllSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return self._retry(queue=body.validated_data.get("queue"))
+
+    @extend_schema(operation_id="failed_jobs_retry_matching", request=None,
+                   parameters=[s.FailedJobFilterSerializer],
+                   responses={200: s.BulkRetriedSerializer, **_errors(400, 401, 403)})
+    @action(detail=False, methods=["post"], url_path="retry", url_name="retry-matching")
+    def retry_matching(self, request, *args, **kwargs):
+        """Queue again every failed job the filters match (the list's query parameters; no
+        filter: all), in batches of 500; ids queued already are counted in ``skipped``."""
+        search = _query(s.FailedJobFilterSerializer, request)["search"]
+        result = operations.retry_matching(self.get_queryset(),
+                                           actor=request.user.get_username(),
+                                           description=search.describe())
+        return Response({"retried": result.done, "skipped": result.skipped})
+
+    @extend_schema(operation_id="failed_jobs_delete_matching", request=None,
+                   parameters=[s.FailedJobFilterSerializer],
+                   responses={200: s.BulkForgottenSerializer, **_errors(400, 401, 403)})
+    @action(detail=False, methods=["post"], url_path="delete", url_name="delete-matching")
+    def forget_matching(self, request, *args, **kwargs):
+        """Forget (delete) every failed job the filters match (no filter: all), in batches
+        of 500."""
+        search = _query(s.FailedJobFilterSerializer, request)["search"]
+        result = operations.forget_matching(self.get_queryset(),
+                                            actor=request.user.get_username(),
+                                            description=search.describe())
+        return Response({"deleted": result.done})
 
 
 # -- batches -----------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """What operators do: the one layer that the admin, the REST API and the management commands
 call, and that the worker's housekeeping runs.
 
-- :mod:`.queued`: cancel (never a reserved job), cancel-or-stop one job, run now, clear;
+- :mod:`.queued`: cancel (never a reserved job), cancel-or-stop one job, run now, clear,
+  requeue an orphaned reservation (owner-checked);
 - :mod:`.failed`: retry, forget, flush, prune;
+- :mod:`.bulk`: retry, forget or delete every job a search matches, in bounded batches;
 - :mod:`.locks`: locks and throttles of any store, with a "stale" verdict; force-release,
   reset, clean;
 - :mod:`.pausing`: pause and resume queues;
+- :mod:`.search`: the filters of the admin, the API and the commands (name, queue, state,
+  exception class, JSON lookups inside the arguments);
 - :mod:`.monitoring`: stats, the monitor's thresholds and the dashboard's overview;
 - :mod:`.maintenance`: housekeeping (what every worker does once a minute); pruning results.
 
@@ -21,9 +25,16 @@ Call these through this package (``operations.retry(...)``), not their modules.
 """
 
 from django_jobguard.models import STATES
+from django_jobguard.operations.bulk import (
+    BulkResult,
+    delete_matching,
+    forget_matching,
+    retry_matching,
+)
 from django_jobguard.operations.failed import (
     FailedJobNotFound,
     FailedSelection,
+    failed_before,
     flush,
     forget,
     parse_ids,
@@ -70,20 +81,41 @@ from django_jobguard.operations.pausing import (
 )
 from django_jobguard.operations.queued import (
     DELETED,
+    NOT_RESERVED,
     STOPPING,
+    WORKER_ALIVE,
     CancelResult,
     ClearResult,
     JobNotQueuedError,
+    RequeueRefused,
+    RequeueResult,
     cancel,
     cancel_job,
     clear,
+    requeue,
+    requeue_job,
     run_now,
 )
-from django_jobguard.operations.workers import DEAD_WORKER_AFTER_LEASES, live_workers
+from django_jobguard.operations.search import (
+    JobSearch,
+    SearchError,
+    name_q,
+    result_name_q,
+)
+from django_jobguard.operations.workers import (
+    DEAD_WORKER_AFTER_LEASES,
+    live_workers,
+    stale_reservations,
+    worker_states,
+)
 
 __all__ = [
     "DEAD_WORKER_AFTER_LEASES", "DELETED", "STATES", "STOPPING", "CancelResult", "ClearResult",
-    "FailedJobNotFound", "FailedSelection", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
+    "BulkResult", "NOT_RESERVED", "RequeueRefused", "RequeueResult", "WORKER_ALIVE",
+    "delete_matching", "forget_matching", "requeue", "requeue_job", "retry_matching",
+    "stale_reservations", "worker_states",
+    "FailedJobNotFound", "FailedSelection", "JobSearch", "failed_before", "SearchError", "name_q",
+    "result_name_q", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
     "LockRow", "LockRowPage", "inspect_lock", "lock_page",
     "MonitorReport", "QueueHealth", "QueueNameError", "ThrottleRow", "UnknownStoreError",
     "cancel", "cancel_job", "check_queue_name", "clean_locks", "clear", "flush",

@@ -83,26 +83,40 @@ def retry(failed: FailedSelection = None, *, queue: str | None = None, actor: st
     ordered = sorted(wanted)
     with transaction.atomic(using=using):
         for start in range(0, len(ordered), batch_size):
-            rows = list(FailedJob.objects.using(using).select_for_update().filter(
-                id__in=ordered[start:start + batch_size]).order_by("id"))
-            if not rows:  # retried or forgotten meanwhile
-                continue
-            ids = [row.id for row in rows]
-            QueuedJob.objects.using(using).bulk_create([_requeued(row) for row in rows])
-            workflows.retried([row.payload for row in rows], [str(row.id) for row in rows],
-                              using=using)  # chains resume, batches count them again
-            # A kept result (django.tasks) is waiting again.
-            JobResult.objects.using(using).filter(id__in=ids).update(status=results.READY,
-                                                                     finished_at=None)
-            FailedJob.objects.using(using).filter(id__in=ids).delete()
+            ids, names = requeue_failed(ordered[start:start + batch_size], using=using)
             done.update(ids)
-            queues.update(row.queue for row in rows)
+            queues.update(names)
         job_queue.notify(queues, using=using)
     retried = [str(i) for i in wanted if i in done]
     if retried:
         audit.record("retry", len(retried), f"Retried {len(retried)} failed job(s)"
                      + (f" of queue {queue}" if queue is not None else ""), actor)
     return retried
+
+
+def requeue_failed(ids: list[uuid.UUID], *, using: str, skip_queued: bool = False
+                   ) -> tuple[list[uuid.UUID], set[str]]:
+    """Move the failed jobs ``ids`` (one batch, in id order) back to the queue, inside the
+    caller's transaction; returns the ids moved and their queues. Rows retried or forgotten
+    meanwhile are left out, and with ``skip_queued`` so are ids a queued job has already
+    (``IntegrityError`` otherwise)."""
+    rows = list(FailedJob.objects.using(using).select_for_update().filter(
+        id__in=ids).order_by("id"))
+    if skip_queued and rows:
+        taken = set(QueuedJob.objects.using(using).filter(
+            id__in=[row.id for row in rows]).values_list("id", flat=True))
+        rows = [row for row in rows if row.id not in taken]
+    if not rows:
+        return [], set()
+    moved = [row.id for row in rows]
+    QueuedJob.objects.using(using).bulk_create([_requeued(row) for row in rows])
+    workflows.retried([row.payload for row in rows], [str(row.id) for row in rows],
+                      using=using)  # chains resume, batches count them again
+    # A kept result (django.tasks) is waiting again.
+    JobResult.objects.using(using).filter(id__in=moved).update(status=results.READY,
+                                                               finished_at=None)
+    FailedJob.objects.using(using).filter(id__in=moved).delete()
+    return moved, {row.queue for row in rows}
 
 
 def _requeued(failed: FailedJob) -> QueuedJob:

@@ -13,7 +13,7 @@ from django_jobguard import keys
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import QueuedJob
 from django_jobguard.operations import audit
-from django_jobguard.operations.workers import live_workers
+from django_jobguard.operations.workers import gone_reason, live_workers
 from django_jobguard.stores import LockInfo, Store, ThrottleInfo, get_store
 
 
@@ -150,8 +150,8 @@ def _stale_reason(info: LockInfo, expires_in: float | None, jobs: dict, alive: s
     if job is None:
         return "its job is no longer queued"
     running = job["jobguard_state"] == "reserved"
-    if running and job["reserved_by"] not in alive:
-        return f"worker {job['reserved_by']} is gone"
+    if running and gone_reason(job["reserved_by"], alive):
+        return gone_reason(job["reserved_by"], alive)
     if info.kind != "unique" and not running:
         return "its job is not running"
     if (info.kind == "overlap" and info.acquired_at and job["reserved_at"]

@@ -1,21 +1,31 @@
-"""Queued jobs: cancel (never a reserved job), cancel-or-stop one job, run now, clear."""
+"""Queued jobs: cancel (never a reserved job), cancel-or-stop one job, run now, clear, and
+requeue a reservation whose worker is gone."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet, Value
 from django.db.models.functions import Now
 
 from django_jobguard import queue as job_queue
 from django_jobguard import unique_jobs, workflows
 from django_jobguard.conf import queue_database
 from django_jobguard.envelope import unique_ref
-from django_jobguard.models import FailedJob, JobResult, QueuedJob
+from django_jobguard.models import FailedJob, JobResult, QueuedJob, Worker
 from django_jobguard.operations import audit
+from django_jobguard.operations.workers import (
+    ALIVE,
+    ENDED,
+    UNKNOWN,
+    heartbeat_grace,
+    worker_states,
+)
 
 
 @dataclass
@@ -136,6 +146,12 @@ def clear(queues: Sequence[str] | None = None, *, keep_locks: bool = False, acto
     return ClearResult(cleared=cleared, locks_released=released)
 
 
+def delete_unreserved(rows: QuerySet[QueuedJob], *, using: str) -> list:
+    """Delete the jobs of ``rows`` that no worker holds (one batch: the rows are locked,
+    SKIP LOCKED) and return their payloads, whose unique locks the caller frees."""
+    return _delete_locked(rows.unreserved(), using=using)
+
+
 def _delete_locked(rows: QuerySet[QueuedJob], *, using: str, batch_size: int = 500) -> list:
     """Lock ``rows``, delete them in batches and return their payloads."""
     skip_locked = connections[using].features.has_select_for_update_skip_locked
@@ -149,3 +165,105 @@ def _delete_locked(rows: QuerySet[QueuedJob], *, using: str, batch_size: int = 5
             workflows.finished(payload, outcome=workflows.SKIPPED, job_id=str(row_id),
                                using=using)
     return [payload for _, payload in found]
+
+
+# -- requeueing an orphaned reservation ----------------------------------------------------
+
+#: Why :func:`requeue` left a job alone.
+WORKER_ALIVE, NOT_RESERVED = "worker_alive", "not_reserved"
+
+
+@dataclass
+class RequeueResult:
+    """Jobs put back (``requeued``), and the ones left alone: held by a live worker
+    (``alive``), or not reserved at all (``not_reserved``: waiting, delayed or gone)."""
+
+    requeued: list[str]
+    alive: list[str]
+    not_reserved: list[str]
+
+
+def requeue(job_ids: Iterable[Any], *, actor: str = "",
+            using: str | None = None) -> RequeueResult:
+    """Put jobs reserved by a worker that is gone back on the queue at once, as if their
+    lease had run out now (the crashed run counts as an attempt, as it does then).
+
+    Owner-checked: only a reservation whose worker is judged gone (the locks page's verdict:
+    its process on this host ended, or no heartbeat for ``RETRY_AFTER``) is requeued, by an
+    UPDATE whose WHERE names that worker, and re-checks in SQL that the
+    worker has not sent a heartbeat meanwhile (unless its process is known to have ended).
+    A live worker's job is never taken from under it.
+    """
+    using = queue_database(using)
+    wanted = [str(job_id) for job_id in job_ids]
+    valid = [job_id for job_id in wanted if _is_uuid(job_id)]
+    rows = {str(row.id): row for row in QueuedJob.objects.using(using).filter(
+        id__in=valid).with_state()}
+    held = {job_id: row for job_id, row in rows.items() if row.state == "reserved"}
+    states = worker_states({row.reserved_by for row in held.values()}, using=using)
+    result = RequeueResult(requeued=[], alive=[], not_reserved=[])
+    for job_id in wanted:
+        row = held.get(job_id)
+        if row is None:
+            result.not_reserved.append(job_id)
+            continue
+        state = states.get(row.reserved_by, UNKNOWN)
+        if state == ALIVE:
+            result.alive.append(job_id)
+            continue
+        # A worker id names one process, so a dead worker's id never holds a job again.
+        mine = QueuedJob.objects.using(using).filter(id=row.id, reserved_by=row.reserved_by)
+        if state != ENDED:  # judged by its heartbeat: it must still be silent now
+            mine = mine.exclude(Exists(Worker.objects.using(using).filter(
+                id=OuterRef("reserved_by"),
+                last_seen_at__gte=Now() - Value(heartbeat_grace()))))
+        if mine.update(reserved_at=None, reserved_by="", available_at=Now(), progress=None,
+                       progress_message=""):
+            result.requeued.append(job_id)
+        elif QueuedJob.objects.using(using).filter(id=row.id).reserved().exists():
+            result.alive.append(job_id)  # its worker beat meanwhile
+        else:
+            result.not_reserved.append(job_id)  # it finished meanwhile
+    if result.requeued:
+        job_queue.notify({held[job_id].queue for job_id in result.requeued}, using=using)
+        audit.record("requeue", len(result.requeued),
+                     f"Requeued {len(result.requeued)} job(s) reserved by a worker that is "
+                     f"gone", actor)
+    return result
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+class RequeueRefused(LookupError):
+    """:func:`requeue_job` could not requeue: ``code`` is ``worker_alive``,
+    ``not_reserved`` or ``not_queued``."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def requeue_job(job_id: str, *, actor: str = "", using: str | None = None) -> None:
+    """Requeue one orphaned reservation (:func:`requeue`), or :class:`RequeueRefused` saying
+    why not."""
+    using = queue_database(using)
+    row = QueuedJob.objects.using(using).filter(id=job_id).with_state().first() \
+        if _is_uuid(job_id) else None
+    if row is None:
+        raise RequeueRefused(f"Job {job_id} is not queued (it finished, or never existed).",
+                             code="not_queued")
+    result = requeue([job_id], actor=actor, using=using)
+    if result.alive:
+        raise RequeueRefused(f"Job {job_id} is reserved by worker {row.reserved_by}, which is "
+                             f"alive: it is not requeued under it (cancel it instead).",
+                             code=WORKER_ALIVE)
+    if result.not_reserved:
+        raise RequeueRefused(f"Job {job_id} is not reserved by any worker ({row.state}); "
+                             f"there is nothing to requeue (run it now instead).",
+                             code=NOT_RESERVED)

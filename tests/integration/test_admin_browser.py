@@ -70,6 +70,11 @@ def test_force_release_a_lock_from_the_admin(live_server, browser, store_alias, 
     _screenshot(page, tmp_path / "locks-before.png", docs_name="admin-locks.png")
 
     row.get_by_role("button", name="Force release").click()
+    # Its job runs on a live worker: a confirmation first.
+    expect(page.locator("#jobguard-confirm-question")).to_contain_text(
+        f"Are you sure you want to force-release lock {key}?")
+    assert store.get_lock(key) is not None
+    page.get_by_role("button", name="Yes, force-release it").click()
     expect(page.locator(".messagelist")).to_contain_text(f"Released lock {key}.")
     expect(page.locator(f'tr[data-key="{key}"]')).to_have_count(0)
     after = tmp_path / "locks-after.png"

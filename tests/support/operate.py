@@ -166,6 +166,8 @@ ENDPOINTS = [
     ("post", "dispatch/"),
     ("get", "schema/"), ("get", "queues/paused/"), ("post", "queues/default/pause/"),
     ("post", "queues/default/resume/"), ("post", f"jobs/{_NO_JOB}/cancel/"),
+    ("post", "failed-jobs/retry/"), ("post", "failed-jobs/delete/"), ("post", "jobs/delete/"),
+    ("post", f"jobs/{_NO_JOB}/requeue/"),
 ]
 
 

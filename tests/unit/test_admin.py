@@ -197,9 +197,12 @@ def test_failed_detail_shows_the_traceback(admin_client):
     assert 'name="_save"' not in body
 
 
-def test_retry_queues_again_and_removes_from_failed(admin_client):
+def test_retry_confirms_then_queues_again_and_removes_from_failed(admin_client):
     job = failed_job()
-    response = action(admin_client, FAILED, "retry", [job.id])
+    confirm = action(admin_client, FAILED, "retry", [job.id])
+    assert "Are you sure you want to retry 1 failed job?" in confirm.content.decode()
+    assert FailedJob.objects.filter(id=job.id).exists()
+    response = action(admin_client, FAILED, "retry", [job.id], post="yes")
     assert "1 job is queued again." in messages_of(response)
     assert not FailedJob.objects.filter(id=job.id).exists()
     queued = QueuedJob.objects.get(id=job.id)

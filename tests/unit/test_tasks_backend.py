@@ -342,3 +342,28 @@ def test_real_workers_unique_task_runs_once_and_until_processing_allows_a_second
     assert JobRun.objects.filter(label="sync_user").count() == 2
     second.refresh()
     assert second.status == TaskResultStatus.SUCCESSFUL
+
+
+def test_log_lines_admin_and_api_name_a_task_by_its_own_dotted_name(admin_user):
+    from rest_framework.test import APIClient
+
+    from django_jobguard import registry
+
+    result = tasks.add.enqueue(2, 3)
+    row = QueuedJob.objects.get(id=result.id)
+    assert row.name == "django_jobguard.task"  # the adapter's registered name
+    assert registry.display_name(row.name, row.payload) == "tests.support.tasks.add"
+    api = APIClient()
+    api.force_authenticate(admin_user)
+    assert api.get(f"/jobguard/api/jobs/{result.id}/").json()["display_name"] == \
+        "tests.support.tasks.add"
+    lines: list[str] = []
+    worker = Worker(WorkerOptions(queues=QUEUES, stop_when_empty=True, sleep=0, memory=0),
+                    log=lambda line, state: lines.append(line))
+    assert worker.run() == 0
+    assert any(f"tests.support.tasks.add [{result.id}]" in line and "DONE" in line
+               for line in lines), lines
+    assert not any("django_jobguard.task [" in line for line in lines)
+    stored = JobResult.objects.get(id=result.id)
+    assert registry.display_name(stored.name, stored.payload, result=True) == \
+        "tests.support.tasks.add"

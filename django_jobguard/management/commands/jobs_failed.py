@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
+from django_jobguard import registry
 from django_jobguard.models import FailedJob
 
 
@@ -22,7 +23,8 @@ class Command(BaseCommand):
         rows = list(qs[: opts["limit"]])
         if opts["json"]:
             self.stdout.write(json.dumps([
-                {"id": str(r.id), "queue": r.queue, "name": r.name, "attempts": r.attempts,
+                {"id": str(r.id), "queue": r.queue, "name": r.name,
+                 "display_name": registry.display_name(r.name, r.payload), "attempts": r.attempts,
                  "exception": r.exception_class, "message": r.message,
                  "failed_at": r.failed_at.isoformat()} for r in rows], indent=2))
             return
@@ -30,5 +32,6 @@ class Command(BaseCommand):
             self.stdout.write("No failed jobs.")
             return
         for r in rows:
-            self.stdout.write(f"{r.failed_at:%Y-%m-%d %H:%M:%S}  {r.id}  {r.queue:<10} {r.name}  "
+            self.stdout.write(f"{r.failed_at:%Y-%m-%d %H:%M:%S}  {r.id}  {r.queue:<10} "
+                              f"{registry.display_name(r.name, r.payload)}  "
                               f"{r.exception_class.rsplit('.', 1)[-1]}: {r.message[:80]}")

@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobguard import operations
+from django_jobguard.management.prompts import add_noinput_argument, confirmed
 from django_jobguard.operations import LockRow
 from django_jobguard.stores import get_store
 
@@ -45,6 +46,7 @@ class Command(BaseCommand):
         parser.add_argument("--release", metavar="KEY", action="append", default=[],
                             help="Free this lock whoever holds it (repeatable).")
         parser.add_argument("--clean", action="store_true", help="Remove expired locks.")
+        add_noinput_argument(parser)
         parser.add_argument("--stale", action="store_true", help="List only stale locks.")
         parser.add_argument("--json", action="store_true", help="Print the list as JSON.")
         parser.add_argument("--database", default=None,
@@ -59,6 +61,12 @@ class Command(BaseCommand):
         if opts["release"] or opts["clean"]:
             missing = []
             for key in opts["release"]:
+                row = operations.inspect_lock(store, key, using=opts["database"])
+                if row is not None and not row.stale and row.info.job_id and not confirmed(
+                        f"Lock {key} is held by job {row.info.job_id}, which is still queued "
+                        f"or running on a live worker; releasing it lets a second copy in.",
+                        opts):
+                    raise CommandError(f"Cancelled; {key} was not released.")
                 if operations.force_release(store, key, actor=ACTOR):
                     self.stdout.write(self.style.SUCCESS(f"Released {key}."))
                 else:

@@ -481,6 +481,9 @@ def test_openapi_schema_is_served_valid_and_complete(api):
         ("POST", "/jobguard/api/queues/{queue}/pause/"),
         ("POST", "/jobguard/api/queues/{queue}/resume/"),
         ("POST", "/jobguard/api/jobs/{id}/cancel/"),
+        ("POST", "/jobguard/api/jobs/{id}/requeue/"), ("POST", "/jobguard/api/jobs/delete/"),
+        ("POST", "/jobguard/api/failed-jobs/retry/"),
+        ("POST", "/jobguard/api/failed-jobs/delete/"),
     }
     assert operations == expected
     dispatch = schema["paths"]["/jobguard/api/dispatch/"]["post"]

@@ -1,0 +1,141 @@
+"""Bulk actions on every job a search matches, in bounded batches, and requeueing the
+reservation of a worker that is gone."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_jobguard import get_store, operations
+from django_jobguard.models import FailedJob, QueuedJob, Worker
+from django_jobguard.operations import JobSearch
+from tests.support.operate import UniqueReport, failed_job, reserved, waiting
+
+pytestmark = pytest.mark.django_db
+
+
+def failed_with(invoice_id, queue_name="default") -> FailedJob:
+    row = failed_job(queue_name=queue_name)
+    FailedJob.objects.filter(id=row.id).update(
+        payload={"args": [], "kwargs": {"invoice_id": invoice_id}})
+    return row
+
+
+def test_retry_matching_retries_every_match_in_batches_and_logs_once(caplog):
+    matching = [failed_with(7) for _ in range(7)]
+    other = failed_with(8)
+    rows = JobSearch.from_params({"kwargs__invoice_id": "7"}, failed=True).failed_jobs()
+    with caplog.at_level(logging.WARNING, "django_jobguard.operations"), \
+            CaptureQueriesContext(connection) as queries:
+        result = operations.retry_matching(rows, actor="ann", description="kwargs__id = 7",
+                                           batch_size=3)
+    assert result == operations.BulkResult(done=7, skipped=0)
+    assert set(QueuedJob.objects.values_list("id", flat=True)) == {r.id for r in matching}
+    assert list(FailedJob.objects.values_list("id", flat=True)) == [other.id]
+    # no statement names more than a batch of ids: 7 rows in 3 batches (+1 empty read)
+    selects = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")
+               and "ORDER BY" in q["sql"] and "LIMIT 3" in q["sql"].upper()]
+    assert len(selects) == 4
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line == "Retried 7 failed job(s) matching kwargs__id = 7 by ann."
+
+
+def test_retry_matching_skips_a_failed_job_whose_id_is_queued_already():
+    row = failed_with(7)
+    QueuedJob.objects.create(id=row.id, name="x", payload={"args": [], "kwargs": {}})
+    second = failed_with(7)
+    result = operations.retry_matching(FailedJob.objects.all())
+    assert result == operations.BulkResult(done=1, skipped=1)
+    assert FailedJob.objects.get().id == row.id
+    assert QueuedJob.objects.filter(id=second.id).exists()
+
+
+def test_forget_matching_deletes_only_matches():
+    for _ in range(5):
+        failed_with(1, queue_name="billing")
+    keep = failed_with(1, queue_name="default")
+    rows = JobSearch.from_params({"queue": "billing"}, failed=True).failed_jobs()
+    assert operations.forget_matching(rows, batch_size=2).done == 5
+    assert list(FailedJob.objects.values_list("id", flat=True)) == [keep.id]
+
+
+def test_delete_matching_skips_reserved_jobs_and_frees_unique_locks():
+    UniqueReport(5).dispatch()
+    unique_row = QueuedJob.objects.get(name=UniqueReport.name)
+    plain = [waiting(queue_name="busy") for _ in range(3)]
+    held = reserved(queue_name="busy2")
+    result = operations.delete_matching(QueuedJob.objects.all(), actor="ann", batch_size=2)
+    assert result == operations.BulkResult(done=4, skipped=1)
+    assert list(QueuedJob.objects.values_list("id", flat=True)) == [held.id]
+    assert not any(QueuedJob.objects.filter(id=row.id).exists() for row in plain)
+    assert get_store().get_lock(f"jobguard:unique:{UniqueReport.name}:5") is None
+    assert not QueuedJob.objects.filter(id=unique_row.id).exists()
+
+
+def test_id_batches_refuses_a_zero_batch():
+    with pytest.raises(ValueError):
+        list(operations.bulk.id_batches(QueuedJob.objects.all(), batch_size=0))
+
+
+# -- requeue --------------------------------------------------------------------------------
+
+
+def test_requeue_puts_back_the_job_of_a_silent_worker():
+    row = reserved(worker_id="otherhost:1:a")
+    Worker.objects.filter(id="otherhost:1:a").update(last_seen_at="2000-01-01T00:00:00Z")
+    assert operations.stale_reservations(QueuedJob.objects.with_state()) == {
+        str(row.id): "worker otherhost:1:a is gone"}
+    result = operations.requeue([row.id], actor="ann")
+    assert result.requeued == [str(row.id)]
+    fresh = QueuedJob.objects.with_state().get(id=row.id)
+    assert fresh.state == "waiting" and fresh.reserved_by == "" and fresh.reserved_at is None
+    assert fresh.attempts == row.attempts  # the crashed run counted, as after its lease
+
+
+def test_requeue_refuses_the_job_of_a_live_worker():
+    row = reserved(worker_id="otherhost:1:b")  # beat just now (the row was created now)
+    assert operations.stale_reservations(QueuedJob.objects.with_state()) == {}
+    result = operations.requeue([row.id])
+    assert result.alive == [str(row.id)] and not result.requeued
+    with pytest.raises(operations.RequeueRefused, match="which is alive") as caught:
+        operations.requeue_job(str(row.id))
+    assert caught.value.code == operations.WORKER_ALIVE
+    assert QueuedJob.objects.with_state().get(id=row.id).state == "reserved"
+
+
+def test_requeue_refuses_a_job_that_is_not_reserved_or_not_queued():
+    row = waiting()
+    with pytest.raises(operations.RequeueRefused, match="not reserved") as caught:
+        operations.requeue_job(str(row.id))
+    assert caught.value.code == operations.NOT_RESERVED
+    job_id = str(row.id)
+    row.delete()
+    for missing in (job_id, "not-a-uuid"):
+        with pytest.raises(operations.RequeueRefused, match="not queued") as caught:
+            operations.requeue_job(missing)
+        assert caught.value.code == "not_queued"
+
+
+def test_requeue_rechecks_the_heartbeat_in_sql(monkeypatch):
+    """A worker judged silent that beats before the UPDATE keeps its job."""
+    row = reserved(worker_id="otherhost:1:c")
+    from django_jobguard.operations import queued
+
+    monkeypatch.setattr(queued, "worker_states",
+                        lambda ids, using: dict.fromkeys(ids, "silent"))
+    result = operations.requeue([row.id])  # the row's heartbeat is fresh in the database
+    assert result.alive == [str(row.id)] and not result.requeued
+    assert QueuedJob.objects.with_state().get(id=row.id).state == "reserved"
+
+
+def test_a_worker_row_without_a_process_on_this_host_is_ended():
+    import socket
+
+    Worker.objects.create(id="here:1", hostname=socket.gethostname(), pid=2**22 + 12345,
+                          queues="default")
+    Worker.objects.create(id="there:1", hostname="elsewhere", pid=1, queues="default")
+    assert operations.worker_states(["here:1", "there:1", "nobody"]) == {
+        "here:1": "ended", "there:1": "alive", "nobody": "unknown"}
