@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
-from django_jobguard import clock, queue, registry, results, signals, unique_jobs, workflows
+from django_jobguard import aio, clock, queue, registry, results, signals, unique_jobs, workflows
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Due
@@ -42,7 +42,7 @@ from django_jobguard.exceptions import (
     StoreUnavailableError,
     WorkerStoppedError,
 )
-from django_jobguard.handling import run_middleware
+from django_jobguard.handling import run_middleware, run_middleware_async
 from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
@@ -77,7 +77,8 @@ class Pipeline:
     def __init__(self, *, worker_id: str, using: str = DEFAULT_DB_ALIAS,
                  defaults: Defaults | None = None, log: Log | None = None,
                  log_running: bool = True,
-                 pause: Callable[[float], Any] = time.sleep) -> None:
+                 pause: Callable[[float], Any] = time.sleep,
+                 event_loop: bool = False) -> None:
         self.worker_id = worker_id
         self.using = using
         self.defaults = defaults or Defaults()
@@ -85,6 +86,9 @@ class Pipeline:
         # Whether ``log`` wants RUNNING lines: the line is not even built otherwise.
         self.log_running = log_running
         self.pause = pause
+        #: Run async jobs on this process's event loop thread (a worker), not on a loop of
+        #: their own in this thread (``drain()``, inline mode).
+        self.event_loop = event_loop
         self._stamp: tuple[int, str] = (-1, "")
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
@@ -249,9 +253,13 @@ class Pipeline:
         context.started_at = clock.now()
         try:
             self.running = context
-            with time_limit(context.policy.timeout, finished=lambda: context.handle_finished,
-                            label=f"{row.name} [{row.id}]"):
-                result = run_middleware(job)
+            if job.is_async:
+                result = self.run_async(row, job)
+            else:
+                with time_limit(context.policy.timeout,
+                                finished=lambda: context.handle_finished,
+                                label=f"{row.name} [{row.id}]"):
+                    result = run_middleware(job)
         except WorkerStoppedError as exc:  # a second Ctrl-C, or --reload past its grace
             return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)
         except (SystemExit, KeyboardInterrupt) as exc:
@@ -273,6 +281,17 @@ class Pipeline:
         if context.requested is not None:
             return context.requested
         return Outcome.done(result) if context.handle_started else Outcome.dropped("skipped")
+
+    def run_async(self, row: QueuedJob, job: JobLike) -> Any:
+        """An async job's middleware and ``handle()`` on an event loop, its ``timeout`` (and an
+        operator's cancel) cancelling its task (:mod:`django_jobguard.aio`)."""
+        return aio.run_blocking(lambda: self.run_on_loop(row, job), in_worker=self.event_loop)
+
+    async def run_on_loop(self, row: QueuedJob, job: JobLike) -> Any:
+        """On the event loop: the job's task under its time limit."""
+        return await aio.run_job(job.context, run_middleware_async(job),
+                                 timeout=job.context.policy.timeout,
+                                 label=f"{row.name} [{row.id}]")
 
     def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""

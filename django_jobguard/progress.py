@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, connections
 
-from django_jobguard import queue
+from django_jobguard import aio, queue
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -53,7 +53,8 @@ class RunReporter:
         with self._lock:
             self._pending = value
             wait = self._written_at + INTERVAL - self._clock()
-            if wait > 0:
+            if wait > 0 or aio.in_event_loop():  # an async job: never write on the loop
+                wait = max(wait, 0.0)
                 if self._timer is None:
                     self._timer = threading.Timer(wait, self._flush_from_timer)
                     self._timer.daemon = True
@@ -85,8 +86,8 @@ class RunReporter:
 
     def cancelled(self) -> bool:
         """Whether an operator asked this run to stop (read at most once a second)."""
-        if self._cancelled:
-            return True
+        if self._cancelled or aio.in_event_loop():  # an async job: its run reads the flag
+            return self._cancelled
         now = self._clock()
         if now - self._checked_at >= INTERVAL:
             self._checked_at = now

@@ -36,4 +36,5 @@ from testproject.settings import JOBGUARD  # noqa: E402
 JOBGUARD = {**JOBGUARD, "JOB_MODULES": [
     "tests.support.jobs", "tests.support.tasks", "tests.support.limit_jobs",
     "tests.support.lock_jobs", "tests.support.failure_jobs", "tests.support.testing_jobs",
+    "tests.support.async_jobs",
     *JOBGUARD["JOB_MODULES"]]}
