@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 
-SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches"]
+SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches",
+             "io_bound"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,10 +109,65 @@ class Pipeline:
         started = time.monotonic()
         if not queue.start(row, using=self.using):  # a row claimed ahead counts its attempt now
             return self._lost(row, started)
+        job = None
         try:
-            return self._process(row, started, then)
+            job = self._prepare(row, started, then)
+            if isinstance(job, str):
+                return job
+            return self.apply(row, job, self.run(row, job), started, then=then)
         except (DatabaseError, InterfaceError, StoreUnavailableError):
             raise  # transient: the row's lease runs out and it is retried
+        except Exception as exc:
+            return self._unprocessable(row, exc, started)
+        finally:
+            if job is not None and not isinstance(job, str):
+                job.context.reporter.close()
+
+    async def aprocess(self, row: QueuedJob) -> str:
+        """:meth:`process` for an async job's row, on the event loop: the database work off
+        the loop (:func:`aio.call_sync`, two round trips to a thread), the job on it, so
+        that many async jobs wait at once without a thread each."""
+        started = time.monotonic()
+        job = await aio.call_sync(self._begin, row, started)
+        if isinstance(job, str):
+            return job
+        try:
+            try:
+                result: Any = await self.run_on_loop(row, job)
+                error: BaseException | None = None
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                result, error = None, exc
+            return await aio.call_sync(self._finish, row, job, result, error, started)
+        finally:
+            job.context.reporter.close()
+
+    def _begin(self, row: QueuedJob, started: float) -> str | JobLike:
+        """Off the loop: start and rebuild the row; its state if that ended it, else the job
+        (announced as running)."""
+        if not queue.start(row, using=self.using):
+            return self._lost(row, started)
+        job = None
+        try:
+            job = self._prepare(row, started, None)
+            if not isinstance(job, str):
+                self._starting(row, job)
+            return job
+        except (DatabaseError, InterfaceError, StoreUnavailableError):
+            raise
+        except Exception as exc:
+            if job is not None and not isinstance(job, str):
+                job.context.reporter.close()
+            return self._unprocessable(row, exc, started)
+
+    def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
+                started: float) -> str:
+        """Off the loop: the outcome of an async job's run, applied."""
+        try:
+            outcome = self._outcome(row, job, result) if error is None else \
+                self._error_outcome(row, job, error)
+            return self.apply(row, job, outcome, started)
+        except (DatabaseError, InterfaceError, StoreUnavailableError):
+            raise
         except Exception as exc:
             return self._unprocessable(row, exc, started)
 
@@ -133,7 +188,10 @@ class Pipeline:
         signals.job_failed.send(sender=None, job=None, job_id=str(row.id), exception=exc)
         return self._log(row, "FAILED", started, queue.describe(exc))
 
-    def _process(self, row: QueuedJob, started: float, then: QueuedJob | None) -> str:
+    def _prepare(self, row: QueuedJob, started: float,
+                 then: QueuedJob | None) -> str | JobLike:
+        """Rebuild the started row's job and check it may run: the job, or the state it
+        ended in (failed, deleted, cancelled, put back) when it may not."""
         try:
             job = self.rebuild(row)
         except registry.UnknownJobError as exc:
@@ -147,14 +205,19 @@ class Pipeline:
         except Exception as exc:
             return self.apply(row, None, Outcome.failed(
                 exc, reason="rebuild", detail=_unbuildable(exc)), started)
-
         try:
-            return self._process_built(row, job, started, then)
-        finally:
+            ended = self._refused(row, job, started)
+        except BaseException:
             job.context.reporter.close()
+            raise
+        if ended is not None:
+            job.context.reporter.close()
+            return ended
+        return job
 
-    def _process_built(self, row: QueuedJob, job: JobLike, started: float,
-                       then: QueuedJob | None) -> str:
+    def _refused(self, row: QueuedJob, job: JobLike, started: float) -> str | None:
+        """The state of a job that may not run (cancelled, its batch cancelled, out of
+        attempts), written; ``None`` when it may."""
         if row.cancel_requested_at is not None:  # cancelled while it ran, then put back
             return self.apply(row, job, Outcome.cancelled(), started)
         skip = workflows.skip_reason(row.payload, using=self.using)
@@ -170,7 +233,7 @@ class Pipeline:
                 + ".")
             return self.apply(row, job, Outcome.failed(error, reason="attempts", detail=ended),
                               started)
-        return self.apply(row, job, self.run(row, job), started, then=then)
+        return None
 
     def _unknown(self, row: QueuedJob, exc: registry.UnknownJobError, started: float) -> str:
         """A job this worker does not know: put back with back-off while it is younger than
@@ -247,10 +310,7 @@ class Pipeline:
     def run(self, row: QueuedJob, job: JobLike) -> Outcome:
         """Middleware and ``handle()`` under the job's time limit, and what came of it."""
         context = job.context
-        if self.log_running:
-            self.log(self._line(row, "RUNNING"), "RUNNING")
-        signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
-        context.started_at = clock.now()
+        self._starting(row, job)
         try:
             self.running = context
             if job.is_async:
@@ -260,27 +320,45 @@ class Pipeline:
                                 finished=lambda: context.handle_finished,
                                 label=f"{row.name} [{row.id}]"):
                     result = run_middleware(job)
-        except WorkerStoppedError as exc:  # a second Ctrl-C, or --reload past its grace
-            return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
-            # flag, never into these): the job failed, the worker goes on.
-            logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
-                           "stop.", row.name, row.id, exc)
-            return self._after_exception(row, job, exc)
-        except Exception as exc:
-            if context.cancel_seen:  # it stopped because it was asked to
-                return Outcome.cancelled()
-            if isinstance(exc, StoreUnavailableError) and not context.handle_started:
-                return self._store_outage(row, exc)
-            return self._after_exception(row, job, exc)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            return self._error_outcome(row, job, exc)
         finally:
             self.running = None
+        return self._outcome(row, job, result)
+
+    def _starting(self, row: QueuedJob, job: JobLike) -> None:
+        """Log RUNNING, send ``job_processing``, note the start time."""
+        if self.log_running:
+            self.log(self._line(row, "RUNNING"), "RUNNING")
+        signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
+        job.context.started_at = clock.now()
+
+    @staticmethod
+    def _outcome(row: QueuedJob, job: JobLike, result: Any) -> Outcome:
+        """What came of a run that raised nothing."""
+        context = job.context
         if context.cancel_seen:
             return Outcome.cancelled()
         if context.requested is not None:
             return context.requested
         return Outcome.done(result) if context.handle_started else Outcome.dropped("skipped")
+
+    def _error_outcome(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
+        """What came of a run that raised ``exc``."""
+        context = job.context
+        if isinstance(exc, WorkerStoppedError):  # a second Ctrl-C, or --reload past its grace
+            return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
+            # flag, never into these): the job failed, the worker goes on.
+            logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
+                           "stop.", row.name, row.id, exc)
+            return self._after_exception(row, job, exc)
+        if context.cancel_seen:  # it stopped because it was asked to
+            return Outcome.cancelled()
+        if isinstance(exc, StoreUnavailableError) and not context.handle_started:
+            return self._store_outage(row, exc)
+        return self._after_exception(row, job, exc)
 
     def run_async(self, row: QueuedJob, job: JobLike) -> Any:
         """An async job's middleware and ``handle()`` on an event loop, its ``timeout`` (and an

@@ -26,7 +26,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
-from django_jobguard import operations, queue, schedules
+from django_jobguard import aio, operations, queue, registry, schedules
 from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import WorkerStoppedError
@@ -72,6 +72,8 @@ class WorkerOptions:
     once: bool = False
     batch: int = 0  # rows per claim; 0: JOBGUARD['CLAIM_BATCH_SIZE'], adaptive when None
     using: str = DEFAULT_DB_ALIAS
+    #: Async jobs run at once on the event loop; None: JOBGUARD['ASYNC_CONCURRENCY'].
+    async_concurrency: int | None = None
 
 
 def _rss_mb() -> float:
@@ -136,11 +138,16 @@ class Worker:
         self._rss_checked = -1.0
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs_processed = 0
+        self._count_lock = threading.Lock()
         self._stop = StopFlag()
         self.pipeline = Pipeline(
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
-            pause=self._stop.wait)
+            pause=self._stop.wait, event_loop=True)
+        # Async jobs: on this process's event loop, many at once (sync jobs never go there).
+        self._async = aio.AsyncExecutor(
+            self.pipeline.aprocess, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
+            self._async_finished)
         self._in_job = False
         self._current_job = ""
         self._listener: queue.Listener | None = None
@@ -175,7 +182,18 @@ class Worker:
                                           using=self.options.using)
                         self._held = frozenset()
                         break
+                    if self._runs_async(row):  # on the loop; this thread goes on claiming
+                        if not self._async.submit(row, stop=self._stop):
+                            for left in rows[index:]:
+                                queue.release(left, count_attempt=False,
+                                              using=self.options.using)
+                            self._held = frozenset()
+                            break
+                        self._held = self._held - {row.id}
+                        continue
                     then = rows[index + 1] if index + 1 < len(rows) else None
+                    if then is not None and self._runs_async(then):
+                        then = None  # started by its own pipeline on the loop
                     began = time.monotonic()
                     self.process_claimed(row, then=then)
                     self._claim_size.finished(time.monotonic() - began)
@@ -189,7 +207,22 @@ class Worker:
                     self._wait()
             return EXIT_OK
         finally:
+            self._async.wait()  # the async jobs running finish (or end by their timeout)
             self._shutdown()
+
+    @staticmethod
+    def _runs_async(row: QueuedJob) -> bool:
+        try:
+            return aio.is_async(registry.get(row.name))
+        except registry.UnknownJobError:
+            return False  # the pipeline deals with it
+
+    def _async_finished(self, row: QueuedJob, state: str | None) -> None:
+        """An async job ended (called from the loop thread)."""
+        if state is not None:
+            self._recent.record(state)
+        with self._count_lock:
+            self.jobs_processed += 1
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second
@@ -215,7 +248,7 @@ class Worker:
             return EXIT_OK
         if o.max_time and time.monotonic() - started >= o.max_time:
             return EXIT_OK
-        if o.max_jobs and self.jobs_processed >= o.max_jobs:
+        if o.max_jobs and self.jobs_processed + len(self._async) >= o.max_jobs:
             return EXIT_OK
         return None
 
@@ -231,7 +264,7 @@ class Worker:
         o = self.options
         limit = 1 if o.once else self._claim_size.next()
         if o.max_jobs:
-            limit = max(1, min(limit, o.max_jobs - self.jobs_processed))
+            limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
         try:
             # One job starts now; the rest of a batch is claimed ahead, its attempts uncounted
             # until each starts (a worker killed meanwhile has not used their tries).
@@ -310,7 +343,8 @@ class Worker:
         finally:
             self._in_job = False
             self._current_job = ""
-            self.jobs_processed += 1
+            with self._count_lock:
+                self.jobs_processed += 1
             self._reset_connections()
 
     def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
@@ -358,6 +392,7 @@ class Worker:
 
     def _stop_at_once(self) -> None:
         self._stop.set()
+        self._async.stop_all()  # each async job goes back to the queue, its attempt unused
         if self.pipeline.interruptible() is not None:
             logger.warning("Worker %s got SIGINT again; stopping at once, the job goes back "
                            "to the queue.", self.id)
@@ -402,7 +437,7 @@ class Worker:
     def heartbeat(self) -> None:
         """Renew this worker's leases and write its liveness and last-minute counts."""
         using = self.options.using
-        held = self._held
+        held = self._held | self._async.held()
         if held:
             queue.extend_leases(self.id, ids=held, using=using)
         done, failed = self._recent.counts()

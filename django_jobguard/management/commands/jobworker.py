@@ -54,6 +54,10 @@ class Command(BaseCommand):
                                  "without a backlog, up to 16 with one).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Worker processes to run under one supervisor.")
+        parser.add_argument("--async-concurrency", type=int, default=None,
+                            help="Async jobs (async def handle) to run at once on the worker "
+                                 "process's event loop (default: "
+                                 "JOBGUARD['ASYNC_CONCURRENCY'], 10).")
         parser.add_argument("--database", default="default",
                             help="Database alias holding the queue.")
         parser.add_argument("--reload", action="store_true",
@@ -73,6 +77,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
+        if opts["async_concurrency"] is not None and opts["async_concurrency"] < 1:
+            raise CommandError("--async-concurrency must be at least 1.")
         if opts["reload"] and opts["concurrency"] > 1:
             raise CommandError("--reload runs one worker process; leave out --concurrency.")
         for error in check_skip_locked(databases=[opts["database"]]):
@@ -82,6 +88,7 @@ class Command(BaseCommand):
             backoff=opts["backoff"], max_jobs=opts["max_jobs"], max_time=opts["max_time"],
             stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
             once=opts["once"], batch=opts["batch"], using=opts["database"],
+            async_concurrency=opts["async_concurrency"],
         )
         verbosity = opts["verbosity"]
         if opts["reload"]:
