@@ -12,8 +12,18 @@ from __future__ import annotations
 import sys
 
 from bench import peers
-from bench.common import Goal, Report, Run, Table, django_command, measure_processing, ratio
-from bench.common import spawn, truncate, wait_for_connections
+from bench.common import (
+    Goal,
+    Report,
+    Run,
+    Table,
+    django_command,
+    measure_processing,
+    ratio,
+    spawn,
+    truncate,
+    wait_for_connections,
+)
 from bench.throughput import JOBGUARD_TABLES, REMAINING
 
 CONCURRENCY = 20
