@@ -449,6 +449,11 @@ class AsyncExecutor:
         except Exception:
             logger.exception("Recording the end of %s failed.", row)
 
+    def free(self) -> int:
+        """How many more async jobs may start now."""
+        with self._lock:
+            return self.concurrency - len(self._rows)
+
     def held(self) -> frozenset[Any]:
         """Ids of the rows running now (the heartbeat renews their leases)."""
         with self._lock:

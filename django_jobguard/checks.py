@@ -65,6 +65,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "EMBEDDED_WORKER": (dict, type(None)),
     "ASYNC_BLOCKED_AFTER": (int, float),
     "ASYNC_CONCURRENCY": (int,),
+    "QUEUES": (dict,),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS", "ASYNC_CONCURRENCY"}
 _NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS",
@@ -98,7 +99,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
             + _check_api_permissions() + _check_limiters() + _check_reliability()
-            + _check_test_mode() + _check_embedded_worker())
+            + _check_test_mode() + _check_embedded_worker() + _check_queues())
 
 
 def _check_reliability() -> list:
@@ -153,6 +154,33 @@ def _check_embedded_worker() -> list:
                   hint='e.g. {"threads": 2, "queues": ["*"], "shutdown_timeout": 20}; '
                        "see docs/worker.md#embedded-worker.",
                   id="jobguard.E080") for problem in problems]
+
+
+def _check_queues() -> list:
+    """jobguard.E090–E092: ``QUEUES`` maps queue names to dicts of known keys, and each
+    ``global_concurrency`` is a whole number of jobs >= 1."""
+    from django_jobguard.queue_caps import QUEUE_KEYS
+
+    errors: list = []
+    hint = 'e.g. JOBGUARD["QUEUES"] = {"reports": {"global_concurrency": 2}}'
+    for name, config in jobguard_settings.QUEUES.items():
+        if not isinstance(name, str) or not name or name == "*" or not isinstance(config, dict):
+            errors.append(Error(f"JOBGUARD['QUEUES'] must map queue names to dicts; "
+                                f"{name!r}: {config!r} is not one.", hint=hint,
+                                id="jobguard.E090"))
+            continue
+        for key in sorted(set(config) - QUEUE_KEYS):
+            errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}] has an unknown key {key!r}.",
+                                hint=f"Known keys: {', '.join(sorted(QUEUE_KEYS))}.",
+                                id="jobguard.E091"))
+        cap = config.get("global_concurrency")
+        if "global_concurrency" in config and (
+                isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['global_concurrency'] must be "
+                                f"a whole number of jobs >= 1, not {cap!r}.",
+                                hint="Leave the key out for no cap; pause a queue with "
+                                     "jobs_pause to run none.", id="jobguard.E092"))
+    return errors
 
 
 def _check_timeouts() -> list:

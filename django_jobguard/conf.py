@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     # Worker threads inside the web server's process (small apps, development): None (off) or
     # {"threads": 2, "queues": ["*"], "sleep": 3, "shutdown_timeout": 20, "tries": 1}.
     "EMBEDDED_WORKER": None,
+    # Settings per queue name: {"reports": {"global_concurrency": 2}} runs at most two jobs of
+    # "reports" at once across every worker and host (enforced in the database at each claim).
+    "QUEUES": {},
 }
 
 

@@ -100,6 +100,10 @@ class QueuedJob(models.Model):
     progress = models.FloatField(_("progress"), null=True, blank=True)
     progress_message = models.CharField(_("progress message"), max_length=255, blank=True,
                                         default="", db_default="")
+    #: How many times the row was claimed: every claim adds one. Writes of a claimed row check
+    #: it with ``reserved_by``, so a late write of an attempt the worker already ended (a
+    #: stuck thread, see executor.py) cannot touch a later claim of the row by the same worker.
+    claims = models.PositiveIntegerField(_("claims"), default=0, db_default=0, editable=False)
 
     objects = QueuedJobQuerySet.as_manager()
 
@@ -223,7 +227,8 @@ class Worker(models.Model):
     queues = models.CharField(_("queues"), max_length=255)
     started_at = models.DateTimeField(_("started at"), db_default=Now())
     last_seen_at = models.DateTimeField(_("last seen at"), db_default=Now())
-    current_job = models.CharField(_("current job"), max_length=64, blank=True, default="")
+    #: The ids of the jobs it runs now, comma separated (several with ``--threads``).
+    current_job = models.TextField(_("current job"), blank=True, default="")
     jobs_processed = models.PositiveIntegerField(_("jobs processed"), default=0)
     # Jobs this worker finished in the 60 s before its last heartbeat (for the stats API).
     done_last_minute = models.PositiveIntegerField(_("done in the last minute"), default=0)
@@ -235,6 +240,22 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class QueueGate(models.Model):
+    """The row every claim of a queue with a ``global_concurrency`` (``JOBGUARD["QUEUES"]``)
+    locks while it counts the queue's running jobs and claims, so that claims of that queue
+    from all workers and hosts take turns and never run more than the cap at once."""
+
+    queue = models.CharField(_("queue"), max_length=100, primary_key=True)
+    claimed_at = models.DateTimeField(_("last claimed at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("queue gate")
+        verbose_name_plural = _("queue gates")
+
+    def __str__(self) -> str:
+        return self.queue
 
 
 class PausedQueue(models.Model):

@@ -92,6 +92,8 @@ class Pipeline:
         self._stamp: tuple[int, str] = (-1, "")
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
+        #: That job (an executor ends its attempt when its thread is stuck past its timeout).
+        self.job: JobLike | None = None
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -312,7 +314,7 @@ class Pipeline:
         context = job.context
         self._starting(row, job)
         try:
-            self.running = context
+            self.running, self.job = context, job
             if job.is_async:
                 result = self.run_async(row, job)
             else:
@@ -323,7 +325,7 @@ class Pipeline:
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._error_outcome(row, job, exc)
         finally:
-            self.running = None
+            self.running = self.job = None
         return self._outcome(row, job, result)
 
     def _starting(self, row: QueuedJob, job: JobLike) -> None:

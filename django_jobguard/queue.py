@@ -26,7 +26,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Value
 
-from django_jobguard import clock
+from django_jobguard import clock, queue_caps
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects import Listener, NewJob, dialect_for
 from django_jobguard.durations import NOW, Due
@@ -84,10 +84,12 @@ def claim(
     worker_id: str,
     limit: int = 1,
     start: int | None = None,
+    named: Sequence[str] | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[QueuedJob]:
     """Reserve up to ``limit`` due jobs from the first of ``queues`` that has any
-    (:data:`ALL_QUEUES`, ``"*"``, stands for every queue not named, see :func:`_expand`).
+    (:data:`ALL_QUEUES`, ``"*"``, stands for every queue not named in ``named``, by default
+    in ``queues``, see :func:`_expand`).
 
     The first ``start`` of them (default: all) start now and have their attempt counted in
     the claim; the others are claimed ahead (``row.attempt_counted`` is False) and count it
@@ -96,28 +98,41 @@ def claim(
     """
     lease = float(jobguard_settings.RETRY_AFTER)
     dialect = dialect_for(using)
-    now = limit if start is None else max(0, min(start, limit))
-    for queue in _expand(queues, using):
-        rows = dialect.claim(queue, worker_id=worker_id, limit=now, lease=lease) if now else []
-        for row in rows:
-            row.attempt_counted = True
-        if limit > now and len(rows) == now:  # a backlog: claim the rest ahead, uncounted
-            ahead = dialect.claim(queue, worker_id=worker_id, limit=limit - now, lease=lease,
-                                  count_attempts=False)
-            for row in ahead:
-                row.attempt_counted = False
-            rows += ahead
+    for queue in _expand(queues, using, queues if named is None else named):
+        cap = queue_caps.global_concurrency(queue)
+        if cap is None:
+            rows = _claim_from(dialect, queue, worker_id, limit, start, lease)
+        else:  # counted and claimed while holding the queue's gate row
+            with queue_caps.gate(queue, cap, using=using) as room:
+                rows = _claim_from(dialect, queue, worker_id, min(limit, room), start, lease)
         if rows:
-            rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
             return rows
     return []
+
+
+def _claim_from(dialect: Any, queue: str, worker_id: str, limit: int, start: int | None,
+                lease: float) -> list[QueuedJob]:
+    """:func:`claim` of one queue: the rows started now first, then those claimed ahead."""
+    now = limit if start is None else max(0, min(start, limit))
+    rows = dialect.claim(queue, worker_id=worker_id, limit=now, lease=lease) if now else []
+    for row in rows:
+        row.attempt_counted = True
+    if limit > now and len(rows) == now:  # a backlog: claim the rest ahead, uncounted
+        ahead = dialect.claim(queue, worker_id=worker_id, limit=limit - now, lease=lease,
+                              count_attempts=False)
+        for row in ahead:
+            row.attempt_counted = False
+        rows += ahead
+    if rows:
+        rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
+    return rows
 
 
 #: In a worker's queue list: every queue not named in it (``--queue high,*``: ``high`` first).
 ALL_QUEUES = "*"
 
 
-def _expand(queues: Sequence[str], using: str) -> Iterator[str]:
+def _expand(queues: Sequence[str], using: str, named: Sequence[str]) -> Iterator[str]:
     """``queues`` with :data:`ALL_QUEUES` replaced, when a claim reaches it, by the other
     queues that have a due row. Those come in turn, each claim starting one queue further
     on, so that one busy queue does not keep the others waiting."""
@@ -127,7 +142,7 @@ def _expand(queues: Sequence[str], using: str) -> Iterator[str]:
             continue
         others = sorted(set(
             _claimable([ALL_QUEUES], using).filter(available_at__lte=clock.db_now())
-            .exclude(queue__in=[q for q in queues if q != ALL_QUEUES])
+            .exclude(queue__in=[q for q in named if q != ALL_QUEUES])
             .values_list("queue", flat=True).distinct().order_by()))
         if others:
             turn = next(_turns) % len(others)
@@ -221,7 +236,10 @@ def write_progress(job_id: Any, fraction: float, message: str, *, worker_id: str
 
 
 def _held(row: QueuedJob, using: str):
-    return QueuedJob.objects.using(using).filter(id=row.id, reserved_by=row.reserved_by)
+    """The row as this claim of it holds it: same worker and same claim (``claims``), so a
+    late write of an attempt that was ended meanwhile changes nothing."""
+    return QueuedJob.objects.using(using).filter(id=row.id, reserved_by=row.reserved_by,
+                                                 claims=row.claims)
 
 
 def ack(row: QueuedJob, *, then: QueuedJob | None = None,
@@ -232,8 +250,9 @@ def ack(row: QueuedJob, *, then: QueuedJob | None = None,
     the same round trip (see :func:`start`)."""
     dialect = dialect_for(using)
     if then is None or getattr(then, "attempt_counted", True):
-        return dialect.ack(row.id, row.reserved_by)
-    acked, started = dialect.ack_and_start(row.id, row.reserved_by, then.id)
+        return dialect.ack(row.id, row.reserved_by, row.claims)
+    acked, started = dialect.ack_and_start(row.id, row.reserved_by, row.claims, then.id,
+                                           then.claims)
     if started:
         then.attempts += 1
         then.attempt_counted = True
@@ -246,7 +265,8 @@ def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None
     (one statement on PostgreSQL): ``(acked, (pending, failed) after it)``."""
     start = then if then is not None and not getattr(then, "attempt_counted", True) else None
     acked, started, counts = dialect_for(using).ack_counting(
-        row.id, row.reserved_by, start.id if start else None, batch_id)
+        row.id, row.reserved_by, row.claims, start.id if start else None,
+        start.claims if start else None, batch_id)
     if started:
         start.attempts += 1
         start.attempt_counted = True

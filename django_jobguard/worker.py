@@ -6,6 +6,11 @@
 signal or a ``queue:work`` stop condition. A heartbeat thread renews the leases of the rows the
 worker holds and does the shared housekeeping; idle workers wait on LISTEN/NOTIFY
 (PostgreSQL) or poll.
+
+With ``--threads N`` (N > 1) the same loop claims up to the free slots of a
+:class:`~django_jobguard.executor.ThreadExecutor` and hands it the rows; the main thread stays
+the coordinator (:meth:`Worker._run_threaded`). Which queue a claim takes from is
+:class:`~django_jobguard.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
@@ -33,7 +38,11 @@ from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.pipeline import Pipeline
+from django_jobguard.queue_selection import QueueEntry, QueueSelection
 from django_jobguard.retry import Defaults
+
+if TYPE_CHECKING:
+    from django_jobguard.executor import ThreadExecutor
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -74,6 +83,11 @@ class WorkerOptions:
     using: str = DEFAULT_DB_ALIAS
     #: Async jobs run at once on the event loop; None: JOBGUARD['ASYNC_CONCURRENCY'].
     async_concurrency: int | None = None
+    #: Jobs run at once in this process (``--threads``); 1 runs them one by one.
+    threads: int = 1
+    #: ``--queue name:N``: at most N jobs of the queue at once, and its weight (see
+    #: queue_selection.py); every queue of ``queues`` has one, or none has.
+    queue_limits: dict[str, int] = field(default_factory=dict)
 
 
 def _rss_mb() -> float:
@@ -138,7 +152,6 @@ class Worker:
         self._rss_checked = -1.0
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs_processed = 0
-        self._count_lock = threading.Lock()
         self._stop = StopFlag()
         self.pipeline = Pipeline(
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
@@ -160,11 +173,21 @@ class Worker:
         self._recent = RecentOutcomes()
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         self._pause_checked = 0.0
+        self._selection = QueueSelection([QueueEntry(name, o.queue_limits.get(name))
+                                          for name in o.queues])
+        self._executor: ThreadExecutor | None = None
+        self._finished_lock = threading.Lock()
+        #: ``--threads``: claimed rows waiting for a free slot of their kind (sync or async).
+        self._waiting: list[QueuedJob] = []
+        # Set at the very end: the heartbeat renews leases while running jobs finish.
+        self._halted = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> int:
         """Process jobs until a stop condition; returns the process exit code."""
+        if self.options.threads > 1:
+            return self._run_threaded()
         self._install_signal_handlers()
         self._start()
         started = time.monotonic()
@@ -219,9 +242,103 @@ class Worker:
 
     def _async_finished(self, row: QueuedJob, state: str | None) -> None:
         """An async job ended (called from the loop thread)."""
-        if state is not None:
+        self._job_finished(state or "")
+        if self._executor is not None:
+            self._executor.wake()  # the coordinator may claim into the freed slot
+
+    def _run_threaded(self) -> int:
+        """The loop with ``--threads N``: claim as many rows as there are free slots (within
+        each queue's number), hand them to the executor, and wait for a free slot, a NOTIFY
+        or a due job; every pass also enforces the running jobs' time limits. Rows are
+        started as they are claimed (no claiming ahead: a free slot takes a row at once). On
+        a stop condition or signal the running jobs finish (a second Ctrl-C hands them back).
+        """
+        from django_jobguard.executor import EXIT_STUCK, AllThreadsStuck, ThreadExecutor
+
+        self._install_signal_handlers()
+        self._start()
+        executor = self._executor = ThreadExecutor(self, self.options.threads)
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                executor.tick()
+                self._hand_out(executor, [])
+                rows = self._claim_for(executor) if not self._waiting else []
+                self._hand_out(executor, rows)
+                busy = executor.busy + len(self._async)
+                code = self._stop_code(found=bool(rows) or busy > 0, started=started,
+                                       jobs=self.jobs_processed + executor.busy)
+                if code is not None:
+                    return code
+                free = executor.free() + self._async.free()
+                if rows and free:
+                    continue  # there may be more due
+                if not free or self._waiting or (busy and self.options.stop_when_empty):
+                    executor.wait(executor.seconds_to_next_check())
+                else:
+                    self._wait(cap=executor.seconds_to_next_check() if busy else None)
+            return EXIT_OK
+        except AllThreadsStuck as exc:
+            logger.critical("Worker %s: %s; exiting with code %s so that a new worker process "
+                            "takes its place.", self.id, exc, EXIT_STUCK)
+            return EXIT_STUCK
+        finally:
+            self._give_back_waiting()
+            executor.shutdown()
+            self._async.wait()
+            self._shutdown()
+
+    def _hand_out(self, executor: ThreadExecutor, rows: list[QueuedJob]) -> None:
+        """Start the rows waiting for a slot of their kind, then ``rows``: async ones on the
+        event loop, sync ones on a thread; a row whose kind has no free slot waits (claimed,
+        its lease renewed) until one frees."""
+        pending, self._waiting = self._waiting + rows, []
+        for row in pending:
+            if self._runs_async(row):
+                if self._async.free():
+                    self._async.submit(row)
+                    continue
+            elif executor.free():
+                executor.submit(row)
+                continue
+            self._waiting.append(row)
+
+    def _give_back_waiting(self) -> None:
+        """Put back the claimed rows that never got a slot, their attempt unused."""
+        waiting, self._waiting = self._waiting, []
+        for row in waiting:
+            try:
+                queue.release(row, count_attempt=False, using=self.options.using)
+            except (DatabaseError, InterfaceError) as exc:
+                logger.warning("Could not put back %s (%s); its lease will bring it back.",
+                               row, exc)
+
+    def _claim_for(self, executor: ThreadExecutor) -> list[QueuedJob]:
+        """Claim (and start) up to as many rows as the executor has free slots."""
+        o = self.options
+        free = executor.free() + self._async.free()
+        if o.once or o.max_jobs:
+            free = min(free, (1 if o.once else o.max_jobs) - self.jobs_processed - executor.busy
+                       - len(self._async))
+        if free < 1:
+            return []
+        running = self._selection.running(executor.running_queues()) \
+            if self._selection.weighted else None
+        try:
+            return self._selection.claim(
+                lambda names, limit: queue.claim(names, worker_id=self.id, limit=limit,
+                                                 named=o.queues, using=o.using),
+                free=free, running=running)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
+            self._reset_connections(force=True)
+            self._stop.wait(1)
+            return []
+
+    def _job_finished(self, state: str) -> None:
+        """Count a job an executor thread finished (any thread)."""
+        with self._finished_lock:
             self._recent.record(state)
-        with self._count_lock:
             self.jobs_processed += 1
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
@@ -236,8 +353,10 @@ class Worker:
         except (DatabaseError, InterfaceError):
             return False
 
-    def _stop_code(self, *, found: bool, started: float) -> int | None:
-        """``queue:work``'s stop checks, in its order; ``None`` means keep going."""
+    def _stop_code(self, *, found: bool, started: float,
+                   jobs: int | None = None) -> int | None:
+        """``queue:work``'s stop checks, in its order; ``None`` means keep going (``jobs``:
+        the jobs done or started, for ``--max-jobs``)."""
         o = self.options
         if self._stop.is_set():
             return EXIT_OK
@@ -248,7 +367,8 @@ class Worker:
             return EXIT_OK
         if o.max_time and time.monotonic() - started >= o.max_time:
             return EXIT_OK
-        if o.max_jobs and self.jobs_processed + len(self._async) >= o.max_jobs:
+        done = self.jobs_processed if jobs is None else jobs
+        if o.max_jobs and done + len(self._async) >= o.max_jobs:
             return EXIT_OK
         return None
 
@@ -268,8 +388,13 @@ class Worker:
         try:
             # One job starts now; the rest of a batch is claimed ahead, its attempts uncounted
             # until each starts (a worker killed meanwhile has not used their tries).
-            rows = queue.claim(o.queues, worker_id=self.id, limit=limit, start=1,
-                               using=o.using)
+            if self._selection.weighted:
+                rows = self._selection.claim(
+                    lambda names, n: queue.claim(names, worker_id=self.id, limit=n, start=1,
+                                                 named=o.queues, using=o.using), free=limit)
+            else:
+                rows = queue.claim(o.queues, worker_id=self.id, limit=limit, start=1,
+                                   using=o.using)
             self._claim_size.claimed(limit, len(rows))
             return rows
         except (DatabaseError, InterfaceError) as exc:
@@ -278,10 +403,11 @@ class Worker:
             self._stop.wait(1)
             return []
 
-    def _wait(self) -> None:
+    def _wait(self, cap: float | None = None) -> None:
         """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
-        (PostgreSQL) or a stop signal."""
-        deadline = time.monotonic() + min(self.options.sleep, self.seconds_until_next_due())
+        (PostgreSQL), a stop signal, or ``cap`` seconds."""
+        wait = min(self.options.sleep, self.seconds_until_next_due())
+        deadline = time.monotonic() + (wait if cap is None else min(wait, cap))
         self._reopen_listener()
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
@@ -343,7 +469,7 @@ class Worker:
         finally:
             self._in_job = False
             self._current_job = ""
-            with self._count_lock:
+            with self._finished_lock:
                 self.jobs_processed += 1
             self._reset_connections()
 
@@ -393,6 +519,11 @@ class Worker:
     def _stop_at_once(self) -> None:
         self._stop.set()
         self._async.stop_all()  # each async job goes back to the queue, its attempt unused
+        if self._executor is not None:
+            logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs go "
+                           "back to the queue.", self.id)
+            self._executor.abort()
+            return
         if self.pipeline.interruptible() is not None:
             logger.warning("Worker %s got SIGINT again; stopping at once, the job goes back "
                            "to the queue.", self.id)
@@ -421,7 +552,7 @@ class Worker:
         ticker = schedules.Ticker(using)  # periodic jobs: any worker enqueues due ticks, once
         try:
             ticker.run_once()  # at start-up too, not one interval later
-            while not self._stop.wait(interval):
+            while not self._halted.wait(interval):
                 try:
                     self.heartbeat()
                     ticker()
@@ -437,7 +568,7 @@ class Worker:
     def heartbeat(self) -> None:
         """Renew this worker's leases and write its liveness and last-minute counts."""
         using = self.options.using
-        held = self._held | self._async.held()
+        held = self._held | self._async.held() | {row.id for row in self._waiting}
         if held:
             queue.extend_leases(self.id, ids=held, using=using)
         done, failed = self._recent.counts()
@@ -453,6 +584,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stop.set()
+        self._halted.set()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         if self._listener is not None:

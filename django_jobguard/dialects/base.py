@@ -97,11 +97,12 @@ class Dialect(ABC):
         attempt counts when they start). A payload that does not decode stays text."""
 
     @abstractmethod
-    def ack(self, job_id: Any, reserved_by: str) -> bool:
-        """Delete the row ``job_id`` if ``reserved_by`` still holds it."""
+    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
+        """Delete the row ``job_id`` if ``reserved_by`` still holds it from the claim that
+        left its ``claims`` count at ``claims``."""
 
-    def ack_and_start(self, job_id: Any, reserved_by: str,
-                      start_id: Any) -> tuple[bool, bool]:
+    def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
+                      start_claims: int) -> tuple[bool, bool]:
         """Ack ``job_id`` and count the attempt of ``start_id``, the row claimed ahead that
         the worker runs next (both owner-checked): ``(acked, started)``. One round trip
         where the dialect can (the default: two statements in one transaction)."""
@@ -109,9 +110,10 @@ class Dialect(ABC):
         from django.db.models import F
 
         with transaction.atomic(using=self.using):
-            acked = self.ack(job_id, reserved_by)
+            acked = self.ack(job_id, reserved_by, claims)
             started = QueuedJob.objects.using(self.using).filter(
-                id=start_id, reserved_by=reserved_by).update(attempts=F("attempts") + 1)
+                id=start_id, reserved_by=reserved_by, claims=start_claims).update(
+                attempts=F("attempts") + 1)
         return acked, bool(started)
 
     def listen(self) -> Listener | None:
@@ -134,7 +136,8 @@ class Dialect(ABC):
 
     # -- batches (batches.py) --------------------------------------------------------------
 
-    def ack_counting(self, job_id: Any, reserved_by: str, start_id: Any,
+    def ack_counting(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
+                     start_claims: int | None,
                      batch_id: Any) -> tuple[bool, bool, tuple[int, int] | None]:
         """:meth:`ack` (or :meth:`ack_and_start` when ``start_id``) of a batch member and
         its success counted in the batch, atomically: ``(acked, started, (pending, failed)
@@ -143,9 +146,10 @@ class Dialect(ABC):
 
         with transaction.atomic(using=self.using):
             if start_id is None:
-                acked, started = self.ack(job_id, reserved_by), False
+                acked, started = self.ack(job_id, reserved_by, claims), False
             else:
-                acked, started = self.ack_and_start(job_id, reserved_by, start_id)
+                acked, started = self.ack_and_start(job_id, reserved_by, claims, start_id,
+                                                    start_claims)
             counts = self.count_batch_success(batch_id) if acked else None
         return acked, started, counts
 

@@ -125,6 +125,7 @@ class GenericDialect(Dialect):
                 attempts=F("attempts") + int(count_attempts),
                 reserved_at=clock.db_now(),
                 reserved_by=worker_id,
+                claims=F("claims") + 1,
                 available_at=clock.db_now() + Value(datetime.timedelta(seconds=lease)),
             )
             # Read back in SQL, the payload as text: the JSON field's decoder would raise out
@@ -147,8 +148,9 @@ class GenericDialect(Dialect):
             self._claimed_sql[count] = sql
         return sql
 
-    def ack(self, job_id: Any, reserved_by: str) -> bool:
-        held = QueuedJob.objects.using(self.using).filter(id=job_id, reserved_by=reserved_by)
+    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
+        held = QueuedJob.objects.using(self.using).filter(id=job_id, reserved_by=reserved_by,
+                                                          claims=claims)
         return bool(held._raw_delete(self.using))
 
     # -- locks -----------------------------------------------------------------------------

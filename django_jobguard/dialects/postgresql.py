@@ -67,28 +67,30 @@ _CLAIM_SQL = """
          ORDER BY priority DESC, available_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
     UPDATE {table} AS q SET attempts = q.attempts + %(count)s, reserved_at = {now},
-           reserved_by = %(worker)s,
+           reserved_by = %(worker)s, claims = q.claims + 1,
            available_at = {now} + make_interval(secs => %(lease)s)
       FROM picked WHERE q.id = picked.id
     RETURNING {columns}"""
 
-_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s"
+_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s"
 
 # The ack of one job and the start of the next one claimed ahead (its attempt counted), in
 # one round trip: with a batch a job costs this statement alone, as it did when claims
 # counted every row they leased.
 _ACK_AND_START_SQL = """
-    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s RETURNING 1),
+    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s
+                   RETURNING 1),
          started AS (UPDATE {table} SET attempts = attempts + 1
-                      WHERE id = %s AND reserved_by = %s RETURNING 1)
+                      WHERE id = %s AND reserved_by = %s AND claims = %s RETURNING 1)
     SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started)"""
 
 # The ack of a batch member (and the start of the next row, if claimed ahead) with its
 # success counted in the batch, in one statement: atomic without a transaction around it.
 _ACK_COUNTING_SQL = """
-    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s RETURNING 1),
+    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s
+                   RETURNING 1),
          started AS (UPDATE {table} SET attempts = attempts + 1
-                      WHERE id = %s AND reserved_by = %s RETURNING 1),
+                      WHERE id = %s AND reserved_by = %s AND claims = %s RETURNING 1),
          counted AS (UPDATE {batch} SET pending_jobs = pending_jobs - 1
                       WHERE id = %s AND pending_jobs > 0 AND EXISTS (SELECT 1 FROM acked)
                   RETURNING pending_jobs, failed_jobs)
@@ -168,20 +170,22 @@ class PostgreSQLDialect(SQLDialect):
                                 fetch=True, prepare=False)
         return [job_from_values(self.using, list(values)) for values in fetched]
 
-    def ack(self, job_id: Any, reserved_by: str) -> bool:
-        return self._execute(self._ack_sql, [job_id, reserved_by]) > 0
+    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
+        return self._execute(self._ack_sql, [job_id, reserved_by, claims]) > 0
 
-    def ack_and_start(self, job_id: Any, reserved_by: str,
-                      start_id: Any) -> tuple[bool, bool]:
-        ((acked, started),) = self._execute(self._ack_and_start_sql,
-                                            [job_id, reserved_by, start_id, reserved_by],
-                                            fetch=True)
+    def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
+                      start_claims: int) -> tuple[bool, bool]:
+        ((acked, started),) = self._execute(
+            self._ack_and_start_sql,
+            [job_id, reserved_by, claims, start_id, reserved_by, start_claims], fetch=True)
         return acked > 0, started > 0
 
-    def ack_counting(self, job_id: Any, reserved_by: str, start_id: Any,
+    def ack_counting(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
+                     start_claims: int | None,
                      batch_id: Any) -> tuple[bool, bool, tuple[int, int] | None]:
         ((acked, started, pending, failed),) = self._execute(
-            self._ack_counting_sql, [job_id, reserved_by, start_id, reserved_by, batch_id],
+            self._ack_counting_sql,
+            [job_id, reserved_by, claims, start_id, reserved_by, start_claims, batch_id],
             fetch=True)
         if acked and pending is None:  # no such batch, or nothing was pending
             return True, started > 0, self.count_batch_success(batch_id)

@@ -29,7 +29,7 @@ _PUSH_PARAMS_PER_ROW = _PUSH_ROW.count("%s")
 
 _CLAIM_SQL = """
     UPDATE {table} SET attempts = attempts + %s, reserved_at = {now}, reserved_by = %s,
-           available_at = {in_seconds}
+           claims = claims + 1, available_at = {in_seconds}
      WHERE id IN (SELECT id FROM {table}
                    WHERE queue = %s AND available_at <= {now}
                      AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %s)
@@ -37,7 +37,7 @@ _CLAIM_SQL = """
                    LIMIT %s)
     RETURNING {columns}"""
 
-_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s"
+_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s"
 
 
 class SQLiteDialect(SQLDialect):
@@ -105,10 +105,10 @@ class SQLiteDialect(SQLDialect):
                            [int(count_attempts), worker_id, lease, queue, queue, limit])
             return claimed_rows(self.using, cursor.fetchall())
 
-    def ack(self, job_id: Any, reserved_by: str) -> bool:
+    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
         connection = connections[self.using]
         job_id = QueuedJob._meta.pk.get_db_prep_value(job_id, connection)
         with connection.cursor() as cursor:
-            cursor.execute(self._ack_sql, [job_id, reserved_by])
+            cursor.execute(self._ack_sql, [job_id, reserved_by, claims])
             return cursor.rowcount > 0
 

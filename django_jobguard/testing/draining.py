@@ -81,7 +81,7 @@ def claim_row(job_id: object, *, worker_id: str, delayed: bool = False,
     rows = QueuedJob.objects.using(using).filter(_claimable(delayed=delayed), id=job_id)
     now = clock.db_now()
     if not rows.update(attempts=F("attempts") + 1, reserved_at=now, reserved_by=worker_id,
-                       available_at=now + Value(lease)):
+                       claims=F("claims") + 1, available_at=now + Value(lease)):
         return None
     return QueuedJob.objects.using(using).filter(id=job_id, reserved_by=worker_id).first()
 

@@ -7,6 +7,7 @@ SQLite by default. Environment variables switch services on:
 - ``JOBGUARD_DB_NAME`` points worker subprocesses started by tests at the test database.
 """
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -125,6 +126,8 @@ JOBGUARD = {
     "MAX_PAYLOAD_BYTES": int(os.environ.get("JOBGUARD_MAX_PAYLOAD_BYTES", "1048576")),
     "JOB_MODULES": [m for m in os.environ.get("JOBGUARD_EXTRA_JOB_MODULES", "").split(",") if m],
     "API_DISPATCHABLE_JOBS": ["demo.jobs.SyncProfile", "demo.jobs.send_welcome_email"],
+    # e.g. '{"reports": {"global_concurrency": 2}}' (tests of the global per-queue cap).
+    "QUEUES": json.loads(os.environ.get("JOBGUARD_QUEUES", "{}")),
 }
 
 LOGGING = {

@@ -89,3 +89,20 @@ def test_a_job_that_blocks_the_loop_is_logged_by_name(workers):
     assert f"tests.support.async_jobs.AsyncBlocker [{blocker.id}] is blocking it" in output
     assert "answers again" in output
     assert not QueuedJob.objects.exists()
+
+
+def test_threads_and_async_share_one_worker_and_one_queue(workers):
+    for i in range(6):
+        async_jobs.AsyncRecord(f"async-{i}", seconds=1.5).dispatch()
+    for i in range(4):
+        jobs.Record(f"sync-{i}", seconds=0.5).dispatch()
+    output = "".join(workers(1, "--threads", "2", "--async-concurrency", "6", "--sleep", "0.1",
+                             "--stop-when-empty", "--max-time", "120").wait(120))
+    async_runs = list(JobRun.objects.filter(label__startswith="async-"))
+    sync_runs = list(JobRun.objects.filter(label__startswith="sync-"))
+    assert len(async_runs) == 6 and len(sync_runs) == 4, output
+    assert all(r.ended_at is not None for r in async_runs + sync_runs)
+    assert _most_at_once(async_runs) >= 4, output  # awaiting at once, beside the threads
+    assert _most_at_once(sync_runs) <= 2  # at most --threads sync jobs at once
+    assert output.count(" DONE") == 10
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()

@@ -152,3 +152,34 @@ def test_unknown_job_grace_must_be_seconds(value):
 def test_unknown_job_grace_accepts_seconds(value):
     with override_settings(JOBGUARD={"UNKNOWN_JOB_GRACE": value}):
         assert check_settings() == []
+
+
+def _queues_errors(queues) -> list:
+    with override_settings(JOBGUARD={"QUEUES": queues}):
+        return check_settings()
+
+
+def test_queues_must_be_a_dict():
+    errors = _queues_errors(["reports"])
+    assert ids(errors) == ["jobguard.E002"] and "QUEUES" in errors[0].msg
+
+
+@pytest.mark.parametrize("queues", [{"reports": 2}, {"": {}}, {"*": {"global_concurrency": 1}}])
+def test_queues_must_map_queue_names_to_dicts(queues):
+    errors = _queues_errors(queues)
+    assert ids(errors) == ["jobguard.E090"] and "queue names to dicts" in errors[0].msg
+
+
+def test_a_queues_unknown_key_is_named():
+    errors = _queues_errors({"reports": {"global_concurency": 2}})
+    assert ids(errors) == ["jobguard.E091"] and "'global_concurency'" in errors[0].msg
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, "2", True, None])
+def test_global_concurrency_must_be_a_whole_number_of_jobs(cap):
+    errors = _queues_errors({"reports": {"global_concurrency": cap}})
+    assert ids(errors) == ["jobguard.E092"] and repr(cap) in errors[0].msg
+
+
+def test_valid_queues_pass():
+    assert _queues_errors({"reports": {"global_concurrency": 2}, "emails": {}}) == []

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings
+from django_jobguard.queue_selection import parse_queues
 from django_jobguard.worker import WorkerOptions, make_worker, run_worker_process
 
 
@@ -25,7 +26,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--queue", default=None,
                             help="Queues in priority order, comma separated (default: "
-                                 "JOBGUARD['DEFAULT_QUEUE']).")
+                                 "JOBGUARD['DEFAULT_QUEUE']; '*': every other queue). With "
+                                 "numbers (default:10,emails:4) each is the most jobs of "
+                                 "that queue run at once and its weight in a fair round robin.")
         parser.add_argument("--sleep", type=float, default=3.0,
                             help="Seconds to wait when no job is due (PostgreSQL wakes on NOTIFY "
                                  "sooner).")
@@ -58,6 +61,9 @@ class Command(BaseCommand):
                             help="Async jobs (async def handle) to run at once on the worker "
                                  "process's event loop (default: "
                                  "JOBGUARD['ASYNC_CONCURRENCY'], 10).")
+        parser.add_argument("--threads", type=int, default=1,
+                            help="Jobs each worker process runs at once, on threads (one "
+                                 "database connection each).")
         parser.add_argument("--database", default="default",
                             help="Database alias holding the queue.")
         parser.add_argument("--reload", action="store_true",
@@ -68,10 +74,10 @@ class Command(BaseCommand):
                                  "change before it goes back to the queue, its attempt unused.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        queues = [q.strip() for q in (opts["queue"] or jobguard_settings.DEFAULT_QUEUE).split(",")
-                  if q.strip()]
-        if not queues:
-            raise CommandError("--queue needs at least one queue name.")
+        try:
+            entries = parse_queues(opts["queue"] or jobguard_settings.DEFAULT_QUEUE)
+        except ValueError as exc:
+            raise CommandError(f"--queue: {exc}.") from None
         for name in ("sleep", "max_time", "rest", "reload_grace"):
             if opts[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
@@ -79,16 +85,23 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1.")
         if opts["async_concurrency"] is not None and opts["async_concurrency"] < 1:
             raise CommandError("--async-concurrency must be at least 1.")
+        if opts["threads"] < 1:
+            raise CommandError("--threads must be at least 1.")
+        if opts["reload"] and opts["threads"] > 1:
+            raise CommandError("--reload runs one job at a time; leave out --threads.")
         if opts["reload"] and opts["concurrency"] > 1:
             raise CommandError("--reload runs one worker process; leave out --concurrency.")
         for error in check_skip_locked(databases=[opts["database"]]):
             raise CommandError(f"{error.msg} ({error.id})")
         options = WorkerOptions(
-            queues=queues, sleep=opts["sleep"], tries=opts["tries"], timeout=opts["timeout"],
+            queues=[entry.name for entry in entries], sleep=opts["sleep"], tries=opts["tries"],
+            timeout=opts["timeout"],
             backoff=opts["backoff"], max_jobs=opts["max_jobs"], max_time=opts["max_time"],
             stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
             once=opts["once"], batch=opts["batch"], using=opts["database"],
             async_concurrency=opts["async_concurrency"],
+            threads=opts["threads"],
+            queue_limits={e.name: e.limit for e in entries if e.limit is not None},
         )
         verbosity = opts["verbosity"]
         if opts["reload"]:

@@ -19,6 +19,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_jobguard import clock
 from django_jobguard.dialects import Dialect, ThrottleRow, dialect_for
 from django_jobguard.dialects.generic import GenericDialect
 from django_jobguard.models import FailedJob, Lock, QueuedJob, Throttle
@@ -223,11 +224,26 @@ def test_ack_deletes_only_a_row_the_worker_still_holds(dialect):
     dialect.push([kept, done], batch_size=500)
     dialect.claim("default", worker_id="w", limit=2, lease=90.0)
     QueuedJob.objects.filter(id=kept.id).update(reserved_by="other")
-    assert dialect.ack(kept.id, "w") is False
-    assert dialect.ack(done.id, "w") is True
-    assert dialect.ack(done.id, "w") is False
+    assert dialect.ack(kept.id, "w", 1) is False
+    assert dialect.ack(done.id, "w", 1) is True
+    assert dialect.ack(done.id, "w", 1) is False
     assert list(QueuedJob.objects.values_list("id", flat=True)) == [kept.id]
-    assert dialect.ack(uuid.uuid4(), "w") is False
+    assert dialect.ack(uuid.uuid4(), "w", 1) is False
+
+
+def test_ack_of_an_earlier_claim_by_the_same_worker_changes_nothing(dialect):
+    """The owner check tells attempts apart, not only workers: a thread that was given up
+    (stuck past its timeout) cannot ack the row its worker claimed again since."""
+    job = _job()
+    dialect.push([job], batch_size=500)
+    (first,) = dialect.claim("default", worker_id="w", limit=1, lease=90.0)
+    QueuedJob.objects.filter(id=job.id).update(reserved_by="", reserved_at=None,
+                                               available_at=clock.db_now())
+    (second,) = dialect.claim("default", worker_id="w", limit=1, lease=90.0)
+    assert (first.claims, second.claims) == (1, 2)
+    assert dialect.ack(job.id, "w", first.claims) is False
+    assert QueuedJob.objects.filter(id=job.id).exists()
+    assert dialect.ack(job.id, "w", second.claims) is True
 
 
 def test_ack_and_start_acks_one_row_and_counts_the_next_ones_attempt(dialect):
@@ -235,13 +251,13 @@ def test_ack_and_start_acks_one_row_and_counts_the_next_ones_attempt(dialect):
     dialect.push([done, ahead, other], batch_size=500)
     dialect.claim("default", worker_id="w", limit=3, lease=90.0, count_attempts=False)
     QueuedJob.objects.filter(id=other.id).update(reserved_by="someone-else")
-    assert dialect.ack_and_start(done.id, "w", ahead.id) == (True, True)
+    assert dialect.ack_and_start(done.id, "w", 1, ahead.id, 1) == (True, True)
     assert not QueuedJob.objects.filter(id=done.id).exists()
     assert QueuedJob.objects.get(id=ahead.id).attempts == 1
     # owner-checked, each on its own: a row gone or held by another is neither acked nor started
-    assert dialect.ack_and_start(done.id, "w", other.id) == (False, False)
+    assert dialect.ack_and_start(done.id, "w", 1, other.id, 1) == (False, False)
     assert QueuedJob.objects.get(id=other.id).attempts == 0
-    assert dialect.ack_and_start(ahead.id, "w", other.id) == (True, False)
+    assert dialect.ack_and_start(ahead.id, "w", 1, other.id, 1) == (True, False)
 
 
 # -- NOTIFY and LISTEN ---------------------------------------------------------------------

@@ -1,0 +1,368 @@
+"""Running several claimed jobs at once in one worker process: ``jobworker --threads N``.
+
+The worker's main thread stays the coordinator (signals, claims, LISTEN or polling, stop
+conditions, the memory limit; see :meth:`Worker.run <django_jobguard.worker.Worker.run>`);
+a :class:`ThreadExecutor` runs what it claims on ``N`` executor threads. Each thread has its
+own :class:`~django_jobguard.pipeline.Pipeline` and its own database connection (Django's
+connections are per thread; closed when the thread ends), so middleware, outcomes and owner
+checks are exactly those of a single-job worker.
+
+The interface the worker loop uses (an async executor implements the same):
+
+- :attr:`~ThreadExecutor.size`, :meth:`~ThreadExecutor.free`, :attr:`~ThreadExecutor.busy`,
+  :meth:`~ThreadExecutor.running_queues`: what may be claimed now;
+- :meth:`~ThreadExecutor.submit`: run a claimed row (attempt counted, lease held);
+- :meth:`~ThreadExecutor.tick`: time limits and stuck threads (call it often, from the
+  coordinator); :meth:`~ThreadExecutor.wait`: until a job ends or ``timeout``;
+- :meth:`~ThreadExecutor.abort` (signal-safe) and :meth:`~ThreadExecutor.shutdown`: a
+  graceful stop finishes the running jobs, an abort hands them back to the queue.
+
+The rows held (running, for lease renewal) are ``worker._held`` (a frozenset swapped under a
+lock) and the Worker row's ``current_job`` lists them all.
+
+**Time limits.** No signal reaches a job in another thread. At its ``timeout`` the
+coordinator raises :class:`~django_jobguard.timeouts.ThreadTimeoutError` in the job's thread
+(between two bytecodes, as SIGALRM does in the main thread), so a job running Python code
+ends as a timed-out attempt, retried or failed by its policy, in its own thread. A job in C
+code or a blocking call (``time.sleep``, a socket read without timeout) cannot be
+interrupted: :data:`~django_jobguard.timeouts.GRACE` seconds after its timeout the
+coordinator *ends the attempt itself* (timed out: retried or failed per its policy, owner-
+checked on the row's claim so the stuck thread's late ack or release changes nothing), stops
+renewing its lease, and starts a new thread in its place. The stuck thread is left alone
+(Python cannot kill a thread): when its call returns, the pending timeout is raised in it,
+its writes find the row no longer theirs (logged LOST), and it exits, closing its
+connection. Its middleware still holds what it held (a ``WithoutOverlapping`` lock stays
+taken until it ends or expires, which is right: its code still runs). When as many threads
+are stuck as the worker has slots, the worker exits with :data:`EXIT_STUCK` so that its
+supervisor (``--concurrency``, systemd, Kubernetes) starts a fresh process. The watchdog
+process keeps the hard limit: if a thread holds the GIL so that the coordinator itself cannot
+run, the whole process is killed at the job's hard limit, as with one job at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as stdlib_queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from django_jobguard import queue, timeouts, watchdog
+from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
+from django_jobguard.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from django_jobguard.models import QueuedJob
+    from django_jobguard.worker import Worker
+
+logger = logging.getLogger("django_jobguard.worker")
+
+#: Exit code of a worker whose threads are all stuck in jobs past their time limit.
+EXIT_STUCK = 13
+#: Seconds an abort (a second Ctrl-C) gives the running jobs to go back to the queue
+#: themselves before the coordinator puts back the rows of those still running.
+ABORT_GRACE = 3.0
+
+
+class AllThreadsStuck(Exception):
+    """As many executor threads are stuck past their jobs' time limits as the worker has
+    slots: the process must be replaced."""
+
+
+class _Stopped(WorkerStoppedError):
+    """:class:`WorkerStoppedError` as raised into a thread (given as a class)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(args or (self.detail,)))
+
+
+@dataclass
+class _Running:
+    row: QueuedJob
+    started: float  # time.monotonic()
+
+
+class _Slot:
+    """One executor thread: takes rows from its inbox and runs them through its pipeline."""
+
+    def __init__(self, executor: ThreadExecutor, number: int) -> None:
+        self.executor = executor
+        self.number = number
+        self.inbox: stdlib_queue.SimpleQueue[QueuedJob | None] = stdlib_queue.SimpleQueue()
+        self.pipeline = executor.new_pipeline()
+        self.running: _Running | None = None
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._loop, daemon=True,
+                                       name=f"jobguard-executor-{number}")
+        self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                row = self.inbox.get()
+                if row is None:
+                    return
+                self._run(row)
+                if self.abandoned:
+                    return
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    def _run(self, row: QueuedJob) -> None:
+        state = ""
+        try:
+            state = self.pipeline.process(row)
+        except timeouts.ThreadTimeoutError:
+            # Raised after the job left its time limit (a race with the coordinator): the
+            # row's outcome is written or its lease brings it back.
+            logger.warning("%s [%s]: its timeout arrived after the job ended.", row.name,
+                           row.id)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.exception("Database error while finishing %s; its lease will expire and "
+                             "it will be retried.", row, exc_info=exc)
+        except Exception as exc:  # a store or signal receiver failed outside the job
+            logger.exception("Error while finishing %s; if it was not acked its lease will "
+                             "expire and it will be retried.", row, exc_info=exc)
+            self.executor.worker._stop.wait(1)  # back off: the failing service may restart
+        finally:
+            self.executor._finished(self, row, state)
+            _reset_connections()
+
+
+def _reset_connections() -> None:
+    """This thread's connections a job broke are dropped (the next query reconnects)."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block and conn.errors_occurred and not conn.is_usable():
+            conn.close()
+
+
+class ThreadExecutor:
+    """Runs up to ``size`` claimed rows at once on threads (see the module docstring)."""
+
+    def __init__(self, worker: Worker, size: int) -> None:
+        self.worker = worker
+        self.size = size
+        self._cond = threading.Condition()
+        self._log_lock = threading.Lock()
+        self._numbers = iter(range(1, 1_000_000))
+        self._idle: list[_Slot] = []
+        self._busy: dict[_Slot, _Running] = {}
+        self._stuck: list[_Slot] = []
+        self._aborted = False
+        self._armed_until: float | None = None
+        for _ in range(size):
+            self._idle.append(_Slot(self, next(self._numbers)))
+
+    # -- what the coordinator asks -------------------------------------------------------
+
+    def new_pipeline(self) -> Pipeline:
+        """A pipeline like the worker's, for one thread (log lines written one at a time)."""
+        main = self.worker.pipeline
+        write = main.log
+
+        def log(line: str, state: str) -> None:
+            with self._log_lock:
+                write(line, state)
+
+        return Pipeline(worker_id=main.worker_id, using=main.using, defaults=main.defaults,
+                        log=log, log_running=main.log_running, pause=main.pause,
+                        event_loop=main.event_loop)
+
+    def free(self) -> int:
+        """How many more rows may start now."""
+        with self._cond:
+            return len(self._idle)
+
+    @property
+    def busy(self) -> int:
+        """How many jobs run now."""
+        with self._cond:
+            return len(self._busy)
+
+    def running_queues(self) -> Counter[str]:
+        """Running jobs per queue name."""
+        with self._cond:
+            return Counter(running.row.queue for running in self._busy.values())
+
+    def submit(self, row: QueuedJob) -> None:
+        """Run ``row`` on an idle thread (the caller claimed at most :meth:`free` rows)."""
+        with self._cond:
+            slot = self._idle.pop()
+            self._busy[slot] = slot.running = _Running(row, time.monotonic())
+            self._publish()
+        slot.inbox.put(row)
+
+    def wait(self, timeout: float) -> None:
+        """Until a job ends, or ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait(timeout)
+
+    def wake(self) -> None:
+        """End a :meth:`wait` now (an async job ended: its slot may be claimed into)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def seconds_to_next_check(self) -> float:
+        """When :meth:`tick` has something to do next (a timeout or a grace period ends)."""
+        now = time.monotonic()
+        nearest = 1.0
+        for slot in self._busy_slots():
+            limit = timeouts.thread_limit(slot.thread.ident or 0)
+            if limit is not None:
+                due = limit.deadline + (timeouts.GRACE if limit.raised else 0.0)
+                nearest = min(nearest, max(due - now, 0.01))
+        return nearest
+
+    def tick(self) -> None:
+        """Enforce the running jobs' time limits: raise the timeout in a thread whose job ran
+        out of time; give up a thread still in its job a grace period later. Raises
+        :class:`AllThreadsStuck` when every slot's thread is stuck."""
+        slots = {slot.thread.ident: slot for slot in self._busy_slots()}
+        timeouts.expire_thread_limits(slots)
+        now = time.monotonic()
+        for ident, slot in slots.items():
+            limit = timeouts.thread_limit(ident or 0)
+            if (limit is not None and limit.raised and not limit.finished()
+                    and now >= limit.deadline + timeouts.GRACE):
+                self._give_up(slot, limit)
+        self._stuck = [slot for slot in self._stuck if slot.thread.is_alive()]
+        if len(self._stuck) >= self.size:
+            raise AllThreadsStuck(f"{len(self._stuck)} threads are stuck in jobs past their "
+                                  f"time limits")
+        self._arm_watchdog()
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        """Hand every running job back to the queue (a second Ctrl-C); signal-safe: the
+        rows are put back by their threads, or by :meth:`shutdown` for those that do not
+        stop."""
+        self._aborted = True
+        for slot in list(self._busy):
+            if slot.pipeline.interruptible() is not None and slot.thread.ident:
+                timeouts.raise_in_thread(slot.thread.ident, _Stopped)
+
+    def shutdown(self) -> None:
+        """Stop: let the running jobs finish (their time limits still apply), or after
+        :meth:`abort` give them :data:`ABORT_GRACE` seconds and put back what still runs;
+        then end the threads."""
+        abort_deadline = None
+        while self.busy:
+            if self._aborted:
+                abort_deadline = abort_deadline or time.monotonic() + ABORT_GRACE
+                if time.monotonic() >= abort_deadline:
+                    self._hand_back_running()
+                    break
+            try:
+                self.tick()
+            except AllThreadsStuck:
+                break
+            self.wait(min(self.seconds_to_next_check(), 0.5))
+        with self._cond:
+            slots = list(self._idle)
+            self._idle.clear()
+        for slot in slots:
+            slot.inbox.put(None)
+        for slot in slots:
+            slot.thread.join(timeout=5)
+        if self._armed_until is not None:
+            watchdog.for_this_process().disarm()
+            self._armed_until = None
+
+    def _hand_back_running(self) -> None:
+        """Put back every row still running, its attempt unused (the process exits next)."""
+        with self._cond:
+            running = list(self._busy.items())
+            for slot, _ in running:
+                slot.abandoned = True
+                del self._busy[slot]
+            self._publish()
+        for _slot, job in running:
+            try:
+                if queue.release(job.row, count_attempt=False, wait_reason=_Stopped.detail,
+                                 using=self.worker.options.using):
+                    logger.warning("%s [%s] goes back to the queue (worker stopped at once).",
+                                   job.row.name, job.row.id)
+            except (DatabaseError, InterfaceError) as exc:
+                logger.warning("Could not put back %s (%s); its lease will bring it back.",
+                               job.row, exc)
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _busy_slots(self) -> list[_Slot]:
+        with self._cond:
+            return list(self._busy)
+
+    def _finished(self, slot: _Slot, row: QueuedJob, state: str) -> None:
+        """A thread is done with ``row`` (called in that thread)."""
+        with self._cond:
+            if self._busy.get(slot) is not None and self._busy[slot].row is row:
+                del self._busy[slot]
+                if not slot.abandoned:
+                    self._idle.append(slot)
+                self.worker._job_finished(state)
+                self._publish()
+            slot.running = None
+            self._cond.notify_all()
+
+    def _publish(self) -> None:
+        """What the heartbeat renews and the Worker row shows (under ``_cond``)."""
+        rows = [running.row for running in self._busy.values()]
+        self.worker._held = frozenset(row.id for row in rows)
+        self.worker._current_job = ",".join(str(row.id) for row in rows)
+
+    def _give_up(self, slot: _Slot, limit: timeouts.ThreadLimit) -> None:
+        """End the attempt of a job stuck past its timeout and the grace period, and put a
+        new thread in its place (see the module docstring)."""
+        with self._cond:
+            running = self._busy.pop(slot, None)
+            if running is None:
+                return
+            slot.abandoned = True
+            self._stuck.append(slot)
+            self._idle.append(_Slot(self, next(self._numbers)))
+            self._publish()
+            self._cond.notify_all()
+        row, job = running.row, slot.pipeline.job
+        logger.error("%s [%s] is still running %g s after its timeout of %g s, in code that "
+                     "cannot be interrupted; its attempt ends as timed out and thread %s is "
+                     "replaced (it exits when the job returns).", row.name, row.id,
+                     timeouts.GRACE, limit.seconds, slot.thread.name)
+        error = JobTimeoutError(f"The job has timed out after {limit.seconds:g} s (its "
+                                f"thread did not stop; it was given up).")
+        main = self.worker.pipeline
+        try:
+            if job is None or job.context.job_id != str(row.id):
+                raise RuntimeError("the stuck thread's job is not known")  # never expected
+            outcome = main._after_exception(row, job, error)
+            self.worker._job_finished(main.apply(row, job, outcome, running.started))
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Could not end the attempt of %s (%s); its lease will bring it "
+                           "back.", row, exc)
+        except Exception as exc:
+            logger.exception("Could not end the attempt of %s; its lease will bring it back.",
+                             row, exc_info=exc)
+
+    def _arm_watchdog(self) -> None:
+        """Keep the watchdog armed for the earliest hard limit of a running job: if the
+        coordinator cannot run (a thread holds the GIL), the process is killed then."""
+        earliest = None
+        for slot in self._busy_slots():
+            limit = timeouts.thread_limit(slot.thread.ident or 0)
+            if limit is not None and (earliest is None or limit.deadline < earliest[0]):
+                earliest = (limit.deadline, limit)
+        dog = watchdog.for_this_process()
+        if earliest is None:
+            if self._armed_until is not None:
+                dog.disarm()
+                self._armed_until = None
+            return
+        deadline, limit = earliest
+        hard = deadline - limit.seconds + timeouts.hard_limit(limit.seconds)
+        if self._armed_until != hard:
+            dog.arm(max(hard - time.monotonic(), 0.0), limit.label)
+            self._armed_until = hard

@@ -1,0 +1,164 @@
+"""``jobworker --threads``: real worker processes running many jobs at once, on SQLite and on
+PostgreSQL (+ Redis as the lock store where configured)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import defaultdict
+
+import pytest
+from demo.models import JobRun
+
+from django_jobguard import dispatch_many
+from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import Worker as WorkerRow
+from tests.support import jobs, wait_for, worker_env
+from tests.support.lock_jobs import Overlap
+from tests.support.thread_jobs import SleepInC, Spin
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LOCKED = "database is locked"
+
+
+def assert_no_overlap(runs: list[dict]) -> None:
+    """No two runs of one key overlap in time."""
+    by_key = defaultdict(list)
+    for run in runs:
+        by_key[run["key"]].append(run)
+    for key, key_runs in by_key.items():
+        key_runs.sort(key=lambda r: r["started_at"])
+        for before, after in zip(key_runs, key_runs[1:], strict=False):
+            assert after["started_at"] >= before["ended_at"], (key, before, after)
+
+
+def ran_at_once(runs: list[dict]) -> int:
+    """The most runs that were running at the same moment."""
+    edges = sorted([(r["started_at"], 1) for r in runs] + [(r["ended_at"], -1) for r in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize("processes,threads", [(1, 20), (2, 10)])
+def test_without_overlapping_jobs_on_three_keys_never_overlap_per_key(
+        store_alias, workers, processes, threads):
+    keys = ["a", "b", "c"]
+    pool = workers(processes, "--threads", str(threads), "--sleep", "0.1")
+    wait_for(lambda: WorkerRow.objects.count() == processes, timeout=60, what="workers up")
+    dispatch_many([Overlap(keys[i % 3], label="threads", seconds=0.05, release_after=0.05)
+                   for i in range(20)])
+    wait_for(lambda: JobRun.objects.filter(label="threads", ended_at__isnull=False).count() >= 20,
+             timeout=120, what="all 20 jobs ran")
+    for proc in pool.procs:
+        proc.send_signal(signal.SIGTERM)
+    outputs = pool.wait(60)
+    runs = list(JobRun.objects.filter(label="threads").values("key", "job_id", "started_at",
+                                                               "ended_at", "pid"))
+    assert len(runs) == 20 and len({r["job_id"] for r in runs}) == 20  # each ran once
+    assert_no_overlap(runs)
+    assert ran_at_once(runs) >= 2  # the keys really ran side by side
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert not any(LOCKED in out for out in outputs)
+
+
+def test_sigterm_with_twenty_jobs_in_flight_finishes_them_and_takes_no_more(workers):
+    dispatch_many([jobs.Record("flight", key=str(i), seconds=1.5) for i in range(20)])
+    pool = workers(1, "--threads", "20", "--sleep", "0.1")
+    wait_for(lambda: JobRun.objects.filter(label="flight").count() == 20, timeout=60,
+             what="20 jobs running")
+    dispatch_many([jobs.Record("later", key=str(i)) for i in range(5)])
+    pool.procs[0].send_signal(signal.SIGTERM)
+    out = pool.wait(60)[0]
+    assert JobRun.objects.filter(label="flight", ended_at__isnull=False).count() == 20
+    assert not JobRun.objects.filter(label="later").exists()
+    assert QueuedJob.objects.count() == 5  # the five later ones wait, untouched
+    assert not QueuedJob.objects.filter(reserved_at__isnull=False).exists()
+    assert set(QueuedJob.objects.values_list("attempts", flat=True)) == {0}
+    assert not WorkerRow.objects.exists()
+    assert LOCKED not in out
+
+
+def test_a_second_ctrl_c_hands_every_running_job_back(workers):
+    dispatch_many([jobs.Record("back", key=str(i), seconds=60) for i in range(20)])
+    pool = workers(1, "--threads", "20", "--sleep", "0.1", "--timeout", "0")
+    wait_for(lambda: JobRun.objects.filter(label="back").count() == 20,
+             timeout=60, what="20 jobs running")
+    proc = pool.procs[0]
+    proc.send_signal(signal.SIGINT)
+    first = ""
+    while "got SIGINT" not in first:  # two signals sent at once would arrive as one
+        first = proc.stdout.readline()
+        assert first, "the worker exited after one Ctrl-C"
+    proc.send_signal(signal.SIGINT)
+    out = pool.wait(60)[0]
+    rows = list(QueuedJob.objects.values("reserved_at", "attempts"))
+    assert len(rows) == 20  # none lost
+    assert all(r["reserved_at"] is None and r["attempts"] == 0 for r in rows), out[-2000:]
+    assert not FailedJob.objects.exists()
+
+
+def test_a_stuck_thread_is_given_up_its_attempt_ends_and_the_worker_goes_on(workers):
+    SleepInC("stuck", seconds=20).dispatch()
+    Spin("spin").dispatch()
+    pool = workers(1, "--threads", "2", "--sleep", "0.1")
+    # the job sleeping in C cannot be interrupted: given up after timeout + grace
+    wait_for(lambda: QueuedJob.objects.filter(last_error__contains="JobTimeoutError",
+                                              reserved_at__isnull=True).exists(),
+             timeout=60, what="the stuck job's attempt ended")
+    row = QueuedJob.objects.get()
+    assert row.attempts == 1 and row.exceptions == 1  # retried later per its policy (tries=2)
+    # the spinning job was interrupted in its own thread (tries=1: failed)
+    wait_for(lambda: FailedJob.objects.filter(exception_class__endswith="TimeoutError").exists(),
+             timeout=30, what="the spinning job failed")
+    # and the worker still runs jobs on its remaining and replaced threads
+    dispatch_many([jobs.Record("after", key=str(i)) for i in range(3)])
+    wait_for(lambda: JobRun.objects.filter(label="after").count() == 3, timeout=30,
+             what="jobs after the stuck one")
+    pool.procs[0].send_signal(signal.SIGTERM)
+    out = pool.wait(60)[0]
+    assert "is replaced" in out or "replaced" in out
+
+
+def test_a_worker_whose_threads_are_all_stuck_exits_non_zero(workers):
+    dispatch_many([SleepInC(f"stuck-{i}", seconds=60) for i in range(2)])
+    pool = workers(1, "--threads", "2", "--sleep", "0.1")
+    proc = pool.procs[0]
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 13, out[-3000:]
+    rows = list(QueuedJob.objects.values("reserved_at", "attempts", "last_error"))
+    assert len(rows) == 2
+    assert all(r["reserved_at"] is None and "JobTimeoutError" in r["last_error"] for r in rows)
+
+
+def test_global_concurrency_holds_across_three_worker_processes(workers):
+    env = worker_env(JOBGUARD_QUEUES=json.dumps({"reports": {"global_concurrency": 2}}))
+    pool = workers(3, "--threads", "3", "--queue", "reports", "--sleep", "0.1", env=env)
+    wait_for(lambda: WorkerRow.objects.count() == 3, timeout=60, what="workers up")
+    dispatch_many([jobs.Record("capped", key=str(i), seconds=0.3) for i in range(12)],
+                  queue="reports")
+    wait_for(lambda: JobRun.objects.filter(label="capped", ended_at__isnull=False).count() == 12,
+             timeout=120, what="all 12 jobs ran")
+    for proc in pool.procs:
+        proc.send_signal(signal.SIGTERM)
+    outputs = pool.wait(60)
+    runs = list(JobRun.objects.filter(label="capped").values("started_at", "ended_at", "pid"))
+    assert len(runs) == 12
+    assert ran_at_once(runs) == 2  # never more than the cap, and the cap was used
+    assert not QueuedJob.objects.exists()
+    assert not any(LOCKED in out for out in outputs)
+
+
+def test_weighted_queues_share_one_slot_three_to_one(workers):
+    dispatch_many([jobs.Record("high", key=str(i)) for i in range(12)], queue="high")
+    dispatch_many([jobs.Record("default", key=str(i)) for i in range(12)])
+    workers(1, "--queue", "high:3,default:1", "--batch", "1", "--stop-when-empty",
+            "--sleep", "0").wait(120)
+    order = list(JobRun.objects.order_by("started_at", "id").values_list("label", flat=True))
+    assert len(order) == 24
+    assert order[:12].count("default") == 3  # while both had work: 3 high per default
+    assert order[:8] == ["high", "high", "default", "high"] * 2

@@ -1,0 +1,69 @@
+"""``--threads`` in-process: the coordinator's stop conditions, the memory limit and the time
+limits of jobs in threads (real threads, each with its own database connection)."""
+
+from __future__ import annotations
+
+import pytest
+from demo.models import JobRun
+
+from django_jobguard import dispatch_many, timeouts, worker
+from django_jobguard.executor import EXIT_STUCK
+from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import Worker as WorkerRow
+from django_jobguard.worker import Worker, WorkerOptions
+from tests.support import jobs
+from tests.support.thread_jobs import SleepInC, Spin
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(**options) -> tuple[int, Worker]:
+    w = Worker(WorkerOptions(sleep=0.05, **options))
+    return w.run(), w
+
+
+def test_threads_run_every_job_once_and_stop_when_empty():
+    dispatch_many([jobs.Record("t", key=str(i), seconds=0.05) for i in range(12)])
+    code, w = run(threads=4, stop_when_empty=True)
+    assert code == 0 and w.jobs_processed == 12
+    assert JobRun.objects.values("job_id").distinct().count() == 12
+    assert len({run.pid for run in JobRun.objects.all()}) == 1
+    assert not QueuedJob.objects.exists() and not WorkerRow.objects.exists()
+
+
+def test_max_jobs_counts_the_jobs_running_and_once_runs_one():
+    dispatch_many([jobs.Record("t", key=str(i)) for i in range(10)])
+    code, w = run(threads=4, max_jobs=5)
+    assert code == 0 and JobRun.objects.count() == 5 and QueuedJob.objects.count() == 5
+    code, w = run(threads=4, once=True)
+    assert code == 0 and JobRun.objects.count() == 6
+
+
+def test_over_the_memory_limit_the_running_jobs_finish_then_exit_12(monkeypatch):
+    monkeypatch.setattr(worker, "_rss_mb", lambda: 10_000.0)
+    dispatch_many([jobs.Record("t", key=str(i), seconds=0.2) for i in range(6)])
+    code, w = run(threads=3, memory=128)
+    assert code == worker.EXIT_MEMORY
+    assert JobRun.objects.filter(ended_at__isnull=False).count() == 3  # those it had started
+    assert QueuedJob.objects.count() == 3
+    assert not QueuedJob.objects.filter(reserved_at__isnull=False).exists()
+
+
+def test_a_timeout_is_raised_in_a_job_running_python_code_in_its_thread():
+    Spin("spin").dispatch()
+    code, w = run(threads=2, stop_when_empty=True)
+    assert code == 0
+    failed = FailedJob.objects.get()
+    assert failed.exception_class.endswith("ThreadTimeoutError")
+    assert "timed out after 1 s" in failed.message
+
+
+def test_a_worker_whose_threads_are_all_stuck_exits_13(monkeypatch):
+    monkeypatch.setattr(timeouts, "GRACE", 0.5)
+    dispatch_many([SleepInC(f"s{i}", seconds=3) for i in range(2)])
+    code, w = run(threads=2)
+    assert code == EXIT_STUCK
+    rows = list(QueuedJob.objects.values("reserved_at", "attempts", "exceptions", "last_error"))
+    assert len(rows) == 2
+    assert all(r["reserved_at"] is None and r["attempts"] == 1 and r["exceptions"] == 1
+               and "given up" in r["last_error"] for r in rows)
