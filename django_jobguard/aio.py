@@ -407,15 +407,17 @@ def run_blocking(factory: Callable[[], Awaitable[T]], *, in_worker: bool) -> T:
 
 class AsyncExecutor:
     """Runs claimed rows of async jobs on this process's loop, up to ``concurrency`` at once
-    (``jobworker --async-concurrency``). ``process`` is the pipeline's ``aprocess``;
-    ``finished(row, state)`` is called as each ends (from the loop thread) with the state
-    logged, or ``None`` when a database or store error left the row to lease recovery."""
+    (``jobworker --async-concurrency``). ``pipeline`` begins each row in the calling thread
+    (the worker's coordinator: start and rebuild, no round trip for a row its claim started)
+    and completes it on the loop (``acomplete``: the job, then its outcome applied off the
+    loop). ``finished(row, state)`` is called as each ends with the state logged, or ``None``
+    when a database or store error left the row to lease recovery."""
 
-    def __init__(self, process: Callable[[Any], Coroutine[Any, Any, str]], concurrency: int,
+    def __init__(self, pipeline: Any, concurrency: int,
                  finished: Callable[[Any, str | None], None]) -> None:
         if concurrency < 1:
             raise ValueError(f"async concurrency must be at least 1, not {concurrency}.")
-        self.process, self.concurrency, self.finished = process, concurrency, finished
+        self.pipeline, self.concurrency, self.finished = pipeline, concurrency, finished
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -429,8 +431,21 @@ class AsyncExecutor:
                 return False
         with self._lock:
             self._rows[row.id] = row
-        future = loop_thread().submit(self.process(row))
-        future.add_done_callback(lambda done: self._done(row, done))
+        started = time.monotonic()
+        try:
+            job = self.pipeline.begin(row, started)
+        except BaseException as exc:
+            failed: concurrent.futures.Future[str] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            self._done(row, failed)
+            return True
+        if isinstance(job, str):  # ended before it ran (lost, failed, cancelled, ...)
+            done: concurrent.futures.Future[str] = concurrent.futures.Future()
+            done.set_result(job)
+            self._done(row, done)
+            return True
+        future = loop_thread().submit(self.pipeline.acomplete(row, job, started))
+        future.add_done_callback(lambda end: self._done(row, end))
         return True
 
     def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:

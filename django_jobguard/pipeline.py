@@ -127,12 +127,17 @@ class Pipeline:
 
     async def aprocess(self, row: QueuedJob) -> str:
         """:meth:`process` for an async job's row, on the event loop: the database work off
-        the loop (:func:`aio.call_sync`, two round trips to a thread), the job on it, so
-        that many async jobs wait at once without a thread each."""
+        the loop (:func:`aio.call_sync`), the job on it, so that many async jobs wait at
+        once without a thread each."""
         started = time.monotonic()
-        job = await aio.call_sync(self._begin, row, started)
+        job = await aio.call_sync(self.begin, row, started)
         if isinstance(job, str):
             return job
+        return await self.acomplete(row, job, started)
+
+    async def acomplete(self, row: QueuedJob, job: JobLike, started: float) -> str:
+        """On the event loop: run the job :meth:`begin` returned, then apply its outcome
+        off the loop (one round trip to a thread)."""
         try:
             try:
                 result: Any = await self.run_on_loop(row, job)
@@ -143,9 +148,9 @@ class Pipeline:
         finally:
             job.context.reporter.close()
 
-    def _begin(self, row: QueuedJob, started: float) -> str | JobLike:
-        """Off the loop: start and rebuild the row; its state if that ended it, else the job
-        (announced as running)."""
+    def begin(self, row: QueuedJob, started: float) -> str | JobLike:
+        """Off the loop (any thread): start and rebuild an async job's row; its state if
+        that ended it, else the job (announced as running) for :meth:`acomplete`."""
         if not queue.start(row, using=self.using):
             return self._lost(row, started)
         job = None

@@ -159,7 +159,7 @@ class Worker:
             pause=self._stop.wait, event_loop=True)
         # Async jobs: on this process's event loop, many at once (sync jobs never go there).
         self._async = aio.AsyncExecutor(
-            self.pipeline.aprocess, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
+            self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
             self._async_finished)
         self._in_job = False
         self._current_job = ""
@@ -195,6 +195,7 @@ class Worker:
             while not self._stop.is_set():
                 rows = self._claim()
                 self._held = frozenset(row.id for row in rows)
+                self._start_async_ahead(rows)
                 self._pause_checked = time.monotonic()  # the claim excluded paused queues
                 for index, row in enumerate(rows):
                     # Asked to stop, or the batch's queue was paused: give back what we did
@@ -232,6 +233,17 @@ class Worker:
         finally:
             self._async.wait()  # the async jobs running finish (or end by their timeout)
             self._shutdown()
+
+    def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
+        """Count in one statement the attempts of the async rows claimed ahead that start on
+        the event loop now (instead of one UPDATE each as they start)."""
+        ahead = [row for row in rows if not getattr(row, "attempt_counted", True)
+                 and self._runs_async(row)][:self._async.free()]
+        if len(ahead) > 1:
+            try:
+                queue.start_many(ahead, using=self.options.using)
+            except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
+                logger.warning("Could not start %s async jobs at once (%s).", len(ahead), exc)
 
     @staticmethod
     def _runs_async(row: QueuedJob) -> bool:
