@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common  # noqa: E402
 
 SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches",
-             "io_bound"]
+             "io_bound", "memory"]
 
 
 def main(argv: list[str] | None = None) -> int:
