@@ -15,6 +15,11 @@
    a store outage before ``handle()``, an exception with tries left), or move it to failed
    jobs. Every write is owner-checked: a worker that lost its lease logs LOST and changes
    nothing.
+
+An async job (``async def handle()``) takes the same path, its step 3 on the event loop
+(:mod:`django_jobguard.aio`): :meth:`Pipeline.process` waits for it there, while the
+worker's async executor runs :meth:`Pipeline.begin` (0–2) in its coordinator and
+:meth:`Pipeline.acomplete` (3–4) on the loop, step 4 off the loop.
 """
 
 from __future__ import annotations
