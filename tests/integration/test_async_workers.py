@@ -31,6 +31,7 @@ def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
         async_jobs.AsyncRecord(f"async-{i}", seconds=1.5).dispatch()
     for i in range(2):
         jobs.Record(f"sync-{i}").dispatch()
+    async_jobs.AsyncWrapped("wrapped", seconds=0.1).dispatch()
     output = "".join(workers(1, "--async-concurrency", "8", "--sleep", "0.1",
                              "--stop-when-empty", "--max-time", "120").wait(120))
     runs = list(JobRun.objects.filter(label__startswith="async-"))
@@ -39,7 +40,12 @@ def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
     # One process, several awaiting at once (each awaits 1.5 s).
     assert _most_at_once(runs) >= 4, output
     assert JobRun.objects.filter(label__startswith="sync-").count() == 2
-    assert output.count(" DONE") == 10
+    # A sync-only middleware ran off the loop (sync ORM) around the awaited handle().
+    wrapped = {r.label: r for r in JobRun.objects.filter(label__startswith="wrapped")}
+    assert set(wrapped) == {"wrapped:before", "wrapped", "wrapped:after:wrapped"}
+    assert wrapped["wrapped:before"].started_at <= wrapped["wrapped"].started_at
+    assert wrapped["wrapped"].ended_at <= wrapped["wrapped:after:wrapped"].started_at
+    assert output.count(" DONE") == 11
     assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
 
 

@@ -129,3 +129,20 @@ class AsyncCancelsItself(Job):
         except asyncio.CancelledError:
             SEEN.append(("task cancelled", self.cancelled))
             raise
+
+
+class SyncOnlyMiddleware:
+    """A user's middleware with only a sync handle(): it uses the sync ORM around next()."""
+
+    def handle(self, job, next):
+        JobRun.objects.create(label=f"{job.label}:before", started_at=timezone.now())
+        result = next(job)
+        JobRun.objects.create(label=f"{job.label}:after:{result}", started_at=timezone.now())
+        return result
+
+
+class AsyncWrapped(AsyncRecord):
+    """An AsyncRecord wrapped by SyncOnlyMiddleware."""
+
+    def middleware(self):
+        return [SyncOnlyMiddleware()]
