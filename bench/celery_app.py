@@ -4,6 +4,7 @@ celery has no queue table to watch, so the task counts itself done with one Redi
 """
 
 import os
+import time
 
 import redis
 from celery import Celery
@@ -21,6 +22,16 @@ _client: redis.Redis | None = None
 @app.task(name="bench.noop")
 def noop() -> None:
     global _client
+    if _client is None:
+        _client = redis.Redis.from_url(BROKER)
+    _client.incr(DONE_KEY)
+
+
+@app.task(name="bench.sleep")
+def sleep() -> None:
+    """Waits 50 ms like an HTTP call (bench/io_bound.py, ``--pool threads``)."""
+    global _client
+    time.sleep(0.05)
     if _client is None:
         _client = redis.Redis.from_url(BROKER)
     _client.incr(DONE_KEY)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from django.db import connection
@@ -33,3 +34,27 @@ class Stamp(Job):
         with connection.cursor() as cursor:
             cursor.execute("INSERT INTO bench_latency (sent, started) VALUES (%s, %s)",
                            [self.sent, started])
+
+
+#: Seconds each I/O-bound job waits (bench/io_bound.py): a call to a slow API.
+IO_SECONDS = 0.05
+
+
+class Sleep(Job):
+    """Waits like a job calling an HTTP API, blocking its thread (``jobworker --threads``)."""
+
+    name = "bench.Sleep"
+    queue = "bench"
+
+    def handle(self) -> None:
+        time.sleep(IO_SECONDS)
+
+
+class AsyncSleep(Job):
+    """Waits like a job calling an HTTP API with an async client (``--async-concurrency``)."""
+
+    name = "bench.AsyncSleep"
+    queue = "bench"
+
+    async def handle(self) -> None:
+        await asyncio.sleep(IO_SECONDS)

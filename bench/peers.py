@@ -133,6 +133,16 @@ def procrastinate(processes: int, n: int) -> Run:
 # -- celery ------------------------------------------------------------------------------------
 
 
+def celery_ready(app, procs) -> None:
+    """Wait until the celery worker answers a ping."""
+    def pong() -> bool:
+        if procs[0].poll() is not None:
+            raise RuntimeError(f"celery worker exited with {procs[0].returncode}")
+        return bool(app.control.inspect(timeout=0.5).ping())
+
+    wait_for(pong, timeout=60, interval=0.2, what="celery ping")
+
+
 def celery(processes: int, n: int) -> Run:
     from bench.celery_app import DONE_KEY, QUEUE, app, noop
 
@@ -142,14 +152,6 @@ def celery(processes: int, n: int) -> Run:
     argv = [sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
             "--pool", "prefork", "-c", str(processes), "-Q", QUEUE, "--without-gossip",
             "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"]
-
-    def ready(procs) -> None:
-        def pong() -> bool:
-            if procs[0].poll() is not None:
-                raise RuntimeError(f"celery worker exited with {procs[0].returncode}")
-            return bool(app.control.inspect(timeout=0.5).ping())
-
-        wait_for(pong, timeout=60, interval=0.2, what="celery ping")
 
     def fill(count: int) -> None:
         # Publish to a queue no worker reads, then rename it in one atomic step: the workers
@@ -162,7 +164,7 @@ def celery(processes: int, n: int) -> Run:
     run = measure_processing(
         tool="celery (redis)", processes=processes, jobs=n,
         start=lambda: spawn(argv),
-        ready=ready, fill=fill,
+        ready=lambda procs: celery_ready(app, procs), fill=fill,
         remaining=lambda: n - int(client.get(DONE_KEY) or 0),
     )
     client.delete(QUEUE, hold, DONE_KEY)

@@ -1,5 +1,6 @@
 """procrastinate's no-op task on the bench database (a peer in bench/peers.py)."""
 
+import asyncio
 import os
 
 import procrastinate
@@ -16,3 +17,9 @@ def noop() -> None:
 @app.task(name="bench.anoop", queue="jgbench")
 async def anoop() -> None:
     return None
+
+
+@app.task(name="bench.asleep", queue="jgbench")
+async def asleep() -> None:
+    """Waits 50 ms like an HTTP call with an async client (bench/io_bound.py)."""
+    await asyncio.sleep(0.05)

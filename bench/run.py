@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common  # noqa: E402
 
 SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches",
-             "dashboard"]
+             "dashboard", "io_bound", "memory"]
 #: The scenarios that run on MariaDB too (throughput without its PostgreSQL floor columns).
 ANY_DATABASE = ["throughput", "locks"]
 

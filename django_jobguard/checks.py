@@ -79,10 +79,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "SCHEDULE": (dict,),
     "EMBEDDED_WORKER": (dict, type(None)),
     "METRICS_TOKEN": (str, type(None)),
+    "ASYNC_BLOCKED_AFTER": (int, float),
+    "ASYNC_CONCURRENCY": (int,),
     "QUEUES": (dict,),
 }
-_POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS"}
-_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS"}
+_POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS", "ASYNC_CONCURRENCY"}
+_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS",
+                 "ASYNC_BLOCKED_AFTER"}
 
 
 @register(Tags.compatibility)

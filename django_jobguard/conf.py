@@ -69,6 +69,12 @@ DEFAULTS: dict[str, Any] = {
     # Periodic jobs by name: {"nightly": {"job": "app.jobs.Nightly", "cron": "0 3 * * *",
     # "args": [], "kwargs": {}, "timezone": "UTC", "catch_up": "last", "queue": None}}.
     "SCHEDULE": {},
+    # Seconds the worker's event loop may go without answering (an async job blocking it with
+    # time.sleep() or sync I/O) before the worker logs a warning naming the job; 0: no probe.
+    "ASYNC_BLOCKED_AFTER": 1.0,
+    # Async jobs one worker process runs at once on its event loop (jobworker
+    # --async-concurrency overrides it).
+    "ASYNC_CONCURRENCY": 10,
     # Worker threads inside the web server's process (small apps, development): None (off) or
     # {"threads": 2, "queues": ["*"], "sleep": 3, "shutdown_timeout": 20, "tries": 1}.
     "EMBEDDED_WORKER": None,

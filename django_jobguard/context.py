@@ -83,6 +83,8 @@ class JobLike(Protocol):
     name: str
     context: JobContext
     keep_result: bool
+    #: Whether ``handle()`` is ``async def`` (it runs on an event loop).
+    is_async: bool
     delete_when_missing_models: bool
 
     @property

@@ -17,12 +17,12 @@ import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from django_jobguard import durations
+from django_jobguard import aio, durations
 from django_jobguard.jobs import Dispatched, Job, dispatch, dispatch_sync
 from django_jobguard.middleware.without_overlapping import WithoutOverlapping
 from django_jobguard.unique_jobs import ShouldBeUnique, ShouldBeUniqueUntilProcessing
 
-__all__ = ["FunctionJob", "JobFunction", "OverlapFactory", "job", "unique",
+__all__ = ["AsyncFunctionJob", "FunctionJob", "JobFunction", "OverlapFactory", "job", "unique",
            "unique_until_processing", "without_overlapping"]
 
 
@@ -42,6 +42,15 @@ class FunctionJob(Job):
 
     def middleware(self) -> list[Any]:
         return [factory(self) for factory in self.middleware_factories]
+
+
+class AsyncFunctionJob(FunctionJob):
+    """A job that awaits a module-level ``async def`` with the dispatched arguments."""
+
+    abstract = True
+
+    async def handle(self) -> Any:
+        return await type(self).func(*self.args, **self.kwargs)
 
 
 class JobFunction:
@@ -133,6 +142,7 @@ def job(
         raise TypeError(f"@job got unknown options {sorted(unknown)}; allowed: {JOB_OPTIONS}.")
 
     def decorate(func: Callable[..., Any]) -> JobFunction:
+        is_async = aio.check_function(func)  # TypeError for a generator
         if "<locals>" in func.__qualname__:
             raise TypeError(f"@job needs a module-level function; {func.__qualname__} is nested "
                             f"and a worker could not find it.")
@@ -149,7 +159,16 @@ def job(
             attrs["retry_until"] = lambda self: retry_until(*self.args, **self.kwargs)
         for mixin_attrs in getattr(func, "_jobguard_class_attrs", []):
             attrs.update(mixin_attrs)
-        bases = tuple(getattr(func, "_jobguard_bases", ())) + (base,)
+        job_base = base
+        if is_async and base is FunctionJob:
+            job_base = AsyncFunctionJob
+        elif is_async != base.is_async:
+            raise TypeError(
+                f"@job(base={base.__name__}): its handle() is "
+                f"{'async def' if base.is_async else 'a plain def'}, but "
+                f"{func.__qualname__} is {'async def' if is_async else 'a plain def'}; use a "
+                f"base of the same kind (FunctionJob or AsyncFunctionJob).")
+        bases = tuple(getattr(func, "_jobguard_bases", ())) + (job_base,)
         job_class = type(func.__name__, bases, attrs)
         return JobFunction(func, job_class)
 

@@ -197,7 +197,8 @@ class ThreadExecutor:
                     write(line, state)
 
         return Pipeline(worker_id=main.worker_id, using=main.using, defaults=main.defaults,
-                        log=log, log_running=main.log_running, pause=main.pause)
+                        log=log, log_running=main.log_running, pause=main.pause,
+                        event_loop=main.event_loop)
 
     def free(self) -> int:
         """How many more rows may start now."""
@@ -227,6 +228,11 @@ class ThreadExecutor:
         """Until a job ends, or ``timeout`` seconds."""
         with self._cond:
             self._cond.wait(timeout)
+
+    def wake(self) -> None:
+        """End a :meth:`wait` now (an async job ended: its slot may be claimed into)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def seconds_to_next_check(self) -> float:
         """When :meth:`tick` has something to do next (a timeout or a grace period ends)."""

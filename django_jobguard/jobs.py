@@ -17,14 +17,22 @@ from typing import Any, ClassVar
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 
-from django_jobguard import durations, registry, serialization, signals, tracing, unique_jobs
+from django_jobguard import (
+    aio,
+    durations,
+    registry,
+    serialization,
+    signals,
+    tracing,
+    unique_jobs,
+)
 from django_jobguard import queue as job_queue
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Delay
 from django_jobguard.envelope import Envelope, UniqueRef
 from django_jobguard.exceptions import ManuallyFailedError
-from django_jobguard.handling import run_middleware
+from django_jobguard.handling import run_middleware, run_middleware_async
 from django_jobguard.outcome import Outcome
 from django_jobguard.retry import RetryPolicy
 
@@ -75,6 +83,9 @@ class Job:
     #: runs in its payload (and result row), shown to operators instead of ``name``.
     display_path: ClassVar[tuple[str, ...]] = ()
     result_display_path: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``handle()`` is ``async def`` (set for each subclass; the worker runs such a
+    #: job on its event loop, see :mod:`django_jobguard.aio`).
+    is_async: ClassVar[bool] = False
 
     #: This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`).
     context: JobContext
@@ -87,6 +98,7 @@ class Job:
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
+        cls.is_async = aio.check_job_class(cls)  # TypeError for what could never run
         if not cls.__dict__.get("abstract", False):
             registry.register(cls)
 
@@ -109,7 +121,8 @@ class Job:
     # -- what subclasses implement --------------------------------------------------------
 
     def handle(self) -> Any:
-        """Do the work. Raise to retry (with ``backoff``) or fail on the last attempt."""
+        """Do the work. Raise to retry (with ``backoff``) or fail on the last attempt.
+        May be ``async def`` (an async job, run on the worker's event loop)."""
         raise NotImplementedError(f"{type(self).__name__} must implement handle().")
 
     def middleware(self) -> list[Any]:
@@ -351,7 +364,10 @@ def _push_unique(jobs: list[Job], built: list[tuple[job_queue.NewJob, Envelope]]
 def dispatch_sync(job: Job) -> Any:
     """Run ``job`` (middleware and ``handle()``) in this process now and return its result.
 
-    Nothing is queued and uniqueness is not checked; exceptions propagate to the caller.
+    Nothing is queued and uniqueness is not checked; exceptions propagate to the caller. An
+    async job runs to its end on an event loop of its own (not from inside a running loop).
     """
     job.context = JobContext(policy=RetryPolicy.for_job(job))
+    if job.is_async:
+        return aio.run_blocking(lambda: run_middleware_async(job), in_worker=False)
     return run_middleware(job)

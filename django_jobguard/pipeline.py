@@ -15,6 +15,11 @@
    a store outage before ``handle()``, an exception with tries left), or move it to failed
    jobs. Every write is owner-checked: a worker that lost its lease logs LOST and changes
    nothing.
+
+An async job (``async def handle()``) takes the same path, its step 3 on the event loop
+(:mod:`django_jobguard.aio`): :meth:`Pipeline.process` waits for it there, while the
+worker's async executor runs :meth:`Pipeline.begin` (0–2) in its coordinator and
+:meth:`Pipeline.acomplete` (3–4) on the loop, step 4 off the loop.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
-from django_jobguard import clock, queue, registry, results, signals, unique_jobs, workflows
+from django_jobguard import aio, clock, queue, registry, results, signals, unique_jobs, workflows
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Due
@@ -42,7 +47,7 @@ from django_jobguard.exceptions import (
     StoreUnavailableError,
     WorkerStoppedError,
 )
-from django_jobguard.handling import run_middleware
+from django_jobguard.handling import run_middleware, run_middleware_async
 from django_jobguard.logs import text_line
 from django_jobguard.observe import job_line, running
 from django_jobguard.outcome import Kind, Outcome
@@ -79,7 +84,8 @@ class Pipeline:
     def __init__(self, *, worker_id: str, using: str | None = None,
                  defaults: Defaults | None = None, log: Log | None = None,
                  log_running: bool = True,
-                 pause: Callable[[float], Any] = time.sleep) -> None:
+                 pause: Callable[[float], Any] = time.sleep,
+                 event_loop: bool = False) -> None:
         self.worker_id = worker_id
         self.using = queue_database(using)
         self.defaults = defaults or Defaults()
@@ -89,6 +95,9 @@ class Pipeline:
         # Whether RUNNING lines are wanted: the line is not even built otherwise.
         self.log_running = log_running
         self.pause = pause
+        #: Run async jobs on this process's event loop thread (a worker), not on a loop of
+        #: their own in this thread (``drain()``, inline mode).
+        self.event_loop = event_loop
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
         #: That job (an executor ends its attempt when its thread is stuck past its timeout).
@@ -111,8 +120,12 @@ class Pipeline:
         with running(row, self.worker_id):  # the trace span, when tracing is on
             if not queue.start(row, using=self.using):  # one claimed ahead counts it now
                 return self._lost(row, started)
+            job = None
             try:
-                return self._process(row, started, then)
+                job = self._prepare(row, started, then)
+                if isinstance(job, str):
+                    return job
+                return self.apply(row, job, self.run(row, job), started, then=then)
             except (DatabaseError, InterfaceError, StoreUnavailableError, ThreadTimeoutError,
                     WorkerStoppedError):
                 # Transient: the row's lease runs out and it is retried. (A timeout or stop
@@ -120,6 +133,62 @@ class Pipeline:
                 raise
             except Exception as exc:
                 return self._unprocessable(row, exc, started)
+            finally:
+                if job is not None and not isinstance(job, str):
+                    job.context.reporter.close()
+
+    async def aprocess(self, row: QueuedJob) -> str:
+        """:meth:`process` for an async job's row, on the event loop: the database work off
+        the loop (:func:`aio.call_sync`), the job on it, so that many async jobs wait at
+        once without a thread each."""
+        started = time.monotonic()
+        with running(row, self.worker_id):  # the trace span, when tracing is on
+            job = await aio.call_sync(self.begin, row, started)
+            if isinstance(job, str):
+                return job
+            return await self.acomplete(row, job, started)
+    async def acomplete(self, row: QueuedJob, job: JobLike, started: float) -> str:
+        """On the event loop: run the job :meth:`begin` returned, then apply its outcome
+        off the loop (one round trip to a thread)."""
+        try:
+            try:
+                result: Any = await self.run_on_loop(row, job)
+                error: BaseException | None = None
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                result, error = None, exc
+            return await aio.call_sync(self._finish, row, job, result, error, started)
+        finally:
+            job.context.reporter.close()
+
+    def begin(self, row: QueuedJob, started: float) -> str | JobLike:
+        """Off the loop (any thread): start and rebuild an async job's row; its state if
+        that ended it, else the job (announced as running) for :meth:`acomplete`."""
+        if not queue.start(row, using=self.using):
+            return self._lost(row, started)
+        job = None
+        try:
+            job = self._prepare(row, started, None)
+            if not isinstance(job, str):
+                self._starting(row, job)
+            return job
+        except (DatabaseError, InterfaceError, StoreUnavailableError):
+            raise
+        except Exception as exc:
+            if job is not None and not isinstance(job, str):
+                job.context.reporter.close()
+            return self._unprocessable(row, exc, started)
+
+    def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
+                started: float) -> str:
+        """Off the loop: the outcome of an async job's run, applied."""
+        try:
+            outcome = self._outcome(row, job, result) if error is None else \
+                self._error_outcome(row, job, error)
+            return self.apply(row, job, outcome, started)
+        except (DatabaseError, InterfaceError, StoreUnavailableError):
+            raise
+        except Exception as exc:
+            return self._unprocessable(row, exc, started)
 
     def _unprocessable(self, row: QueuedJob, exc: Exception, started: float) -> str:
         """Fail ``row`` with ``exc`` if it is still ours (nothing was applied yet); otherwise
@@ -138,7 +207,10 @@ class Pipeline:
         signals.job_failed.send(sender=None, job=None, job_id=str(row.id), exception=exc)
         return self._log(row, "FAILED", started, queue.describe(exc))
 
-    def _process(self, row: QueuedJob, started: float, then: QueuedJob | None) -> str:
+    def _prepare(self, row: QueuedJob, started: float,
+                 then: QueuedJob | None) -> str | JobLike:
+        """Rebuild the started row's job and check it may run: the job, or the state it
+        ended in (failed, deleted, cancelled, put back) when it may not."""
         try:
             job = self.rebuild(row)
         except registry.UnknownJobError as exc:
@@ -152,14 +224,19 @@ class Pipeline:
         except Exception as exc:
             return self.apply(row, None, Outcome.failed(
                 exc, reason="rebuild", detail=_unbuildable(exc)), started)
-
         try:
-            return self._process_built(row, job, started, then)
-        finally:
+            ended = self._refused(row, job, started)
+        except BaseException:
             job.context.reporter.close()
+            raise
+        if ended is not None:
+            job.context.reporter.close()
+            return ended
+        return job
 
-    def _process_built(self, row: QueuedJob, job: JobLike, started: float,
-                       then: QueuedJob | None) -> str:
+    def _refused(self, row: QueuedJob, job: JobLike, started: float) -> str | None:
+        """The state of a job that may not run (cancelled, its batch cancelled, out of
+        attempts), written; ``None`` when it may."""
         if row.cancel_requested_at is not None:  # cancelled while it ran, then put back
             return self.apply(row, job, Outcome.cancelled(), started)
         skip = workflows.skip_reason(row.payload, using=self.using)
@@ -175,7 +252,7 @@ class Pipeline:
                 + ".")
             return self.apply(row, job, Outcome.failed(error, reason="attempts", detail=ended),
                               started)
-        return self.apply(row, job, self.run(row, job), started, then=then)
+        return None
 
     def _unknown(self, row: QueuedJob, exc: registry.UnknownJobError, started: float) -> str:
         """A job this worker does not know: put back with back-off while it is younger than
@@ -252,36 +329,66 @@ class Pipeline:
     def run(self, row: QueuedJob, job: JobLike) -> Outcome:
         """Middleware and ``handle()`` under the job's time limit, and what came of it."""
         context = job.context
+        self._starting(row, job)
+        try:
+            self.running, self.job = context, job
+            if job.is_async:
+                result = self.run_async(row, job)
+            else:
+                with time_limit(context.policy.timeout,
+                                finished=lambda: context.handle_finished,
+                                label=f"{row.name} [{row.id}]"):
+                    result = run_middleware(job)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            return self._error_outcome(row, job, exc)
+        finally:
+            self.running = self.job = None
+        return self._outcome(row, job, result)
+
+    def _starting(self, row: QueuedJob, job: JobLike) -> None:
+        """Log RUNNING, send ``job_processing``, note the start time."""
         if self.log_running:
             self._log(row, "RUNNING")
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
-        context.started_at = clock.now()
-        try:
-            self.running, self.job = context, job
-            with time_limit(context.policy.timeout, finished=lambda: context.handle_finished,
-                            label=f"{row.name} [{row.id}]"):
-                result = run_middleware(job)
-        except WorkerStoppedError as exc:  # a second Ctrl-C, or --reload past its grace
-            return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
-            # flag, never into these): the job failed, the worker goes on.
-            logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
-                           "stop.", _shown(row), row.id, exc)
-            return self._after_exception(row, job, exc)
-        except Exception as exc:
-            if context.cancel_seen:  # it stopped because it was asked to
-                return Outcome.cancelled()
-            if isinstance(exc, StoreUnavailableError) and not context.handle_started:
-                return self._store_outage(row, exc)
-            return self._after_exception(row, job, exc)
-        finally:
-            self.running = self.job = None
+        job.context.started_at = clock.now()
+
+    @staticmethod
+    def _outcome(row: QueuedJob, job: JobLike, result: Any) -> Outcome:
+        """What came of a run that raised nothing."""
+        context = job.context
         if context.cancel_seen:
             return Outcome.cancelled()
         if context.requested is not None:
             return context.requested
         return Outcome.done(result) if context.handle_started else Outcome.dropped("skipped")
+
+    def _error_outcome(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
+        """What came of a run that raised ``exc``."""
+        context = job.context
+        if isinstance(exc, WorkerStoppedError):  # a second Ctrl-C, or --reload past its grace
+            return Outcome.deferred(Due(delay=0), reason=exc.reason, detail=exc.detail)
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            # Raised by the job's code (the worker turns its own SIGINT/SIGTERM into a stop
+            # flag, never into these): the job failed, the worker goes on.
+            logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
+                           "stop.", _shown(row), row.id, exc)
+            return self._after_exception(row, job, exc)
+        if context.cancel_seen:  # it stopped because it was asked to
+            return Outcome.cancelled()
+        if isinstance(exc, StoreUnavailableError) and not context.handle_started:
+            return self._store_outage(row, exc)
+        return self._after_exception(row, job, exc)
+
+    def run_async(self, row: QueuedJob, job: JobLike) -> Any:
+        """An async job's middleware and ``handle()`` on an event loop, its ``timeout`` (and an
+        operator's cancel) cancelling its task (:mod:`django_jobguard.aio`)."""
+        return aio.run_blocking(lambda: self.run_on_loop(row, job), in_worker=self.event_loop)
+
+    async def run_on_loop(self, row: QueuedJob, job: JobLike) -> Any:
+        """On the event loop: the job's task under its time limit."""
+        return await aio.run_job(job.context, run_middleware_async(job),
+                                 timeout=job.context.policy.timeout,
+                                 label=f"{row.name} [{row.id}]")
 
     def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""

@@ -5,6 +5,7 @@ a second and stays true once it was."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -18,6 +19,15 @@ logger = logging.getLogger("django_jobguard.worker")
 
 #: Seconds between two writes of a job's progress, and between two reads of its cancel flag.
 INTERVAL = 1.0
+
+
+def _in_event_loop() -> bool:
+    """Whether this thread runs an event loop (an async job: no sync database call here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def check_fraction(fraction: float) -> float:
@@ -53,7 +63,8 @@ class RunReporter:
         with self._lock:
             self._pending = value
             wait = self._written_at + INTERVAL - self._clock()
-            if wait > 0:
+            if wait > 0 or _in_event_loop():  # an async job: never write on the loop
+                wait = max(wait, 0.0)
                 if self._timer is None:
                     self._timer = threading.Timer(wait, self._flush_from_timer)
                     self._timer.daemon = True
@@ -85,8 +96,8 @@ class RunReporter:
 
     def cancelled(self) -> bool:
         """Whether an operator asked this run to stop (read at most once a second)."""
-        if self._cancelled:
-            return True
+        if self._cancelled or _in_event_loop():  # an async job: its run reads the flag
+            return self._cancelled
         now = self._clock()
         if now - self._checked_at >= INTERVAL:
             self._checked_at = now

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, F, Max, Min, OuterRef, Value
+from django.db.models import Exists, F, Max, Min, OuterRef, Q, Value
 
 from django_jobguard import clock, pooling, queue_caps
 from django_jobguard.conf import jobguard_settings, queue_database
@@ -177,6 +177,24 @@ def start(row: QueuedJob, *, using: str | None = None) -> bool:
     row.attempts += 1
     row.attempt_counted = True
     return True
+
+
+def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> None:
+    """:func:`start` for several rows claimed ahead, in one statement (async jobs that start
+    at once on the event loop). A row the worker no longer holds is not changed, and its
+    later writes find it is not theirs (owner-checked), as after :func:`start`."""
+    using = queue_database(using)
+    ahead = [row for row in rows if not getattr(row, "attempt_counted", True)]
+    if not ahead:
+        return
+    held = Q()
+    for row in ahead:
+        held |= Q(id=row.id, claims=row.claims)
+    QueuedJob.objects.using(using).filter(held, reserved_by=ahead[0].reserved_by).update(
+        attempts=F("attempts") + 1)
+    for row in ahead:
+        row.attempts += 1
+        row.attempt_counted = True
 
 
 def paused(queues: Sequence[str] | None = None, *,

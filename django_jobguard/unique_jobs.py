@@ -118,7 +118,12 @@ def release(ref: UniqueRef | None) -> bool:
         return False
 
 
+def releases_on_start(job: JobLike) -> bool:
+    """Whether ``job`` frees its unique lock as ``handle()`` starts."""
+    return isinstance(job, ShouldBeUniqueUntilProcessing)
+
+
 def release_on_start(job: JobLike) -> None:
     """``ShouldBeUniqueUntilProcessing``: free the lock as ``handle()`` starts."""
-    if isinstance(job, ShouldBeUniqueUntilProcessing):
+    if releases_on_start(job):
         release(job.context.envelope.unique)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
-from django_jobguard import history, logs, operations, queue, schedules
+from django_jobguard import aio, history, logs, operations, queue, registry, schedules
 from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
@@ -80,6 +80,8 @@ class WorkerOptions:
     once: bool = False
     batch: int = 0  # rows per claim; 0: JOBGUARD['CLAIM_BATCH_SIZE'], adaptive when None
     using: str = field(default_factory=queue_database)  # JOBGUARD["DATABASE"]
+    #: Async jobs run at once on the event loop; None: JOBGUARD['ASYNC_CONCURRENCY'].
+    async_concurrency: int | None = None
     #: Jobs run at once in this process (``--threads``); 1 runs them one by one.
     threads: int = 1
     #: ``--queue name:N``: at most N jobs of the queue at once, and its weight (see
@@ -153,7 +155,11 @@ class Worker:
         self.pipeline = Pipeline(
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
-            pause=self._stop.wait)
+            pause=self._stop.wait, event_loop=True)
+        # Async jobs: on this process's event loop, many at once (sync jobs never go there).
+        self._async = aio.AsyncExecutor(
+            self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
+            self._async_finished)
         self._in_job = False
         self._current_job = ""
         self._listener: queue.Listener | None = None
@@ -171,6 +177,8 @@ class Worker:
                                           for name in o.queues])
         self._executor: ThreadExecutor | None = None
         self._finished_lock = threading.Lock()
+        #: ``--threads``: claimed rows waiting for a free slot of their kind (sync or async).
+        self._waiting: list[QueuedJob] = []
         # Set at the very end: the heartbeat renews leases while running jobs finish.
         self._halted = threading.Event()
 
@@ -188,6 +196,7 @@ class Worker:
             while not self._stop.is_set():
                 rows = self._claim()
                 self._held = frozenset(row.id for row in rows)
+                self._start_async_ahead(rows)
                 self._pause_checked = time.monotonic()  # the claim excluded paused queues
                 for index, row in enumerate(rows):
                     # Asked to stop, or the batch's queue was paused: give back what we did
@@ -198,7 +207,18 @@ class Worker:
                                           using=self.options.using)
                         self._held = frozenset()
                         break
+                    if self._runs_async(row):  # on the loop; this thread goes on claiming
+                        if not self._async.submit(row, stop=self._stop):
+                            for left in rows[index:]:
+                                queue.release(left, count_attempt=False,
+                                              using=self.options.using)
+                            self._held = frozenset()
+                            break
+                        self._held = self._held - {row.id}
+                        continue
                     then = rows[index + 1] if index + 1 < len(rows) else None
+                    if then is not None and self._runs_async(then):
+                        then = None  # started by its own pipeline on the loop
                     began = time.monotonic()
                     self.process_claimed(row, then=then)
                     self._claim_size.finished(time.monotonic() - began)
@@ -212,7 +232,32 @@ class Worker:
                     self._wait()
             return EXIT_OK
         finally:
+            self._async.wait()  # the async jobs running finish (or end by their timeout)
             self._shutdown()
+
+    def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
+        """Count in one statement the attempts of the async rows claimed ahead that start on
+        the event loop now (instead of one UPDATE each as they start)."""
+        ahead = [row for row in rows if not getattr(row, "attempt_counted", True)
+                 and self._runs_async(row)][:self._async.free()]
+        if len(ahead) > 1:
+            try:
+                queue.start_many(ahead, using=self.options.using)
+            except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
+                logger.warning("Could not start %s async jobs at once (%s).", len(ahead), exc)
+
+    @staticmethod
+    def _runs_async(row: QueuedJob) -> bool:
+        try:
+            return aio.is_async(registry.get(row.name))
+        except registry.UnknownJobError:
+            return False  # the pipeline deals with it
+
+    def _async_finished(self, row: QueuedJob, state: str | None) -> None:
+        """An async job ended (called from the loop thread)."""
+        self.job_finished(state or "", row.queue)
+        if self._executor is not None:
+            self._executor.wake()  # the coordinator may claim into the freed slot
 
     def _run_threaded(self) -> int:
         """The loop with ``--threads N``: claim as many rows as there are free slots (within
@@ -232,34 +277,64 @@ class Worker:
         try:
             while not self._stop.is_set():
                 executor.tick()
-                rows = self._claim_for(executor)
-                for row in rows:
-                    executor.submit(row)
-                code = self._stop_code(found=bool(rows) or executor.busy > 0, started=started,
+                self._hand_out(executor, [])
+                rows = self._claim_for(executor) if not self._waiting else []
+                self._hand_out(executor, rows)
+                busy = executor.busy + len(self._async)
+                code = self._stop_code(found=bool(rows) or busy > 0, started=started,
                                        jobs=self.jobs_processed + executor.busy)
                 if code is not None:
                     return code
-                if rows and executor.free():
+                free = executor.free() + self._async.free()
+                if rows and free:
                     continue  # there may be more due
-                if not executor.free() or (executor.busy and self.options.stop_when_empty):
+                if not free or self._waiting or (busy and self.options.stop_when_empty):
                     executor.wait(executor.seconds_to_next_check())
                 else:
-                    self._wait(cap=executor.seconds_to_next_check() if executor.busy else None)
+                    self._wait(cap=executor.seconds_to_next_check() if busy else None)
             return EXIT_OK
         except AllThreadsStuck as exc:
             logger.critical("Worker %s: %s; exiting with code %s so that a new worker process "
                             "takes its place.", self.id, exc, EXIT_STUCK)
             return EXIT_STUCK
         finally:
+            self._give_back_waiting()
             executor.shutdown()
+            self._async.wait()
             self._shutdown()
+
+    def _hand_out(self, executor: ThreadExecutor, rows: list[QueuedJob]) -> None:
+        """Start the rows waiting for a slot of their kind, then ``rows``: async ones on the
+        event loop, sync ones on a thread; a row whose kind has no free slot waits (claimed,
+        its lease renewed) until one frees."""
+        pending, self._waiting = self._waiting + rows, []
+        for row in pending:
+            if self._runs_async(row):
+                if self._async.free():
+                    self._async.submit(row)
+                    continue
+            elif executor.free():
+                executor.submit(row)
+                continue
+            self._waiting.append(row)
+
+    def _give_back_waiting(self) -> None:
+        """Put back the claimed rows that never got a slot, their attempt unused."""
+        waiting, self._waiting = self._waiting, []
+        for row in waiting:
+            try:
+                queue.release(row, count_attempt=False, using=self.options.using)
+            except (DatabaseError, InterfaceError) as exc:
+                logger.warning("Could not put back %s (%s); its lease will bring it back.",
+                               row, exc)
 
     def _claim_for(self, executor: ThreadExecutor) -> list[QueuedJob]:
         """Claim (and start) up to as many rows as the executor has free slots."""
         o = self.options
-        free = executor.free()
+        free = executor.free() + self._async.free()
         if o.once or o.max_jobs:
-            free = min(free, (1 if o.once else o.max_jobs) - self.jobs_processed - executor.busy)
+            free = min(free, (1 if o.once else o.max_jobs) - self.jobs_processed - executor.busy
+                       - len(self._async))
         if free < 1:
             return []
         running = self._selection.running(executor.running_queues()) \
@@ -314,7 +389,8 @@ class Worker:
             return EXIT_OK
         if o.max_time and time.monotonic() - started >= o.max_time:
             return EXIT_OK
-        if o.max_jobs and (self.jobs_processed if jobs is None else jobs) >= o.max_jobs:
+        done = self.jobs_processed if jobs is None else jobs
+        if o.max_jobs and done + len(self._async) >= o.max_jobs:
             return EXIT_OK
         return None
 
@@ -330,7 +406,7 @@ class Worker:
         o = self.options
         limit = 1 if o.once else self._claim_size.next()
         if o.max_jobs:
-            limit = max(1, min(limit, o.max_jobs - self.jobs_processed))
+            limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
         try:
             # One job starts now; the rest of a batch is claimed ahead, its attempts uncounted
             # until each starts (a worker killed meanwhile has not used their tries).
@@ -428,7 +504,8 @@ class Worker:
         finally:
             self._in_job = False
             self._current_job = ""
-            self.jobs_processed += 1
+            with self._finished_lock:
+                self.jobs_processed += 1
             self._reset_connections()
 
     def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
@@ -476,6 +553,7 @@ class Worker:
 
     def _stop_at_once(self) -> None:
         self._stop.set()
+        self._async.stop_all()  # each async job goes back to the queue, its attempt unused
         if self._executor is not None:
             logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs go "
                            "back to the queue.", self.id)
@@ -526,7 +604,7 @@ class Worker:
     def heartbeat(self) -> None:
         """Renew this worker's leases and write its liveness and last-minute counts."""
         using = self.options.using
-        held = self._held
+        held = self._held | self._async.held() | {row.id for row in self._waiting}
         if held:
             queue.extend_leases(self.id, ids=held, using=using)
         done, failed = self._recent.counts()

@@ -49,6 +49,7 @@ from testproject.settings import (  # noqa: E402
 JOBGUARD = {**JOBGUARD, "JOB_MODULES": [
     "tests.support.jobs", "tests.support.tasks", "tests.support.limit_jobs",
     "tests.support.lock_jobs", "tests.support.failure_jobs", "tests.support.testing_jobs",
+    "tests.support.async_jobs",
     "tests.support.thread_jobs",
     *JOBGUARD["JOB_MODULES"]]}
 

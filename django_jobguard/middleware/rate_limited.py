@@ -12,7 +12,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
-from django_jobguard import durations
+from django_jobguard import aio, durations
 from django_jobguard.limits import Limit, rate_limiter, window_key
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import get_store
@@ -52,22 +52,30 @@ class RateLimited(JobMiddleware):
         return f"RateLimited({self.name!r})"
 
     def handle(self, job: Job, next: Next) -> Any:
+        return next(job) if self.admit(job) else None
+
+    async def ahandle(self, job: Job, next: Next) -> Any:
+        """``handle()`` for an async job (the counters are hit off the loop)."""
+        return await next(job) if await aio.call_sync(self.admit, job) else None
+
+    def admit(self, job: Job) -> bool:
+        """Count the start against the limiter; False after deferring or dropping the job."""
         limits = rate_limiter.limits_for(self.name, job)  # UnknownLimiterError if undefined
         if not limits:
-            return next(job)
+            return True
         windows = [RateWindow(key=window_key(self.name, limit), limit=limit.max_attempts,
                               decay=limit.decay_seconds) for limit in limits]
         decision = get_store(self.store).hit_rate_limits(windows)
         if decision.allowed:
             job.rate_limit_admitted_at = decision.now
-            return next(job)
+            return True
         if self.dont_release:
             logger.info("%s [%s] dropped: limiter %r is full (%s).", job.name, job.job_id,
                         self.name, ", ".join(decision.blocked))
-            return None
+            return False
         job.defer(self.delay(decision.retry_after, limits), reason="rate_limited",
                   detail=f"rate limit {self.name!r} was full")
-        return None
+        return False
 
     def delay(self, retry_after: float, limits: list[Limit]) -> float:
         """Seconds to defer a job refused with ``retry_after``: ``release_after`` if given,

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from django_jobguard import aio
 from django_jobguard.middleware import JobMiddleware, Next
 
 if TYPE_CHECKING:
@@ -51,3 +52,9 @@ class Skip(JobMiddleware):
         if self.evaluate(job) == self.skip_if:
             return None
         return next(job)
+
+    async def ahandle(self, job: Job, next: Next) -> Any:
+        """``handle()`` for an async job (the condition is evaluated off the loop)."""
+        if await aio.call_sync(self.evaluate, job) == self.skip_if:
+            return None
+        return await next(job)

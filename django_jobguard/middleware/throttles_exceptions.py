@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django_jobguard import clock, durations, keys
+from django_jobguard import aio, clock, durations, keys
 from django_jobguard.exceptions import JobTimeoutError, StoreUnavailableError
 from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
@@ -114,6 +114,32 @@ class ThrottlesExceptions(JobMiddleware):
         return max(self.decay_seconds, job.context.policy.timeout)
 
     def handle(self, job: Job, next: Next) -> Any:
+        circuit = self.enter(job)
+        if circuit is None:
+            return None
+        try:
+            result = next(job)
+        except Exception as exc:
+            self.failed(job, circuit, exc)  # raises it again, or returns: handled
+            return None
+        self.succeeded(job, circuit)
+        return result
+
+    async def ahandle(self, job: Job, next: Next) -> Any:
+        """``handle()`` for an async job (the circuit is read and written off the loop)."""
+        circuit = await aio.call_sync(self.enter, job)
+        if circuit is None:
+            return None
+        try:
+            result = await next(job)
+        except Exception as exc:
+            await aio.call_sync(self.failed, job, circuit, exc)
+            return None
+        await aio.call_sync(self.succeeded, job, circuit)
+        return result
+
+    def enter(self, job: Job) -> dict[str, Any] | None:
+        """Enter the circuit; ``None`` after deferring the job (the circuit is open)."""
         store = get_store(self.store)
         key = self.circuit_key(job)
         owner = job.job_id or uuid.uuid4().hex
@@ -124,43 +150,49 @@ class ThrottlesExceptions(JobMiddleware):
             job.defer(self._wait(entry), reason="circuit_open",
                       detail=f"circuit {keys.label(key)!r} was open")
             return None
-        try:
-            result = next(job)
-        except StoreUnavailableError:
+        return {"store": store, "key": key, "owner": owner, "settings": settings}
+
+    def failed(self, job: Job, circuit: dict[str, Any], exc: Exception) -> None:
+        """Record ``exc`` in the circuit; raises it again unless it was handled here (the
+        job then goes back, or is dropped)."""
+        store, key, owner, settings = (circuit["store"], circuit["key"], circuit["owner"],
+                                       circuit["settings"])
+        if isinstance(exc, StoreUnavailableError):
             # jobguard's own infrastructure, not the service: the worker decides (before
             # handle() it puts the job back without using an attempt)
             store.circuit_leave(key, owner=owner, **settings, outcome=counters.NEUTRAL)
-            raise
-        except Exception as exc:
-            counted = self._counts(exc)
-            store.circuit_leave(key, owner=owner, **settings,
-                                outcome=counters.FAILURE if counted else counters.NEUTRAL)
-            if self.delete_when is not None and self.delete_when(exc):
-                logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
-                return None
-            if not counted:
-                raise
-            self._report(job, exc)
-            context = job.context
-            if isinstance(exc, JobTimeoutError) or context.policy.is_last_attempt(
-                    context.attempt, clock.now()):
-                raise  # the worker fails it with the real exception (or applies its timeout rules)
-            # A counted exception puts the job back as a retry: the run used its attempt, and
-            # the exception is its last error, but it does not count towards max_exceptions
-            # (the middleware handled it).
-            job.context.request(Outcome.released(
-                durations.due(self.backoff), reason="released", exception=exc,
-                counts_exception=False))
-            return None
+            raise exc
+        counted = self._counts(exc)
+        store.circuit_leave(key, owner=owner, **settings,
+                            outcome=counters.FAILURE if counted else counters.NEUTRAL)
+        if self.delete_when is not None and self.delete_when(exc):
+            logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
+            return
+        if not counted:
+            raise exc
+        self._report(job, exc)
+        context = job.context
+        if isinstance(exc, JobTimeoutError) or context.policy.is_last_attempt(
+                context.attempt, clock.now()):
+            raise exc  # the worker fails it with the real exception (or its timeout rules)
+        # A counted exception puts the job back as a retry: the run used its attempt, and
+        # the exception is its last error, but it does not count towards max_exceptions
+        # (the middleware handled it).
+        job.context.request(Outcome.released(
+            durations.due(self.backoff), reason="released", exception=exc,
+            counts_exception=False))
+
+    def succeeded(self, job: Job, circuit: dict[str, Any]) -> None:
+        """Record the end of a run that raised nothing (only a real success closes it)."""
         outcome = counters.SUCCESS if job.context.really_succeeded else counters.NEUTRAL
         try:
-            store.circuit_leave(key, owner=owner, outcome=outcome, **settings)
+            circuit["store"].circuit_leave(circuit["key"], owner=circuit["owner"],
+                                           outcome=outcome, **circuit["settings"])
         except StoreUnavailableError as exc:
             # handle() has run: its outcome stands. Raising here would run it again. The
             # circuit keeps its count (or its probe lease runs out) until the store is back.
             logger.warning("%s [%s] finished, but circuit %s could not record it (%s).",
-                           job.name, job.job_id, key, exc)
-        return result
+                           job.name, job.job_id, circuit["key"], exc)
 
     def _counts(self, exc: BaseException) -> bool:
         if isinstance(exc, UnknownLimiterError):  # a configuration error, not a failing service

@@ -19,6 +19,7 @@ short without a long job losing it. ``job.lock_token`` is the lock's fencing tok
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import enum
 import logging
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from django_jobguard import durations, keys
+from django_jobguard import aio, durations, keys
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import Store, get_store
 
@@ -85,6 +86,27 @@ class WithoutOverlapping(JobMiddleware):
         return keys.overlap(job.name, self.key, shared=self.shared)
 
     def handle(self, job: Job, next: Next) -> Any:
+        held = self.enter(job)
+        if held is None:
+            return None
+        try:
+            return next(job)
+        finally:
+            held.leave()
+
+    async def ahandle(self, job: Job, next: Next) -> Any:
+        """``handle()`` for an async job: the lock is taken and released off the loop, and
+        renewed (``renew=True``) by the same thread as for a sync job while the job awaits."""
+        held = await aio.call_sync(self.enter, job)
+        if held is None:
+            return None
+        try:
+            return await next(job)
+        finally:
+            await asyncio.shield(aio.call_sync(held.leave))
+
+    def enter(self, job: Job) -> _Held | None:
+        """Take the lock for ``job``; ``None`` after deferring or dropping it (held)."""
         store = get_store(self.store)
         key = self.lock_key(job)
         owner = f"{job.job_id or 'sync'}:{secrets.token_hex(8)}"
@@ -103,16 +125,23 @@ class WithoutOverlapping(JobMiddleware):
         job.lock_token = token
         renewer = _Renewer(store, key, owner, self.expire_after, job.name) if self.renew \
             else None
+        return _Held(store, key, owner, renewer)
+
+
+class _Held:
+    """A lock :meth:`WithoutOverlapping.enter` took, released by :meth:`leave`."""
+
+    def __init__(self, store: Store, key: str, owner: str, renewer: _Renewer | None) -> None:
+        self.store, self.key, self.owner, self.renewer = store, key, owner, renewer
+
+    def leave(self) -> None:
+        if self.renewer is not None:
+            self.renewer.stop()
         try:
-            return next(job)
-        finally:
-            if renewer is not None:
-                renewer.stop()
-            try:
-                store.release(key, owner)
-            except Exception:
-                logger.exception("Could not release overlap lock %s; it stays until it "
-                                 "expires.", key)
+            self.store.release(self.key, self.owner)
+        except Exception:
+            logger.exception("Could not release overlap lock %s; it stays until it "
+                             "expires.", self.key)
 
 
 class _Renewer:

@@ -45,6 +45,7 @@ class DrainResult:
     skipped: int = 0
     deleted: int = 0
     lost: int = 0
+    cancelled: int = 0
     states: list[str] = field(default_factory=list)
 
     @property
@@ -54,7 +55,8 @@ class DrainResult:
     def add(self, state: str) -> None:
         self.states.append(state)
         attribute = {"DONE": "done", "RELEASED": "released", "FAILED": "failed",
-                     "SKIPPED": "skipped", "DELETED": "deleted", "LOST": "lost"}[state]
+                     "SKIPPED": "skipped", "DELETED": "deleted", "LOST": "lost",
+                     "CANCELLED": "cancelled"}[state]
         setattr(self, attribute, getattr(self, attribute) + 1)
 
 

@@ -34,6 +34,19 @@ def test_wrong_types_and_ranges():
     assert any("RETRY_AFTER'] must be int or float, not str" in e.msg for e in errors)
 
 
+def test_async_settings_are_checked():
+    cases = (({"ASYNC_CONCURRENCY": 0}, "ASYNC_CONCURRENCY'] must be greater than 0"),
+             ({"ASYNC_CONCURRENCY": 2.5}, "ASYNC_CONCURRENCY'] must be int"),
+             ({"ASYNC_BLOCKED_AFTER": -1}, "ASYNC_BLOCKED_AFTER'] must not be negative"),
+             ({"ASYNC_BLOCKED_AFTER": "1"}, "ASYNC_BLOCKED_AFTER'] must be int or float"))
+    for value, message in cases:
+        with override_settings(JOBGUARD=value):
+            (error,) = check_settings()
+        assert error.id == "jobguard.E002" and message in error.msg
+    with override_settings(JOBGUARD={"ASYNC_CONCURRENCY": 50, "ASYNC_BLOCKED_AFTER": 0}):
+        assert check_settings() == []
+
+
 def test_failed_retention_is_none_or_positive_days():
     for bad, message in ((0, "must be greater than 0"), ("7", "must be int or float or None")):
         with override_settings(JOBGUARD={"FAILED_RETENTION_DAYS": bad}):

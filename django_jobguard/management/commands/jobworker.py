@@ -58,6 +58,10 @@ class Command(BaseCommand):
                                  "without a backlog, up to 16 with one).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Worker processes to run under one supervisor.")
+        parser.add_argument("--async-concurrency", type=int, default=None,
+                            help="Async jobs (async def handle) to run at once on the worker "
+                                 "process's event loop (default: "
+                                 "JOBGUARD['ASYNC_CONCURRENCY'], 10).")
         parser.add_argument("--threads", type=int, default=1,
                             help="Jobs each worker process runs at once, on threads (one "
                                  "database connection each).")
@@ -91,6 +95,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
+        if opts["async_concurrency"] is not None and opts["async_concurrency"] < 1:
+            raise CommandError("--async-concurrency must be at least 1.")
         if opts["threads"] < 1:
             raise CommandError("--threads must be at least 1.")
         if opts["reload"] and opts["threads"] > 1:
@@ -106,6 +112,7 @@ class Command(BaseCommand):
             backoff=opts["backoff"], max_jobs=opts["max_jobs"], max_time=opts["max_time"],
             stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
             once=opts["once"], batch=opts["batch"], using=database,
+            async_concurrency=opts["async_concurrency"],
             threads=opts["threads"],
             queue_limits={e.name: e.limit for e in entries if e.limit is not None},
         )

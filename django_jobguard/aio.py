@@ -1,0 +1,496 @@
+"""Async jobs: ``async def handle(self)`` (and ``@job`` on an ``async def``) run on an event loop.
+
+One event loop per worker process runs in its own thread (:class:`LoopThread`, started on the
+first async job): sync jobs never run on it, and many async jobs await on it at once
+(``jobworker --async-concurrency N``). :func:`run_job` runs one job's middleware and
+``handle()`` as a task with its time limit: a ``timeout`` cancels the task (the job sees
+``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
+read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
+on after :data:`~django_jobguard.timeouts.GRACE` seconds (logged; its task is left to end
+on its own).
+
+A job that blocks the loop (``time.sleep()``, a sync ORM call through ``sync_to_async`` missing,
+CPU work) stops every other async job of the worker. A probe thread asks the loop to answer
+every few tenths of a second; when it has not answered for
+``JOBGUARD['ASYNC_BLOCKED_AFTER']`` seconds the worker logs a warning naming the job that
+holds it.
+
+Code that must stay synchronous inside an async job (a store, a middleware, a signal) goes
+through :func:`call_sync`, Django's ``sync_to_async(thread_sensitive=True)``: under
+``drain()``/inline mode that is the caller's thread (and its test transaction), in a worker
+the one thread Django's async ORM uses too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asgiref.sync import async_to_sync, sync_to_async
+
+from django_jobguard.exceptions import JobCancelledError, JobTimeoutError, WorkerStoppedError
+
+if TYPE_CHECKING:
+    from django_jobguard.context import JobContext
+
+logger = logging.getLogger("django_jobguard.worker")
+
+T = TypeVar("T")
+
+#: Seconds between two probes of the loop (the threshold itself is a setting).
+PROBE_INTERVAL = 0.2
+#: Threads of the worker loop's pool for jobguard's sync calls (stores, acks).
+POOL_SIZE = 4
+#: Seconds between two reads of a running async job's cancel flag.
+CANCEL_POLL = 1.0
+#: Methods the worker calls synchronously: an ``async def`` there would never be awaited.
+SYNC_METHODS = ("middleware", "failed", "retry_until", "unique_id", "unique_via", "__init__")
+
+
+# -- what is an async job ------------------------------------------------------------------------
+
+
+def check_job_class(cls: type) -> bool:
+    """Whether ``cls`` is an async job (its ``handle`` is ``async def``); ``TypeError`` at
+    definition time for what could never run: an async generator as ``handle``, or an
+    ``async def`` on a method the worker calls synchronously."""
+    handle = getattr(cls, "handle", None)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    if inspect.isasyncgenfunction(handle) or inspect.isgeneratorfunction(handle):
+        raise TypeError(f"{where}.handle() is a generator (it yields); a job's handle() must "
+                        f"be a plain 'def' or 'async def' that returns its result.")
+    for name in SYNC_METHODS:
+        method = cls.__dict__.get(name)
+        if isinstance(method, (staticmethod, classmethod)):
+            method = method.__func__
+        if method is not None and (inspect.iscoroutinefunction(method)
+                                   or inspect.isasyncgenfunction(method)):
+            raise TypeError(f"{where}.{name}() is 'async def', but the worker calls it "
+                            f"synchronously; only handle() may be async. Make {name}() a "
+                            f"plain 'def'.")
+    return inspect.iscoroutinefunction(handle)
+
+
+def check_function(func: Callable[..., Any]) -> bool:
+    """Whether ``@job``'s ``func`` is ``async def``; ``TypeError`` for a generator."""
+    if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+        kind = "an async generator" if inspect.isasyncgenfunction(func) else "a generator"
+        raise TypeError(f"@job cannot run {func.__module__}.{func.__qualname__}: it is {kind} "
+                        f"(it yields). A job function is a plain 'def' or 'async def' that "
+                        f"returns its result.")
+    return inspect.iscoroutinefunction(func)
+
+
+def is_async(job: Any) -> bool:
+    """Whether ``job`` (a job or a job class) runs on the event loop."""
+    return bool(getattr(job, "is_async", False))
+
+
+def in_event_loop() -> bool:
+    """Whether this thread is running an event loop (sync database calls would fail here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def on_worker_loop() -> bool:
+    """Whether this thread is the worker's event loop thread (not ``drain()``'s)."""
+    current = _loop_thread
+    return current is not None and threading.current_thread() is current.thread
+
+
+async def call_sync(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``func(*args, **kwargs)`` off the loop, where the ORM may be used. On the worker's
+    loop: in its small pool of threads (jobguard's own calls, so that they do not queue
+    behind the jobs' ORM calls); elsewhere (``drain()``, inline mode) in the calling thread,
+    which holds the test's transaction."""
+    current = _loop_thread
+    if current is not None and threading.current_thread() is current.thread:
+        return await current.loop.run_in_executor(
+            current.pool, lambda: _reset_after(func, *args, **kwargs))
+    return await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
+
+
+def _reset_after(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``func()`` in a pool thread, dropping a connection it broke."""
+    try:
+        return func(*args, **kwargs)
+    finally:
+        from django.db import connections
+
+        for conn in connections.all(initialized_only=True):
+            if conn.errors_occurred and not conn.in_atomic_block and not conn.is_usable():
+                conn.close()
+
+
+# -- one job's run -------------------------------------------------------------------------------
+
+TIMEOUT = "timeout"
+CANCELLED = "cancelled"
+STOPPED = "stopped"
+
+
+class JobRun:
+    """One async job's task, and why it was cancelled (``timeout``, ``cancelled``,
+    ``stopped``; ``None`` while nobody did)."""
+
+    def __init__(self, task: asyncio.Task[Any], context: JobContext, label: str) -> None:
+        self.task, self.context, self.label = task, context, label
+        self.reason: str | None = None
+        self.given_up = asyncio.Event()
+        self._grace: asyncio.TimerHandle | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the task (first reason wins); after the grace period stop waiting for it."""
+        if self.task.done() or self.reason is not None:
+            return
+        self.reason = reason
+        self.task.cancel(f"jobguard: {reason}")
+        from django_jobguard.timeouts import GRACE
+
+        self._grace = asyncio.get_running_loop().call_later(GRACE, self._give_up, GRACE)
+
+    def stop_threadsafe(self) -> None:
+        """From another thread: cancel the task because the worker stops at once."""
+        self.task.get_loop().call_soon_threadsafe(self.cancel, STOPPED)
+
+    def time_up(self, seconds: float) -> None:
+        if self.context.handle_finished:  # only the middleware's clean-up is left: let it
+            logger.warning("%s: its time ran out after handle() finished; letting its "
+                           "middleware finish.", self.label)
+            return
+        logger.warning("%s timed out after %g s; cancelling it.", self.label, seconds)
+        self.cancel(TIMEOUT)
+
+    def _give_up(self, grace: float) -> None:
+        if not self.task.done():
+            logger.critical("%s was cancelled (%s) and has not ended %g s later (it swallows "
+                            "asyncio.CancelledError?); the worker stops waiting for it, its task "
+                            "is left running on the loop.", self.label, self.reason, grace)
+            self.given_up.set()
+
+    def close(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+
+
+#: The async jobs running in this process, by task (the loop probe names them).
+_runs: dict[asyncio.Task[Any], JobRun] = {}
+_runs_lock = threading.Lock()
+
+
+def running_labels() -> list[str]:
+    """Labels of the async jobs running now in this process."""
+    with _runs_lock:
+        return [run.label for run in _runs.values()]
+
+
+def running() -> list[JobRun]:
+    with _runs_lock:
+        return list(_runs.values())
+
+
+async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout: float,
+                  label: str) -> T:
+    """Run ``coro`` (a job's middleware and ``handle()``) as a task named after ``label``.
+
+    Returns its result, or raises what it raised; :class:`JobTimeoutError` when ``timeout``
+    cancelled it (or it swallowed that cancellation), :class:`JobCancelledError` when an
+    operator's cancel did (``context.cancel_seen`` is then set), :class:`WorkerStoppedError`
+    when the worker stopped at once."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(coro, name=label)
+    run = JobRun(task, context, label)
+    with _runs_lock:
+        _runs[task] = run
+    timer = loop.call_later(timeout, run.time_up, timeout) if timeout else None
+    watcher = loop.create_task(_watch_cancel(run)) if context.reporter is not None else None
+    ended = loop.create_task(run.given_up.wait())
+    try:
+        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # whoever awaits us was cancelled: stop the job too
+        run.cancel(STOPPED)
+        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        raise
+    finally:
+        for handle in (timer, watcher, ended):
+            if handle is not None:
+                handle.cancel()
+        run.close()
+        with _runs_lock:
+            _runs.pop(task, None)
+    return _result(run, timeout)
+
+
+def _result(run: JobRun, timeout: float) -> Any:
+    task = run.task
+    if run.reason == TIMEOUT:
+        error = JobTimeoutError(f"The job has timed out after {timeout:g} s.")
+        if task.done() and not task.cancelled() and task.exception() is not None \
+                and not isinstance(task.exception(), asyncio.CancelledError):
+            raise task.exception()  # it turned the cancellation into its own error
+        raise error
+    if run.reason == CANCELLED:
+        run.context.cancel_seen = True
+        if task.done() and not task.cancelled() and task.exception() is None:
+            return task.result()  # it finished as it was cancelled: ends as cancelled anyway
+        raise JobCancelledError("An operator cancelled the job.")
+    if run.reason == STOPPED or task.cancelled() or not task.done():
+        raise WorkerStoppedError(WorkerStoppedError.detail)
+    return task.result()
+
+
+async def _watch_cancel(run: JobRun) -> None:
+    """Read the job's cancel flag once a second (off the loop); cancel the task when set."""
+    reporter = run.context.reporter
+    while not run.task.done():
+        await asyncio.sleep(CANCEL_POLL)
+        try:
+            if await call_sync(reporter.cancelled):
+                run.cancel(CANCELLED)
+                return
+        except Exception as exc:  # the flag is advice: the job goes on
+            logger.warning("Could not read the cancel flag of %s (%s).", run.label, exc)
+
+
+# -- the worker's loop ---------------------------------------------------------------------------
+
+
+class LoopThread:
+    """An event loop in a daemon thread, with a probe that logs when the loop stops answering
+    for more than ``blocked_after`` seconds (0: no probe)."""
+
+    def __init__(self, *, blocked_after: float = 1.0, name: str = "jobguard-asyncio") -> None:
+        self.blocked_after = float(blocked_after or 0)
+        self.loop = asyncio.new_event_loop()
+        #: Threads for jobguard's own sync calls of async jobs (stores, the queue rows).
+        self.pool = concurrent.futures.ThreadPoolExecutor(POOL_SIZE,
+                                                          thread_name_prefix=f"{name}-sync")
+        self._closed = threading.Event()
+        self._started = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+        self._started.wait()
+        self.blocked_episodes = 0
+        self._probe: threading.Thread | None = None
+        if self.blocked_after > 0:
+            self._probe = threading.Thread(target=self._watch, name=f"{name}-probe",
+                                           daemon=True)
+            self._probe.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._started.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; a future to wait on from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for it in this thread. An exception raised into
+        this thread meanwhile (a second Ctrl-C) stops the job's task first."""
+        future = self.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                for job_run in running():
+                    job_run.stop_threadsafe()
+                try:
+                    future.result(timeout=10)
+                except BaseException:
+                    pass
+            raise
+
+    def _watch(self) -> None:
+        """The probe: post a no-op to the loop and wait for it to run."""
+        while not self._closed.wait(PROBE_INTERVAL):
+            answered = threading.Event()
+            sent = time.monotonic()
+            try:
+                self.loop.call_soon_threadsafe(answered.set)
+            except RuntimeError:  # the loop is closed
+                return
+            if answered.wait(self.blocked_after) or self._closed.is_set():
+                continue
+            self.blocked_episodes += 1
+            holder = self.blocking_job()
+            logger.warning(
+                "The worker's event loop has not answered for %.1f s: %s is blocking it, and "
+                "no other async job runs meanwhile. Inside 'async def handle()' await instead "
+                "of blocking (asyncio.sleep, the ORM's a-methods, an async HTTP client) or wrap "
+                "blocking code in sync_to_async.", time.monotonic() - sent, holder)
+            while not answered.wait(1.0) and not self._closed.is_set():
+                pass
+            if answered.is_set():
+                logger.warning("The event loop answers again after %.1f s (%s).",
+                               time.monotonic() - sent, holder)
+
+    def blocking_job(self) -> str:
+        """The job whose task the loop is running now (read from another thread), else the
+        async jobs running."""
+        try:
+            task = asyncio.current_task(self.loop)
+        except RuntimeError:
+            task = None
+        if task is not None:
+            with _runs_lock:
+                run = _runs.get(task)
+            return run.label if run is not None else task.get_name()
+        labels = running_labels()
+        return "one of " + ", ".join(labels) if labels else "code outside any job"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the probe and the loop (running tasks are abandoned)."""
+        self._closed.set()
+        if self.loop.is_closed():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:
+            return
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+        self.pool.shutdown(wait=False)
+
+
+_loop_thread: LoopThread | None = None
+_loop_owner = 0
+_loop_lock = threading.Lock()
+
+
+def loop_thread() -> LoopThread:
+    """This process's event loop thread, started on first use (a forked child gets its own)."""
+    global _loop_thread, _loop_owner
+    with _loop_lock:
+        if _loop_thread is None or _loop_owner != os.getpid() or _loop_thread.loop.is_closed():
+            from django_jobguard.conf import jobguard_settings
+
+            _loop_thread = LoopThread(blocked_after=jobguard_settings.ASYNC_BLOCKED_AFTER)
+            _loop_owner = os.getpid()
+            atexit.register(_loop_thread.close)
+        return _loop_thread
+
+
+def run_blocking(factory: Callable[[], Awaitable[T]], *, in_worker: bool) -> T:
+    """Run the coroutine ``factory()`` to its end from sync code: on this process's loop
+    thread in a worker, else with ``async_to_sync`` (``drain()``, inline mode,
+    ``dispatch_sync()``), whose ``call_sync`` calls come back to this thread."""
+    if in_worker:
+        return loop_thread().run(factory())
+    if in_event_loop():
+        raise RuntimeError("An async job cannot be run synchronously from inside a running "
+                           "event loop (an async view or test); await it instead, or dispatch "
+                           "it to a worker.")
+    async def main() -> T:
+        return await factory()
+
+    return async_to_sync(main)()
+
+
+# -- the worker's async executor -----------------------------------------------------------------
+
+
+class AsyncExecutor:
+    """Runs claimed rows of async jobs on this process's loop, up to ``concurrency`` at once
+    (``jobworker --async-concurrency``). ``pipeline`` begins each row in the calling thread
+    (the worker's coordinator: start and rebuild, no round trip for a row its claim started)
+    and completes it on the loop (``acomplete``: the job, then its outcome applied off the
+    loop). ``finished(row, state)`` is called as each ends with the state logged, or ``None``
+    when a database or store error left the row to lease recovery."""
+
+    def __init__(self, pipeline: Any, concurrency: int,
+                 finished: Callable[[Any, str | None], None]) -> None:
+        if concurrency < 1:
+            raise ValueError(f"async concurrency must be at least 1, not {concurrency}.")
+        self.pipeline, self.concurrency, self.finished = pipeline, concurrency, finished
+        self._slots = threading.Semaphore(concurrency)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._rows: dict[Any, Any] = {}
+
+    def submit(self, row: Any, *, stop: threading.Event | None = None) -> bool:
+        """Start ``row`` once a slot is free; False (not started) if ``stop`` was set while
+        waiting for one."""
+        while not self._slots.acquire(timeout=0.2):
+            if stop is not None and stop.is_set():
+                return False
+        with self._lock:
+            self._rows[row.id] = row
+        started = time.monotonic()
+        try:
+            job = self.pipeline.begin(row, started)
+        except BaseException as exc:
+            failed: concurrent.futures.Future[str] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            self._done(row, failed)
+            return True
+        if isinstance(job, str):  # ended before it ran (lost, failed, cancelled, ...)
+            done: concurrent.futures.Future[str] = concurrent.futures.Future()
+            done.set_result(job)
+            self._done(row, done)
+            return True
+        future = loop_thread().submit(self.pipeline.acomplete(row, job, started))
+        future.add_done_callback(lambda end: self._done(row, end))
+        return True
+
+    def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
+        state: str | None = None
+        try:
+            state = future.result()
+        except BaseException as exc:
+            logger.error("Error while finishing %s; if it was not acked its lease will expire "
+                         "and it will be retried.", row, exc_info=exc)
+        with self._lock:
+            self._rows.pop(row.id, None)
+            self._idle.notify_all()
+        self._slots.release()
+        try:
+            self.finished(row, state)
+        except Exception:
+            logger.exception("Recording the end of %s failed.", row)
+
+    def free(self) -> int:
+        """How many more async jobs may start now."""
+        with self._lock:
+            return self.concurrency - len(self._rows)
+
+    def held(self) -> frozenset[Any]:
+        """Ids of the rows running now (the heartbeat renews their leases)."""
+        with self._lock:
+            return frozenset(self._rows)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    def stop_all(self) -> None:
+        """Cancel every running job's task (the worker stops at once): each goes back to the
+        queue without using an attempt."""
+        for job_run in running():
+            job_run.stop_threadsafe()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until no job runs; False if some still did after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._rows:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left if left is not None else 1.0)
+        return True

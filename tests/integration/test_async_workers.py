@@ -1,0 +1,114 @@
+"""Async jobs with a real ``jobworker`` (issue 13): many await at once on one process's event
+loop beside sync jobs of the same queue; a WithoutOverlapping lock whose ttl is shorter than
+the job is renewed while it awaits; a timeout or an operator's cancel ends only its own task;
+a job that blocks the loop is logged by name."""
+
+from __future__ import annotations
+
+import pytest
+from demo.models import JobRun
+
+from django_jobguard import operations
+from django_jobguard.models import FailedJob, QueuedJob
+from tests.support import async_jobs, jobs, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _most_at_once(runs) -> int:
+    """The most runs whose [started_at, ended_at] intervals overlap at one instant."""
+    edges = sorted([(r.started_at, 1) for r in runs] + [(r.ended_at, -1) for r in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = current = 0
+    for _, step in edges:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
+    for i in range(8):
+        async_jobs.AsyncRecord(f"async-{i}", seconds=1.5).dispatch()
+    for i in range(2):
+        jobs.Record(f"sync-{i}").dispatch()
+    async_jobs.AsyncWrapped("wrapped", seconds=0.1).dispatch()
+    output = "".join(workers(1, "--async-concurrency", "8", "--sleep", "0.1",
+                             "--stop-when-empty", "--max-time", "120").wait(120))
+    runs = list(JobRun.objects.filter(label__startswith="async-"))
+    assert len(runs) == 8 and all(r.ended_at is not None for r in runs)
+    assert len({r.pid for r in runs}) == 1
+    # One process, several awaiting at once (each awaits 1.5 s).
+    assert _most_at_once(runs) >= 4, output
+    assert JobRun.objects.filter(label__startswith="sync-").count() == 2
+    # A sync-only middleware ran off the loop (sync ORM) around the awaited handle().
+    wrapped = {r.label: r for r in JobRun.objects.filter(label__startswith="wrapped")}
+    assert set(wrapped) == {"wrapped:before", "wrapped", "wrapped:after:wrapped"}
+    assert wrapped["wrapped:before"].started_at <= wrapped["wrapped"].started_at
+    assert wrapped["wrapped"].ended_at <= wrapped["wrapped:after:wrapped"].started_at
+    assert output.count(" DONE") == 11
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+
+
+def test_an_overlap_lock_shorter_than_the_job_is_renewed_while_it_awaits(workers):
+    # ttl 1 s, each job awaits 3 s: without renewal the lock would expire under the first and
+    # let the second in after 1 s.
+    async_jobs.AsyncRenewed("first", seconds=3).dispatch()
+    async_jobs.AsyncRenewed("second", seconds=3).dispatch()
+    pool = workers(1, "--async-concurrency", "4", "--sleep", "0.05", "--max-time", "120")
+    wait_for(lambda: JobRun.objects.filter(key="renewed", ended_at__isnull=False).count() == 2,
+             timeout=90, what="both jobs to run")
+    pool.procs[0].terminate()  # SIGTERM: a graceful stop
+    output = "".join(pool.wait(60))
+    first, second = sorted(JobRun.objects.filter(key="renewed"), key=lambda r: r.started_at)
+    assert first.ended_at <= second.started_at, output  # never both at once
+    assert second.token > first.token  # fencing tokens move on
+    # The second was refused again and again while the first awaited, well past the 1 s ttl.
+    assert output.count("(overlap, retry in") >= 5, output
+    assert "lost its overlap lock" not in output
+
+
+def test_a_timeout_or_a_cancel_ends_only_its_own_task(workers):
+    timed_out = async_jobs.AsyncSlowOnce(30, label="slow").dispatch()  # timeout 1 s, 1 try
+    cancelled = async_jobs.AsyncRecord("cancel-me", seconds=60).dispatch()
+    neighbour = async_jobs.AsyncRecord("neighbour", seconds=2).dispatch()
+    pool = workers(1, "--async-concurrency", "4", "--sleep", "0.1", "--stop-when-empty",
+                   "--max-time", "120")
+    wait_for(lambda: JobRun.objects.filter(label="cancel-me").exists(), timeout=60,
+             what="the job to cancel running")
+    assert operations.cancel_job(cancelled.id) == operations.STOPPING
+    output = "".join(pool.wait(120))
+    failed = FailedJob.objects.get()
+    assert str(failed.id) == timed_out.id and failed.exception_class.endswith("JobTimeoutError")
+    assert JobRun.objects.get(label="slow").key == "cancelled"  # it saw CancelledError
+    assert JobRun.objects.get(label="cancel-me").ended_at is None  # stopped at its await
+    assert JobRun.objects.get(label="neighbour").ended_at is not None
+    assert f"[{cancelled.id}]" in output and "CANCELLED" in output
+    assert f"[{neighbour.id}]" in output
+    assert not QueuedJob.objects.exists()
+
+
+def test_a_job_that_blocks_the_loop_is_logged_by_name(workers):
+    blocker = async_jobs.AsyncBlocker(2.5).dispatch()
+    output = "".join(workers(1, "--sleep", "0.1", "--stop-when-empty",
+                             "--max-time", "60").wait(60))
+    assert "event loop has not answered" in output, output
+    assert f"tests.support.async_jobs.AsyncBlocker [{blocker.id}] is blocking it" in output
+    assert "answers again" in output
+    assert not QueuedJob.objects.exists()
+
+
+def test_threads_and_async_share_one_worker_and_one_queue(workers):
+    for i in range(6):
+        async_jobs.AsyncRecord(f"async-{i}", seconds=1.5).dispatch()
+    for i in range(4):
+        jobs.Record(f"sync-{i}", seconds=0.5).dispatch()
+    output = "".join(workers(1, "--threads", "2", "--async-concurrency", "6", "--sleep", "0.1",
+                             "--stop-when-empty", "--max-time", "120").wait(120))
+    async_runs = list(JobRun.objects.filter(label__startswith="async-"))
+    sync_runs = list(JobRun.objects.filter(label__startswith="sync-"))
+    assert len(async_runs) == 6 and len(sync_runs) == 4, output
+    assert all(r.ended_at is not None for r in async_runs + sync_runs)
+    assert _most_at_once(async_runs) >= 4, output  # awaiting at once, beside the threads
+    assert _most_at_once(sync_runs) <= 2  # at most --threads sync jobs at once
+    assert output.count(" DONE") == 10
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()

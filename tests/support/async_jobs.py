@@ -1,0 +1,148 @@
+"""Async jobs used by the tests (issue 13). Worker subprocesses import this module through
+tests.settings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from demo.models import JobRun, Profile
+from django.utils import timezone
+
+from django_jobguard import Job, WithoutOverlapping, job
+
+# What in-process tests inspect.
+SEEN: list[tuple] = []
+
+
+class AsyncRecord(Job):
+    """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between."""
+
+    def __init__(self, label: str, key: str = "", seconds: float = 0.0):
+        self.label, self.key, self.seconds = label, key, seconds
+
+    async def handle(self):
+        run = await JobRun.objects.acreate(
+            label=self.label, key=self.key, job_id=self.job_id or "", pid=os.getpid(),
+            attempt=self.attempts(), token=self.lock_token, started_at=timezone.now())
+        if self.seconds:
+            await asyncio.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        await run.asave(update_fields=["ended_at"])
+        return self.label
+
+
+class AsyncRename(Job):
+    """Reads a profile with ``aget`` and renames it with ``asave``."""
+
+    def __init__(self, profile_id: int, name: str):
+        self.profile_id, self.name_to = profile_id, name
+
+    async def handle(self):
+        profile = await Profile.objects.aget(pk=self.profile_id)
+        profile.name = self.name_to
+        profile.syncs += 1
+        await profile.asave()
+        return await Profile.objects.filter(name=self.name_to).acount()
+
+
+@job(keep_result=True)
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+class AsyncSlow(Job):
+    """Awaits ``seconds``; ``timeout`` cancels it. Records how it ended in SEEN / JobRun."""
+
+    timeout = 1
+    tries = 2
+
+    def __init__(self, seconds: float = 30.0, label: str = "slow"):
+        self.seconds, self.label = seconds, label
+
+    async def handle(self):
+        run = await JobRun.objects.acreate(label=self.label, pid=os.getpid(),
+                                           attempt=self.attempts(), started_at=timezone.now())
+        try:
+            await asyncio.sleep(self.seconds)
+        except asyncio.CancelledError:
+            SEEN.append(("cancelled", self.label, self.attempts()))
+            run.key = "cancelled"
+            await asyncio.shield(run.asave(update_fields=["key"]))
+            raise
+        return "finished"
+
+
+class AsyncSlowOnce(AsyncSlow):
+    timeout = 1
+    tries = 1
+
+
+class AsyncBlocker(Job):
+    """Blocks the event loop with time.sleep() (the mistake the worker warns about)."""
+
+    timeout = 0
+
+    def __init__(self, seconds: float = 2.0):
+        self.seconds = seconds
+
+    async def handle(self):
+        time.sleep(self.seconds)  # wrong on purpose
+
+
+class AsyncRenewed(Job):
+    """Holds a WithoutOverlapping lock whose ttl (1 s) is shorter than the job (``seconds``),
+    renewed while it awaits."""
+
+    timeout = 30
+
+    def __init__(self, label: str, seconds: float = 3.0):
+        self.label, self.seconds = label, seconds
+
+    def middleware(self):
+        return [WithoutOverlapping("renewed", expire_after=1, renew=True, release_after=0.2)]
+
+    async def handle(self):
+        run = await JobRun.objects.acreate(label=self.label, key="renewed", pid=os.getpid(),
+                                           job_id=self.job_id or "", token=self.lock_token,
+                                           started_at=timezone.now())
+        await asyncio.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        await run.asave(update_fields=["ended_at"])
+
+
+class AsyncCancelsItself(Job):
+    """Asks (as an operator would) for its own cancel, then awaits: the cancel ends its task."""
+
+    timeout = 30
+
+    async def handle(self):
+        from asgiref.sync import sync_to_async
+
+        from django_jobguard import operations
+
+        SEEN.append(("cancel", await sync_to_async(operations.cancel_job)(self.job_id)))
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            SEEN.append(("task cancelled", self.cancelled))
+            raise
+
+
+class SyncOnlyMiddleware:
+    """A user's middleware with only a sync handle(): it uses the sync ORM around next()."""
+
+    def handle(self, job, next):
+        JobRun.objects.create(label=f"{job.label}:before", started_at=timezone.now())
+        result = next(job)
+        JobRun.objects.create(label=f"{job.label}:after:{result}", started_at=timezone.now())
+        return result
+
+
+class AsyncWrapped(AsyncRecord):
+    """An AsyncRecord wrapped by SyncOnlyMiddleware."""
+
+    def middleware(self):
+        return [SyncOnlyMiddleware()]

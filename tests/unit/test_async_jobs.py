@@ -1,0 +1,286 @@
+"""Async jobs (issue 13): ``async def handle()`` and ``@job`` on an ``async def`` run through the
+whole pipeline; their timeout and an operator's cancel cancel their task; definition errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from demo.models import JobRun, Profile
+
+from django_jobguard import (
+    Job,
+    RateLimited,
+    ShouldBeUniqueUntilProcessing,
+    Skip,
+    ThrottlesExceptions,
+    aio,
+    job,
+    rate_limiter,
+)
+from django_jobguard.middleware import JobMiddleware
+from django_jobguard.models import FailedJob, JobResult, QueuedJob
+from django_jobguard.stores import get_store
+from django_jobguard.testing import drain
+from tests.support import async_jobs
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_async_job_runs_with_the_async_orm_and_is_acked():
+    handle = async_jobs.AsyncRecord("a", seconds=0.01).dispatch()
+    result = drain()
+    assert result.states == ["DONE"]
+    run = JobRun.objects.get()
+    assert run.label == "a" and run.job_id == handle.id and run.attempt == 1
+    assert run.ended_at is not None
+    assert not QueuedJob.objects.exists()
+
+
+def test_aget_and_asave_see_the_rows_of_the_callers_transaction():
+    profile = Profile.objects.create(name="old")
+    async_jobs.AsyncRename(profile.pk, "new").dispatch()
+    assert drain().states == ["DONE"]
+    profile.refresh_from_db()
+    assert (profile.name, profile.syncs) == ("new", 1)
+
+
+def test_an_async_function_job_keeps_its_result():
+    handle = async_jobs.async_add.dispatch(2, 3)
+    assert drain().states == ["DONE"]
+    assert JobResult.objects.get(id=handle.id).return_value == 5
+
+
+def test_dispatch_sync_runs_an_async_job_to_its_end():
+    assert async_jobs.async_add.dispatch_sync(4, 5) == 9
+    assert async_jobs.AsyncRecord("now").dispatch_sync() == "now"
+    assert JobRun.objects.get().label == "now"
+
+
+@pytest.fixture
+def seen():
+    async_jobs.SEEN.clear()
+    yield async_jobs.SEEN
+    async_jobs.SEEN.clear()
+
+
+def test_the_timeout_cancels_the_task_and_the_retry_policy_decides(seen):
+    async_jobs.AsyncSlow(30, label="t").dispatch()  # tries=2, timeout=1
+    # The first try times out and is retried (backoff 0: due at once); the last fails.
+    assert drain().states == ["RELEASED", "FAILED"]
+    failed = FailedJob.objects.get()
+    assert failed.exception_class.endswith("JobTimeoutError") and failed.attempts == 2
+    assert "timed out after 1 s" in failed.message
+    assert [s[2] for s in seen] == [1, 2]
+    assert list(JobRun.objects.values_list("key", flat=True)) == ["cancelled", "cancelled"]
+
+
+def test_an_operator_cancel_ends_the_task_as_cancelled_not_failed(seen):
+    handle = async_jobs.AsyncCancelsItself().dispatch()
+    result = drain()
+    assert result.states == ["CANCELLED"] and result.cancelled == 1
+    assert seen == [("cancel", "stopping"), ("task cancelled", True)]
+    assert not QueuedJob.objects.filter(id=handle.id).exists()
+    assert not FailedJob.objects.exists()
+
+
+# -- middleware on async jobs ------------------------------------------------------------------
+
+
+class _Trace(JobMiddleware):
+    """A user's sync-only middleware: it runs off the loop, around the awaited handle()."""
+
+    def handle(self, job, next):
+        async_jobs.SEEN.append(("before", aio.in_event_loop()))
+        result = next(job)
+        async_jobs.SEEN.append(("after", result))
+        return result
+
+
+@pytest.fixture
+def traced(scratch_jobs, seen):
+    class Traced(Job):
+        name = "tests.async.Traced"
+
+        def middleware(self):
+            return [_Trace(), Skip.unless(lambda job: True)]
+
+        async def handle(self):
+            async_jobs.SEEN.append(("handle", aio.in_event_loop()))
+            return 7
+
+    return Traced
+
+
+def test_a_sync_only_middleware_wraps_the_awaited_handle_off_the_loop(traced, seen):
+    assert traced().dispatch_sync() == 7
+    traced().dispatch()
+    assert drain().states == ["DONE"]
+    assert seen == [("before", False), ("handle", True), ("after", 7)] * 2
+
+
+def test_skip_drops_an_async_job_without_running_it(scratch_jobs, seen):
+    class Skipped(Job):
+        name = "tests.async.Skipped"
+
+        def middleware(self):
+            return [Skip.when(lambda job: True)]
+
+        async def handle(self):
+            async_jobs.SEEN.append("ran")
+
+    Skipped().dispatch()
+    assert drain().states == ["SKIPPED"]
+    assert seen == []
+
+
+def test_without_overlapping_defers_an_async_job_while_another_holds_the_lock(store_alias):
+    job = async_jobs.AsyncRenewed("second", seconds=0)
+    store = get_store(store_alias)
+    key = job.middleware()[0].lock_key(job)
+    assert store.acquire(key, "someone-else", ttl=30) is not None
+    job.dispatch()
+    assert drain().states == ["RELEASED"]
+    row = QueuedJob.objects.get()
+    assert row.attempts == 0 and "overlap lock" in row.wait_reason  # a deferral: no try used
+    store.release(key, "someone-else")
+    assert drain(delayed=True).states == ["DONE"]
+    run = JobRun.objects.get()
+    assert run.token is not None and run.ended_at is not None
+    assert store.get_lock(key) is None  # released after the awaited handle()
+
+
+def test_rate_limited_admits_one_async_job_and_defers_the_next(scratch_jobs, store_alias):
+    rate_limiter.define("async-one", "1/minute")
+
+    class Limited(Job):
+        name = "tests.async.Limited"
+
+        def middleware(self):
+            return [RateLimited("async-one")]
+
+        async def handle(self):
+            await asyncio.sleep(0)
+            return "ran"
+
+    try:
+        Limited().dispatch()
+        Limited().dispatch()
+        assert sorted(drain().states) == ["DONE", "RELEASED"]
+        assert QueuedJob.objects.get().wait_reason == "rate limit 'async-one' was full"
+    finally:
+        rate_limiter.remove("async-one")
+
+
+def test_throttles_exceptions_counts_an_async_jobs_exception_and_opens(scratch_jobs,
+                                                                       store_alias):
+    class Flaky(Job):
+        name = "tests.async.Flaky"
+        tries = 5
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1, decay_seconds=60, backoff=60)]
+
+        async def handle(self):
+            await asyncio.sleep(0)
+            raise ConnectionError("service down")
+
+    Flaky().dispatch()
+    Flaky().dispatch()
+    # The first exception is counted (released by the middleware, its error kept) and opens
+    # the circuit: the second job is deferred without running.
+    assert drain().states == ["RELEASED", "RELEASED"]
+    ran, deferred = sorted(QueuedJob.objects.all(), key=lambda row: -row.attempts)
+    assert ran.attempts == 1 and "ConnectionError: service down" in ran.last_error
+    assert deferred.attempts == 0 and deferred.wait_reason.endswith("was open")
+
+
+def test_an_async_unique_until_processing_job_frees_its_lock_as_it_starts(scratch_jobs):
+    class Once(ShouldBeUniqueUntilProcessing, Job):
+        name = "tests.async.Once"
+
+        async def handle(self):
+            # The lock is free while it runs: a copy may be queued meanwhile.
+            return bool(await sync_to_async(Once().dispatch)())
+
+    assert Once().dispatch()
+    assert not Once().dispatch()  # the lock holds while it waits
+    handle = QueuedJob.objects.get()
+    assert drain(recursive=False).states == ["DONE"]
+    assert QueuedJob.objects.exclude(id=handle.id).count() == 1
+
+
+# -- definitions that could never run ----------------------------------------------------------
+
+
+def test_an_async_generator_is_refused_at_definition(scratch_jobs):
+    with pytest.raises(TypeError, match="is a generator .it yields."):
+        class Yields(Job):
+            name = "tests.async.Yields"
+
+            async def handle(self):
+                yield 1
+
+    with pytest.raises(TypeError, match="it is an async generator"):
+        @job
+        async def stream(n):
+            yield n
+
+
+def test_an_async_method_the_worker_calls_synchronously_is_refused(scratch_jobs):
+    with pytest.raises(TypeError, match=r"failed\(\) is 'async def'.*only handle\(\) may be"):
+        class BadFailed(Job):
+            name = "tests.async.BadFailed"
+
+            async def handle(self):
+                return None
+
+            async def failed(self, exception):
+                return None
+
+    with pytest.raises(TypeError, match=r"middleware\(\) is 'async def'"):
+        class BadMiddleware(Job):
+            name = "tests.async.BadMiddleware"
+
+            async def middleware(self):
+                return []
+
+
+def test_job_with_a_base_of_the_other_kind_is_refused(scratch_jobs):
+    from django_jobguard.decorators import AsyncFunctionJob, FunctionJob
+
+    async def fetch(): ...
+
+    def compute(): ...
+
+    fetch.__qualname__ = compute.__qualname__ = "module_level"  # as if at module level
+    class SyncBase(FunctionJob):
+        abstract = True
+
+    assert job(base=FunctionJob)(fetch).job_class.is_async  # the default base adapts
+    with pytest.raises(TypeError, match="use a base of the same kind"):
+        job(base=SyncBase)(fetch)
+    with pytest.raises(TypeError, match="use a base of the same kind"):
+        job(base=AsyncFunctionJob)(compute)
+
+
+def test_a_sync_handle_that_returns_a_coroutine_fails_with_a_clear_error(scratch_jobs):
+    class Forgot(Job):
+        name = "tests.async.Forgot"
+
+        def handle(self):
+            return asyncio.sleep(0)  # meant 'async def handle' / 'await'
+
+    Forgot().dispatch()
+    assert drain().states == ["FAILED"]
+    assert "returned a coroutine without awaiting it" in FailedJob.objects.get().message
+
+
+def test_inline_mode_runs_an_async_job_at_dispatch():
+    from django_jobguard.testing import inline
+
+    with inline():
+        async_jobs.AsyncRecord("inline").dispatch()
+    assert JobRun.objects.get().label == "inline"
+    assert not QueuedJob.objects.exists()
