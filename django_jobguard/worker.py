@@ -179,6 +179,7 @@ class Worker:
         self._finished_lock = threading.Lock()
         #: ``--threads``: claimed rows waiting for a free slot of their kind (sync or async).
         self._waiting: list[QueuedJob] = []
+        self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         # Set at the very end: the heartbeat renews leases while running jobs finish.
         self._halted = threading.Event()
 
@@ -331,7 +332,11 @@ class Worker:
     def _claim_for(self, executor: ThreadExecutor) -> list[QueuedJob]:
         """Claim (and start) up to as many rows as the executor has free slots."""
         o = self.options
-        free = executor.free() + self._async.free()
+        # Slots for async jobs only where any job is async: a claim cannot tell the kinds
+        # apart, and a sync row claimed for an async slot waits for a thread (its lease
+        # renewed, its attempt counted only when it starts).
+        sync_free = executor.free()
+        free = sync_free + (self._async.free() if self._has_async_jobs else 0)
         if o.once or o.max_jobs:
             free = min(free, (1 if o.once else o.max_jobs) - self.jobs_processed - executor.busy
                        - len(self._async))
@@ -342,7 +347,8 @@ class Worker:
         try:
             return self._selection.claim(
                 lambda names, limit: queue.claim(names, worker_id=self.id, limit=limit,
-                                                 named=o.queues, using=o.using),
+                                                 start=min(limit, sync_free), named=o.queues,
+                                                 using=o.using),
                 free=free, running=running)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)

@@ -10,7 +10,7 @@ from demo.models import JobRun
 
 from django_jobguard import operations
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.support import async_jobs, jobs, wait_for
+from tests.support import async_jobs, async_long_jobs, jobs, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -52,9 +52,10 @@ def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
 def test_an_overlap_lock_shorter_than_the_job_is_renewed_while_it_awaits(workers):
     # ttl 1 s, each job awaits 3 s: without renewal the lock would expire under the first and
     # let the second in after 1 s.
-    async_jobs.AsyncRenewed("first", seconds=3).dispatch()
-    async_jobs.AsyncRenewed("second", seconds=3).dispatch()
-    pool = workers(1, "--async-concurrency", "4", "--sleep", "0.05", "--max-time", "120")
+    async_long_jobs.AsyncRenewed("first", seconds=3).dispatch()
+    async_long_jobs.AsyncRenewed("second", seconds=3).dispatch()
+    pool = workers(1, "--async-concurrency", "4", "--sleep", "0.05", "--max-time", "120",
+                   env=worker_env(JOBGUARD_EXTRA_JOB_MODULES="tests.support.async_long_jobs"))
     wait_for(lambda: JobRun.objects.filter(key="renewed", ended_at__isnull=False).count() == 2,
              timeout=90, what="both jobs to run")
     pool.procs[0].terminate()  # SIGTERM: a graceful stop

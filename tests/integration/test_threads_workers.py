@@ -168,7 +168,10 @@ def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(w
     """--concurrency 2 --threads 3 with a 3 s lease and 4 s jobs: without the heartbeat
     renewing every running job's lease they would run twice."""
     env = worker_env(JOBGUARD_RETRY_AFTER="3", JOBGUARD_DEFAULT_TIMEOUT="0")
-    pool = workers(1, "--concurrency", "2", "--threads", "3", "--sleep", "0.1", env=env)
+    # --async-concurrency 1: the test jobs include async ones, and a sync row claimed for a
+    # free async slot waits for a thread; with one such slot each process claims at most 4.
+    pool = workers(1, "--concurrency", "2", "--threads", "3", "--async-concurrency", "1",
+                   "--sleep", "0.1", env=env)
     wait_for(lambda: WorkerRow.objects.count() == 2, timeout=60, what="two workers up")
     dispatch_many([jobs.Record("long", key=str(i), seconds=4) for i in range(6)])
     shown = wait_for(lambda: [row.current_job.split(",") for row in WorkerRow.objects.all()

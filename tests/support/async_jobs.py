@@ -10,7 +10,7 @@ import time
 from demo.models import JobRun, Profile
 from django.utils import timezone
 
-from django_jobguard import Job, WithoutOverlapping, job
+from django_jobguard import Job, job
 
 # What in-process tests inspect.
 SEEN: list[tuple] = []
@@ -90,45 +90,6 @@ class AsyncBlocker(Job):
 
     async def handle(self):
         time.sleep(self.seconds)  # wrong on purpose
-
-
-class AsyncRenewed(Job):
-    """Holds a WithoutOverlapping lock whose ttl (1 s) is shorter than the job (``seconds``),
-    renewed while it awaits."""
-
-    timeout = 30
-
-    def __init__(self, label: str, seconds: float = 3.0):
-        self.label, self.seconds = label, seconds
-
-    def middleware(self):
-        return [WithoutOverlapping("renewed", expire_after=1, renew=True, release_after=0.2)]
-
-    async def handle(self):
-        run = await JobRun.objects.acreate(label=self.label, key="renewed", pid=os.getpid(),
-                                           job_id=self.job_id or "", token=self.lock_token,
-                                           started_at=timezone.now())
-        await asyncio.sleep(self.seconds)
-        run.ended_at = timezone.now()
-        await run.asave(update_fields=["ended_at"])
-
-
-class AsyncCancelsItself(Job):
-    """Asks (as an operator would) for its own cancel, then awaits: the cancel ends its task."""
-
-    timeout = 30
-
-    async def handle(self):
-        from asgiref.sync import sync_to_async
-
-        from django_jobguard import operations
-
-        SEEN.append(("cancel", await sync_to_async(operations.cancel_job)(self.job_id)))
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            SEEN.append(("task cancelled", self.cancelled))
-            raise
 
 
 class SyncOnlyMiddleware:

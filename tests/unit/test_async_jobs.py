@@ -23,7 +23,7 @@ from django_jobguard.middleware import JobMiddleware
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 from django_jobguard.stores import get_store
 from django_jobguard.testing import drain
-from tests.support import async_jobs
+from tests.support import async_jobs, async_long_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -77,7 +77,7 @@ def test_the_timeout_cancels_the_task_and_the_retry_policy_decides(seen):
 
 
 def test_an_operator_cancel_ends_the_task_as_cancelled_not_failed(seen):
-    handle = async_jobs.AsyncCancelsItself().dispatch()
+    handle = async_long_jobs.AsyncCancelsItself().dispatch()
     result = drain()
     assert result.states == ["CANCELLED"] and result.cancelled == 1
     assert seen == [("cancel", "stopping"), ("task cancelled", True)]
@@ -136,7 +136,7 @@ def test_skip_drops_an_async_job_without_running_it(scratch_jobs, seen):
 
 
 def test_without_overlapping_defers_an_async_job_while_another_holds_the_lock(store_alias):
-    job = async_jobs.AsyncRenewed("second", seconds=0)
+    job = async_long_jobs.AsyncRenewed("second", seconds=0)
     store = get_store(store_alias)
     key = job.middleware()[0].lock_key(job)
     assert store.acquire(key, "someone-else", ttl=30) is not None
