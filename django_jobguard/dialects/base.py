@@ -13,7 +13,7 @@ import datetime
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,16 @@ class Dialect(ABC):
         """Add ``(queue, done, failed)`` to the ``QueueMinute`` rows of ``minute`` in one
         atomic statement: concurrent workers' additions all count. Default: ``INSERT … ON
         CONFLICT DO UPDATE`` (PostgreSQL, SQLite 3.24+)."""
+        self._insert_queue_counts(minute, counts, lambda q, table: (
+            f"ON CONFLICT ({q('minute')}, {q('queue')}) DO UPDATE SET "
+            f"{q('done')} = {table}.{q('done')} + excluded.{q('done')}, "
+            f"{q('failed')} = {table}.{q('failed')} + excluded.{q('failed')}"))
+
+    def _insert_queue_counts(self, minute: datetime.datetime,
+                             counts: Sequence[tuple[str, int, int]],
+                             on_conflict: Callable[[Callable[[str], str], str], str]) -> None:
+        """``INSERT`` the counts' rows, ``on_conflict(quote_name, table)`` adding to a row
+        that is there (the vendor's upsert clause)."""
         from django_jobguard.models import QueueMinute
 
         connection = connections[self.using]
@@ -193,9 +203,7 @@ class Dialect(ABC):
             cursor.execute(
                 f"INSERT INTO {table} ({q('minute')}, {q('queue')}, {q('done')}, {q('failed')}) "
                 f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(counts))} "
-                f"ON CONFLICT ({q('minute')}, {q('queue')}) DO UPDATE SET "
-                f"{q('done')} = {table}.{q('done')} + excluded.{q('done')}, "
-                f"{q('failed')} = {table}.{q('failed')} + excluded.{q('failed')}", params)
+                f"{on_conflict(q, table)}", params)
 
     def queue_names(self) -> list[str]:
         """The queues that have rows, in order: a skip scan of the claim index (a recursive

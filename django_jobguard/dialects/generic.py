@@ -259,21 +259,9 @@ class MySQLDialect(GenericDialect):
     def add_queue_counts(self, minute: datetime.datetime,
                          counts: Sequence[tuple[str, int, int]]) -> None:
         """One ``INSERT … ON DUPLICATE KEY UPDATE done = done + VALUES(done)``."""
-        from django_jobguard.models import QueueMinute
-
-        connection = connections[self.using]
-        q = connection.ops.quote_name
-        stamp = QueueMinute._meta.get_field("minute").get_db_prep_value(minute, connection)
-        params: list[Any] = []
-        for queue, done, failed in counts:
-            params += [stamp, queue, done, failed]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {q(QueueMinute._meta.db_table)} "
-                f"({q('minute')}, {q('queue')}, {q('done')}, {q('failed')}) "
-                f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(counts))} "
-                f"ON DUPLICATE KEY UPDATE {q('done')} = {q('done')} + VALUES({q('done')}), "
-                f"{q('failed')} = {q('failed')} + VALUES({q('failed')})", params)
+        self._insert_queue_counts(minute, counts, lambda q, table: (
+            f"ON DUPLICATE KEY UPDATE {q('done')} = {q('done')} + VALUES({q('done')}), "
+            f"{q('failed')} = {q('failed')} + VALUES({q('failed')})"))
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
