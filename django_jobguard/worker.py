@@ -279,10 +279,15 @@ class Worker:
             while not self._stop.is_set():
                 executor.tick()
                 self._hand_out(executor, [])
+                # Jobs running while claiming may have kept a queue's number (its cap) full,
+                # so an empty claim means an empty queue only if none ran then: otherwise
+                # --stop-when-empty could stop with jobs left that the cap held back.
+                running = executor.busy + len(self._async)
                 rows = self._claim_for(executor) if not self._waiting else []
                 self._hand_out(executor, rows)
                 busy = executor.busy + len(self._async)
-                code = self._stop_code(found=bool(rows) or busy > 0, started=started,
+                code = self._stop_code(found=bool(rows) or busy > 0 or running > 0,
+                                       started=started,
                                        jobs=self.jobs_processed + executor.busy)
                 if code is not None:
                     return code
