@@ -229,17 +229,17 @@ def test_prepared_statements_break_on_another_server_connection(via_bouncer, pre
     conn.settings_dict["OPTIONS"] = {**conn.settings_dict.get("OPTIONS", {}),
                                      "prepare_threshold": prepare_threshold}
     dialect = dialect_for("default")
-    assert dialect.ack(uuid.uuid4(), "w") is False  # runs (and, at 0, prepares) on server 1
+    assert dialect.ack(uuid.uuid4(), "w", 0) is False  # runs (and, at 0, prepares) on server 1
     # Another client takes server 1 (PgBouncer hands out the last used server first) and keeps
     # it in a transaction, so the next ack gets server 2.
     with psycopg.connect(**via_bouncer.params(dbname=connection.settings_dict["NAME"])) as other:
         other.execute("BEGIN")
         other.execute("SELECT 1")
         if prepare_threshold is None:
-            assert dialect.ack(uuid.uuid4(), "w") is False
+            assert dialect.ack(uuid.uuid4(), "w", 0) is False
         else:
             with pytest.raises(DatabaseError, match=r"prepared statement .* does not exist"):
-                dialect.ack(uuid.uuid4(), "w")
+                dialect.ack(uuid.uuid4(), "w", 0)
         other.execute("ROLLBACK")
 
 

@@ -273,7 +273,10 @@ def test_locks_page_is_a_keyed_page_with_filters(admin_client, store_alias, monk
         response = admin_client.get(url)
         assert response.status_code == 200
         rows = lock_rows(response)
-        assert 1 <= len(rows) <= 20 + 100  # Redis: SCAN may give a few more
+        # Redis: SCAN may give a few more; and the page after one that filled up may be the
+        # end of the scan with only fencing counters left (no lock), so empty and last.
+        assert len(rows) <= 20 + 100
+        assert rows or (store_alias == "redis" and not response.context["next_url"])
         seen |= set(rows)
         if not response.context["next_url"]:
             break

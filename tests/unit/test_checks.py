@@ -249,7 +249,7 @@ def test_pgbouncer_true_means_every_postgresql_alias_but_the_listen_database(ali
         pooled = pooling.pooled_aliases()
     assert "pooled" in pooled and "direct" not in pooled and "lite" not in pooled
     assert [e.msg.split("'")[1] for e in errors if e.id == "jobguard.W110"] == [
-        alias for alias in pooled if alias in ("default", "pooled")]
+        alias for alias in pooled if alias in ("default", "queue", "pooled")]
 
 
 def test_queue_database_must_be_a_known_alias():
