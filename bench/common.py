@@ -379,6 +379,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(ordered, n=100, method="inclusive")[int(q) - 1]
 
 
+def print_report(report: Report) -> None:
+    """Print a scenario's tables, notes and goals (``bench/run.py`` and each scenario run on
+    its own)."""
+    for table in report.tables:
+        print("\n" + render(table))
+    for note in report.notes:
+        print(f"note: {note}")
+    for goal in report.goals:
+        mark = {True: "met", False: "MISSED", None: "n/a"}[goal.met]
+        print(f"goal: {goal.goal}: {goal.value} [{mark}]")
+
+
 def save(report: Report, info: dict[str, Any], *, smoke: bool) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     on = "" if postgresql() else f"-{vendor()}"

@@ -190,8 +190,4 @@ if __name__ == "__main__":
         from bench import common
 
         common.setup_django()
-        report = run(smoke="--smoke" in sys.argv)
-        for table in report.tables:
-            print(common.render(table))
-        for goal in report.goals:
-            print(f"goal: {goal.goal}: {goal.value} [{goal.met}]")
+        common.print_report(run(smoke="--smoke" in sys.argv))

@@ -77,13 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             failed.append(name)
             continue
-        for table in report.tables:
-            print("\n" + common.render(table))
-        for note in report.notes:
-            print(f"note: {note}")
-        for goal in report.goals:
-            mark = {True: "met", False: "MISSED", None: "n/a"}[goal.met]
-            print(f"goal: {goal.goal}: {goal.value} [{mark}]")
+        common.print_report(report)
         path = common.save(report, info, smoke=args.smoke)
         print(f"({time.monotonic() - started:.0f} s, written to {path.relative_to(common.ROOT)})")
     if failed:
