@@ -146,7 +146,10 @@ class OtherOverlap(Overlap):
 
 class WaitForPartner(Overlap):
     """Runs until a job labelled ``partner`` has started (or ``wait`` seconds passed) and
-    records "saw-partner" or "alone" in its JobRun's key: proof of running side by side."""
+    records "saw-partner" or "alone" in its JobRun's key: proof of running side by side.
+    With ``shared`` it also stops once the partner was deferred on the shared key (the
+    ``released:overlap`` row): the partner cannot start while this one runs, and a fixed wait
+    could end before a slow-starting second worker had tried it."""
 
     def __init__(self, key: str, label: str, partner: str, wait: float, shared: bool):
         super().__init__(key, label=label, shared=shared, expire_after=60, release_after=0.1)
@@ -157,9 +160,14 @@ class WaitForPartner(Overlap):
                                     token=self.lock_token, started_at=timezone.now())
         deadline = time.monotonic() + self.wait
         seen = False
-        while not seen and time.monotonic() < deadline:
+        deferred = False
+        while not seen and not deferred and time.monotonic() < deadline:
             seen = JobRun.objects.filter(label=self.partner).exists()
+            deferred = (self.options["shared"]
+                        and JobRun.objects.filter(label="released:overlap").exists())
             time.sleep(0.02)
+        if deferred:  # past the partner's release_after (0.1 s), so that it is due again when
+            time.sleep(0.5)  # this one ends: a --stop-when-empty worker would not wait for it
         run.key = "saw-partner" if seen else "alone"
         run.ended_at = timezone.now()
         run.save(update_fields=["key", "ended_at"])
