@@ -172,7 +172,8 @@ def start(row: QueuedJob, *, using: str | None = None) -> bool:
     using = queue_database(using)
     if getattr(row, "attempt_counted", True):
         return True
-    if not _held(row, using).update(attempts=F("attempts") + 1):
+    if not dialect_for(using).start(row.id, row.reserved_by, row.claims,
+                                    relaxed=_relaxed(using, False)):
         return False
     row.attempts += 1
     row.attempt_counted = True

@@ -109,6 +109,16 @@ class Dialect(ABC):
         database to flush it to disk, where the dialect can say so for one transaction
         (PostgreSQL; see ``SYNCHRONOUS_ACKS``); others ignore it."""
 
+    def start(self, job_id: Any, reserved_by: str, claims: int, *,
+              relaxed: bool = False) -> bool:
+        """Count the attempt of ``job_id``, claimed ahead, as it starts, if ``reserved_by``
+        still holds it from the claim that left ``claims`` (``relaxed`` as for :meth:`ack`)."""
+        from django.db.models import F
+
+        return bool(QueuedJob.objects.using(self.using).filter(
+            id=job_id, reserved_by=reserved_by, claims=claims).update(
+            attempts=F("attempts") + 1))
+
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:
         """Ack ``job_id`` and count the attempt of ``start_id``, the row claimed ahead that

@@ -83,13 +83,19 @@ _ACK_SQL = """
                    RETURNING 1)
     SELECT (SELECT count(*) FROM acked){relax}"""
 
-# Appended to an ack's last SELECT unless ``SYNCHRONOUS_ACKS``: this transaction's commit
+# Appended to the last SELECT of an ack (or a start) unless ``SYNCHRONOUS_ACKS``: its commit
 # does not wait for its WAL to reach the disk (``synchronous_commit`` is read at commit, and
 # ``set_config(..., true)`` lasts until then). A crash of the database server (not of a
 # worker) can forget the acks of its last fraction of a second; their rows, still leased,
 # run again when the lease ends: at-least-once, as for a worker killed before its ack. A
 # later synchronous commit (a job's own writes) flushes the WAL written before it.
 _RELAX = ", set_config('synchronous_commit', 'off', true)"
+
+# The start of a row claimed ahead (its attempt counted), as a job thread takes it.
+_START_SQL = """
+    WITH started AS (UPDATE {table} SET attempts = attempts + 1
+                      WHERE id = %s AND reserved_by = %s AND claims = %s RETURNING 1)
+    SELECT (SELECT count(*) FROM started){relax}"""
 
 # The ack of one job and the start of the next one claimed ahead (its attempt counted), in
 # one round trip: with a batch a job costs this statement alone, as it did when claims
@@ -147,6 +153,8 @@ class PostgreSQLDialect(SQLDialect):
         # The ack statements, each with a commit that waits for the disk (False) or not (True).
         self._ack_sql = {relaxed: _ACK_SQL.format(**parts, relax=_RELAX if relaxed else "")
                          for relaxed in (False, True)}
+        self._start_sql = {relaxed: _START_SQL.format(**parts, relax=_RELAX if relaxed else "")
+                           for relaxed in (False, True)}
         self._ack_and_start_sql = {
             relaxed: _ACK_AND_START_SQL.format(**parts, relax=_RELAX if relaxed else "")
             for relaxed in (False, True)}
@@ -197,6 +205,12 @@ class PostgreSQLDialect(SQLDialect):
         ((acked, *_),) = self._execute(self._ack_sql[relaxed], [job_id, reserved_by, claims],
                                        fetch=True)
         return acked > 0
+
+    def start(self, job_id: Any, reserved_by: str, claims: int, *,
+              relaxed: bool = False) -> bool:
+        ((started, *_),) = self._execute(self._start_sql[relaxed],
+                                         [job_id, reserved_by, claims], fetch=True)
+        return started > 0
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:

@@ -393,3 +393,15 @@ def test_a_relaxed_ack_turns_synchronous_commit_off_for_its_transaction_only(rel
             assert _synchronous_commit() == expected
         assert _synchronous_commit() == "on"  # set_config(..., true) ended with it
     assert not QueuedJob.objects.filter(id__in=[j.id for j in jobs[:3]]).exists()
+
+
+def test_start_counts_the_attempt_of_a_row_still_held_by_the_same_claim(dialect):
+    ahead, taken = _job(), _job()
+    dialect.push([ahead, taken], batch_size=500)
+    dialect.claim("default", worker_id="w", limit=2, lease=90.0, count_attempts=False)
+    QueuedJob.objects.filter(id=taken.id).update(reserved_by="someone-else")
+    assert dialect.start(ahead.id, "w", 1, relaxed=True) is True
+    assert QueuedJob.objects.get(id=ahead.id).attempts == 1
+    assert dialect.start(ahead.id, "w", 2) is False  # another claim's count
+    assert dialect.start(taken.id, "w", 1) is False  # another worker's row
+    assert QueuedJob.objects.get(id=taken.id).attempts == 0
