@@ -28,9 +28,11 @@ schema = schemathesis.openapi.from_dict(SCHEMA)
 
 
 @pytest.fixture
-def wsgi_app(settings, store_alias):
+def wsgi_app(store_alias):
     """The test project as a WSGI app (once per store), a staff user for Basic auth, and one
-    row of each kind."""
+    row of each kind. (It used pytest-django's ``settings`` before ``store_alias`` for a faster
+    password hasher: torn down after the store's override, it put that override back for the
+    rest of the process, ``STORE = "redis"`` included. tests/settings.py sets the hasher now.)"""
     from django.contrib.auth.models import User
     from django.core.signals import request_finished, request_started
     from django.core.wsgi import get_wsgi_application
@@ -40,7 +42,6 @@ def wsgi_app(settings, store_alias):
     from tests.support.operate import failed_job_row, reserved, waiting
 
     stack = contextlib.ExitStack()
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     User.objects.create_superuser("fuzzer", password="pw")
     waiting()
     reserved()

@@ -15,7 +15,7 @@ import pytest
 from demo.models import Invoice, JobRun
 
 from django_jobguard import dispatch_many
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import FailedJob, QueuedJob, Worker
 from django_jobguard.stores import get_store
 from django_jobguard.unique_jobs import lock_key
 from tests.support import POSTGRES, ROOT, run_command, wait_for, worker_env
@@ -220,6 +220,10 @@ def test_demo_charge_and_refund_of_one_invoice_never_overlap(store_alias, worker
     RefundInvoice(invoice.pk, gateway_seconds=0.5).dispatch()
     pool = workers(2, "--sleep", "0.1")  # not --stop-when-empty: the deferred one waits 1 s
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=60)
+    # One worker may have run both jobs while the other was still starting (a loaded machine):
+    # a SIGTERM during Django's start-up ends a process with -15. A worker's row is written
+    # once its signal handlers are set, so both are stopped only after both rows exist.
+    wait_for(lambda: Worker.objects.count() == 2, timeout=60, what="both workers up")
     for proc in pool.procs:
         proc.send_signal(signal.SIGTERM)
     pool.wait(30)
