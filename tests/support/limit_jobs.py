@@ -153,7 +153,10 @@ class GatewayA(Job):
         self.label, self.seconds = label, seconds
 
     def middleware(self):
-        return [ThrottlesExceptions(max_attempts=5, decay_seconds=3).by("gateway")]
+        # 6 s: the tests check the circuit is open and holds GatewayB after the worker that
+        # opened it has exited; with 3 s, a loaded machine (two suites side by side in CI)
+        # could take that long to end the worker, and the circuit was half-open already.
+        return [ThrottlesExceptions(max_attempts=5, decay_seconds=6).by("gateway")]
 
     def handle(self):
         up = gateway_up()
