@@ -42,6 +42,8 @@ JOBGUARD = {
     # Unset: the default, adaptive claim (--batch N overrides it per worker).
     "CLAIM_BATCH_SIZE": int(os.environ["JOBGUARD_BENCH_BATCH"])
     if os.environ.get("JOBGUARD_BENCH_BATCH") else None,
+    # Unset: the default (acks commit without waiting for the WAL flush); "1" waits.
+    "SYNCHRONOUS_ACKS": os.environ.get("JOBGUARD_BENCH_SYNCHRONOUS_ACKS", "0") == "1",
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "root": {"level": "WARNING", "handlers": []}}

@@ -65,6 +65,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "MAX_PAYLOAD_BYTES": (int,),
     "JOB_MODULES": (list, tuple),
     "USE_NOTIFY": (bool,),
+    "SYNCHRONOUS_ACKS": (bool,),
     "LISTEN_DATABASE": (str, type(None)),
     "PGBOUNCER": (bool, list, tuple),
     "DATABASE": (str,),

@@ -28,6 +28,11 @@ DEFAULTS: dict[str, Any] = {
     "JOB_MODULES": [],
     # PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for ``--sleep``.
     "USE_NOTIFY": True,
+    # PostgreSQL: False lets a worker's ack (and the start of a row claimed ahead) commit
+    # without waiting for the WAL flush (one fsync per job); a database crash may then forget
+    # its last fraction of a second of acks, and those jobs run again after their lease
+    # (at-least-once). True waits, as other commits do.
+    "SYNCHRONOUS_ACKS": False,
     # Database alias holding the queue's tables (every django_jobguard model). Another alias
     # than "default" needs django_jobguard.routers.JobGuardRouter in DATABASE_ROUTERS; dispatch
     # is then not part of the caller's transaction unless on_commit=True (docs/databases.md).

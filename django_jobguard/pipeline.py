@@ -31,7 +31,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.utils import timezone
 
 from django_jobguard import aio, clock, queue, registry, results, signals, unique_jobs, workflows
@@ -464,8 +464,9 @@ class Pipeline:
         batch does next; False if the worker no longer held it."""
         cancelled = outcome.kind is Kind.CANCELLED
         follow = workflows.involved(row.payload)
+        own = not connections[self.using].in_atomic_block  # the transaction is the ack's
         with transaction.atomic(using=self.using) if keep or follow else nullcontext():
-            if not queue.ack(row, then=then, using=self.using):
+            if not queue.ack(row, then=then, using=self.using, own_transaction=own):
                 return False
             if keep and cancelled:
                 self._store_result(row, results.FAILED, job.context.started_at,

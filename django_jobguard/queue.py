@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Q, Value
 
 from django_jobguard import clock, pooling, queue_caps
@@ -172,7 +172,8 @@ def start(row: QueuedJob, *, using: str | None = None) -> bool:
     using = queue_database(using)
     if getattr(row, "attempt_counted", True):
         return True
-    if not _held(row, using).update(attempts=F("attempts") + 1):
+    if not dialect_for(using).start(row.id, row.reserved_by, row.claims,
+                                    relaxed=_relaxed(using, False)):
         return False
     row.attempts += 1
     row.attempt_counted = True
@@ -282,18 +283,28 @@ def _held(row: QueuedJob, using: str):
                                                  claims=row.claims)
 
 
-def ack(row: QueuedJob, *, then: QueuedJob | None = None,
-        using: str | None = None) -> bool:
+def _relaxed(using: str, own_transaction: bool) -> bool:
+    """Whether an ack may commit without waiting for the disk (``SYNCHRONOUS_ACKS`` off):
+    only in a transaction of its own (autocommit, or one the caller opened for the ack and
+    its result), never in a caller's transaction that holds other writes."""
+    return not jobguard_settings.SYNCHRONOUS_ACKS and (
+        own_transaction or not connections[using].in_atomic_block)
+
+
+def ack(row: QueuedJob, *, then: QueuedJob | None = None, using: str | None = None,
+        own_transaction: bool = False) -> bool:
     """Delete a finished job; False if the worker no longer held it (lease lost).
 
     ``then``, the row claimed ahead that the worker runs next, has its attempt counted in
-    the same round trip (see :func:`start`)."""
+    the same round trip (see :func:`start`). ``own_transaction``: the caller opened the
+    outermost transaction around this ack for the ack's own writes (see ``SYNCHRONOUS_ACKS``)."""
     using = queue_database(using)
     dialect = dialect_for(using)
+    relaxed = _relaxed(using, own_transaction)
     if then is None or getattr(then, "attempt_counted", True):
-        return dialect.ack(row.id, row.reserved_by, row.claims)
+        return dialect.ack(row.id, row.reserved_by, row.claims, relaxed=relaxed)
     acked, started = dialect.ack_and_start(row.id, row.reserved_by, row.claims, then.id,
-                                           then.claims)
+                                           then.claims, relaxed=relaxed)
     if started:
         then.attempts += 1
         then.attempt_counted = True
@@ -308,7 +319,7 @@ def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None
     start = then if then is not None and not getattr(then, "attempt_counted", True) else None
     acked, started, counts = dialect_for(using).ack_counting(
         row.id, row.reserved_by, row.claims, start.id if start else None,
-        start.claims if start else None, batch_id)
+        start.claims if start else None, batch_id, relaxed=_relaxed(using, False))
     if started:
         start.attempts += 1
         start.attempt_counted = True

@@ -103,12 +103,24 @@ class Dialect(ABC):
         attempt counts when they start). A payload that does not decode stays text."""
 
     @abstractmethod
-    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
+    def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         """Delete the row ``job_id`` if ``reserved_by`` still holds it from the claim that
-        left its ``claims`` count at ``claims``."""
+        left its ``claims`` count at ``claims``. ``relaxed``: the commit need not wait for the
+        database to flush it to disk, where the dialect can say so for one transaction
+        (PostgreSQL; see ``SYNCHRONOUS_ACKS``); others ignore it."""
+
+    def start(self, job_id: Any, reserved_by: str, claims: int, *,
+              relaxed: bool = False) -> bool:
+        """Count the attempt of ``job_id``, claimed ahead, as it starts, if ``reserved_by``
+        still holds it from the claim that left ``claims`` (``relaxed`` as for :meth:`ack`)."""
+        from django.db.models import F
+
+        return bool(QueuedJob.objects.using(self.using).filter(
+            id=job_id, reserved_by=reserved_by, claims=claims).update(
+            attempts=F("attempts") + 1))
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
-                      start_claims: int) -> tuple[bool, bool]:
+                      start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:
         """Ack ``job_id`` and count the attempt of ``start_id``, the row claimed ahead that
         the worker runs next (both owner-checked): ``(acked, started)``. One round trip
         where the dialect can (the default: two statements in one transaction)."""
@@ -116,7 +128,7 @@ class Dialect(ABC):
         from django.db.models import F
 
         with transaction.atomic(using=self.using):
-            acked = self.ack(job_id, reserved_by, claims)
+            acked = self.ack(job_id, reserved_by, claims, relaxed=relaxed)
             started = QueuedJob.objects.using(self.using).filter(
                 id=start_id, reserved_by=reserved_by, claims=start_claims).update(
                 attempts=F("attempts") + 1)
@@ -145,8 +157,8 @@ class Dialect(ABC):
     # -- batches (batches.py) --------------------------------------------------------------
 
     def ack_counting(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
-                     start_claims: int | None,
-                     batch_id: Any) -> tuple[bool, bool, tuple[int, int] | None]:
+                     start_claims: int | None, batch_id: Any, *,
+                     relaxed: bool = False) -> tuple[bool, bool, tuple[int, int] | None]:
         """:meth:`ack` (or :meth:`ack_and_start` when ``start_id``) of a batch member and
         its success counted in the batch, atomically: ``(acked, started, (pending, failed)
         or None)``. One round trip where the dialect can (default: one transaction)."""
@@ -154,10 +166,10 @@ class Dialect(ABC):
 
         with transaction.atomic(using=self.using):
             if start_id is None:
-                acked, started = self.ack(job_id, reserved_by, claims), False
+                acked, started = self.ack(job_id, reserved_by, claims, relaxed=relaxed), False
             else:
                 acked, started = self.ack_and_start(job_id, reserved_by, claims, start_id,
-                                                    start_claims)
+                                                    start_claims, relaxed=relaxed)
             counts = self.count_batch_success(batch_id) if acked else None
         return acked, started, counts
 

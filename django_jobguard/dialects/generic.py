@@ -183,7 +183,7 @@ class GenericDialect(Dialect):
             self._claimed_sql[count] = sql
         return sql
 
-    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
+    def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         held = QueuedJob.objects.using(self.using).filter(id=job_id, reserved_by=reserved_by,
                                                           claims=claims)
         return bool(held._raw_delete(self.using))

@@ -78,7 +78,24 @@ _CLAIM_SQL = """
       FROM picked WHERE q.id = picked.id
     RETURNING {columns}"""
 
-_ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s"
+_ACK_SQL = """
+    WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s
+                   RETURNING 1)
+    SELECT (SELECT count(*) FROM acked){relax}"""
+
+# Appended to the last SELECT of an ack (or a start) unless ``SYNCHRONOUS_ACKS``: its commit
+# does not wait for its WAL to reach the disk (``synchronous_commit`` is read at commit, and
+# ``set_config(..., true)`` lasts until then). A crash of the database server (not of a
+# worker) can forget the acks of its last fraction of a second; their rows, still leased,
+# run again when the lease ends: at-least-once, as for a worker killed before its ack. A
+# later synchronous commit (a job's own writes) flushes the WAL written before it.
+_RELAX = ", set_config('synchronous_commit', 'off', true)"
+
+# The start of a row claimed ahead (its attempt counted), as a job thread takes it.
+_START_SQL = """
+    WITH started AS (UPDATE {table} SET attempts = attempts + 1
+                      WHERE id = %s AND reserved_by = %s AND claims = %s RETURNING 1)
+    SELECT (SELECT count(*) FROM started){relax}"""
 
 # The ack of one job and the start of the next one claimed ahead (its attempt counted), in
 # one round trip: with a batch a job costs this statement alone, as it did when claims
@@ -88,7 +105,7 @@ _ACK_AND_START_SQL = """
                    RETURNING 1),
          started AS (UPDATE {table} SET attempts = attempts + 1
                       WHERE id = %s AND reserved_by = %s AND claims = %s RETURNING 1)
-    SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started)"""
+    SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started){relax}"""
 
 # The ack of a batch member (and the start of the next row, if claimed ahead) with its
 # success counted in the batch, in one statement: atomic without a transaction around it.
@@ -101,7 +118,7 @@ _ACK_COUNTING_SQL = """
                       WHERE id = %s AND pending_jobs > 0 AND EXISTS (SELECT 1 FROM acked)
                   RETURNING pending_jobs, failed_jobs)
     SELECT (SELECT count(*) FROM acked), (SELECT count(*) FROM started),
-           (SELECT pending_jobs FROM counted), (SELECT failed_jobs FROM counted)"""
+           (SELECT pending_jobs FROM counted), (SELECT failed_jobs FROM counted){relax}"""
 
 
 class PostgreSQLDialect(SQLDialect):
@@ -133,10 +150,18 @@ class PostgreSQLDialect(SQLDialect):
         #: and ``%(count)s``, 1 or 0 added to ``attempts``), for EXPLAIN in tests and diagnostics.
         self.claim_sql = _CLAIM_SQL.format(**parts,
                                            columns=", ".join(f"q.{f.column}" for f in fields))
-        self._ack_sql = _ACK_SQL.format(**parts)
-        self._ack_and_start_sql = _ACK_AND_START_SQL.format(**parts)
-        self._ack_counting_sql = _ACK_COUNTING_SQL.format(**parts,
-                                                          batch=Batch._meta.db_table)
+        # The ack statements, each with a commit that waits for the disk (False) or not (True).
+        self._ack_sql = {relaxed: _ACK_SQL.format(**parts, relax=_RELAX if relaxed else "")
+                         for relaxed in (False, True)}
+        self._start_sql = {relaxed: _START_SQL.format(**parts, relax=_RELAX if relaxed else "")
+                           for relaxed in (False, True)}
+        self._ack_and_start_sql = {
+            relaxed: _ACK_AND_START_SQL.format(**parts, relax=_RELAX if relaxed else "")
+            for relaxed in (False, True)}
+        self._ack_counting_sql = {
+            relaxed: _ACK_COUNTING_SQL.format(**parts, batch=Batch._meta.db_table,
+                                              relax=_RELAX if relaxed else "")
+            for relaxed in (False, True)}
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -176,21 +201,29 @@ class PostgreSQLDialect(SQLDialect):
                                 fetch=True, prepare=False)
         return [job_from_values(self.using, list(values)) for values in fetched]
 
-    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
-        return self._execute(self._ack_sql, [job_id, reserved_by, claims]) > 0
+    def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
+        ((acked, *_),) = self._execute(self._ack_sql[relaxed], [job_id, reserved_by, claims],
+                                       fetch=True)
+        return acked > 0
+
+    def start(self, job_id: Any, reserved_by: str, claims: int, *,
+              relaxed: bool = False) -> bool:
+        ((started, *_),) = self._execute(self._start_sql[relaxed],
+                                         [job_id, reserved_by, claims], fetch=True)
+        return started > 0
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
-                      start_claims: int) -> tuple[bool, bool]:
-        ((acked, started),) = self._execute(
-            self._ack_and_start_sql,
+                      start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:
+        ((acked, started, *_),) = self._execute(
+            self._ack_and_start_sql[relaxed],
             [job_id, reserved_by, claims, start_id, reserved_by, start_claims], fetch=True)
         return acked > 0, started > 0
 
     def ack_counting(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
-                     start_claims: int | None,
-                     batch_id: Any) -> tuple[bool, bool, tuple[int, int] | None]:
-        ((acked, started, pending, failed),) = self._execute(
-            self._ack_counting_sql,
+                     start_claims: int | None, batch_id: Any, *,
+                     relaxed: bool = False) -> tuple[bool, bool, tuple[int, int] | None]:
+        ((acked, started, pending, failed, *_),) = self._execute(
+            self._ack_counting_sql[relaxed],
             [job_id, reserved_by, claims, start_id, reserved_by, start_claims, batch_id],
             fetch=True)
         if acked and pending is None:  # no such batch, or nothing was pending

@@ -105,7 +105,7 @@ class SQLiteDialect(SQLDialect):
                            [int(count_attempts), worker_id, lease, queue, queue, limit])
             return claimed_rows(self.using, cursor.fetchall())
 
-    def ack(self, job_id: Any, reserved_by: str, claims: int) -> bool:
+    def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         connection = connections[self.using]
         job_id = QueuedJob._meta.pk.get_db_prep_value(job_id, connection)
         with connection.cursor() as cursor:

@@ -98,7 +98,7 @@ def test_jobs_started_by_the_ack_before_them_count_one_attempt_each(monkeypatch)
     calls = []
     real = dialect.ack_and_start
     monkeypatch.setattr(dialect, "ack_and_start",
-                        lambda *a: calls.append(a) or real(*a))
+                        lambda *a, **kw: calls.append(a) or real(*a, **kw))
     assert work(batch=6, tries=1) == ["DONE"] * 6  # each ran on its first and only try
     assert sorted(JobRun.objects.values_list("attempt", flat=True)) == [1] * 6
     assert len(calls) == 5  # the ack of each of the first five started the next

@@ -148,3 +148,74 @@ def test_a_job_interrupted_for_a_worker_restart_goes_back_without_using_an_attem
     assert runs == [(1, "0:"), (1, "0:its worker restarted for a code change")]
     assert not QueuedJob.objects.exists()
     assert not FailedJob.objects.exists()
+
+
+# -- relaxed acks (JOBGUARD["SYNCHRONOUS_ACKS"]) -------------------------------------------
+
+
+class KeptNoop(Job):
+    name = "tests.unit.test_pipeline.KeptNoop"
+    keep_result = True
+
+    def handle(self) -> str:
+        return "kept"
+
+
+@pytest.fixture
+def ack_spy(monkeypatch):
+    """The ``relaxed`` flag of every ack the dialect is asked for (the outermost call: the
+    generic ``ack_and_start`` calls ``ack``)."""
+    from django_jobguard.dialects import dialect_for
+
+    dialect = dialect_for("default")
+    seen: list[bool] = []
+    depth = [0]
+    for method in ("ack", "ack_and_start", "ack_counting"):
+        original = getattr(dialect, method)
+
+        def spy(*args, _original=original, relaxed=False, **kwargs):
+            if not depth[0]:
+                seen.append(relaxed)
+            depth[0] += 1
+            try:
+                return _original(*args, relaxed=relaxed, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        monkeypatch.setattr(dialect, method, spy)
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_acks_do_not_wait_for_the_disk_by_default(ack_spy):
+    """The plain ack, the one that starts the row claimed ahead, and the ack in the
+    transaction that stores a result: all of the worker's own are relaxed."""
+    for _ in range(3):
+        jobs.Noop().dispatch()
+    KeptNoop().dispatch()
+    assert work(batch=4) == ["DONE"] * 4
+    assert ack_spy == [True] * 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_synchronous_acks_wait_for_the_disk(ack_spy, settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "SYNCHRONOUS_ACKS": True}
+    jobs.Noop().dispatch()
+    KeptNoop().dispatch()
+    assert work() == ["DONE", "DONE"]
+    assert ack_spy == [False, False]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_ack_inside_a_callers_transaction_is_never_relaxed(ack_spy):
+    from django.db import transaction
+
+    from django_jobguard import queue
+
+    jobs.Noop().dispatch()
+    jobs.Noop().dispatch()
+    first, second = queue.claim(["default"], worker_id="w", limit=2, start=2)
+    with transaction.atomic():  # the caller's: its other writes keep their durability
+        assert queue.ack(first) is True
+        assert queue.ack(second, own_transaction=True) is True  # one opened for the ack
+    assert ack_spy == [False, True]

@@ -45,3 +45,17 @@ def test_ctrl_c_to_the_workers_process_group_does_not_reach_the_watchdog(sleeper
     dog.arm(60, "tests.Long [1]")
     assert os.getpgid(dog._proc.pid) != os.getpgid(0)
     dog.close()
+
+
+def test_a_watchdog_killed_by_hand_is_replaced_at_a_later_arm(sleeper, monkeypatch):
+    from django_jobguard import watchdog
+
+    monkeypatch.setattr(watchdog, "ALIVE_EVERY", 0.0)
+    dog = Watchdog(pid=sleeper.pid)
+    dog.arm(60, "tests.Long [1]")
+    first = dog._proc
+    first.kill()
+    first.wait(timeout=20)
+    dog.arm(0.2, "tests.Stuck [2]")  # a new watchdog, reading a new page
+    assert dog._proc is not first
+    assert sleeper.wait(timeout=20) == -signal.SIGKILL

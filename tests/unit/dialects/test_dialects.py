@@ -362,3 +362,46 @@ def test_peek_and_write_throttle(dialect):
         "rate", 3, 10, resets, expires)
     assert before - MS <= row.updated_at <= dialect.now() + MS
     assert not Throttle.objects.filter(key="other").exists()
+
+
+# -- relaxed acks (SYNCHRONOUS_ACKS) ------------------------------------------------------
+
+
+def _synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(not POSTGRES, reason="synchronous_commit is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("relaxed", [True, False])
+def test_a_relaxed_ack_turns_synchronous_commit_off_for_its_transaction_only(relaxed):
+    dialect = dialect_for("default")
+    jobs = [_job() for _ in range(4)]
+    dialect.push(jobs, batch_size=500)
+    dialect.claim("default", worker_id="w", limit=4, lease=90.0, count_attempts=False)
+    expected = "off" if relaxed else "on"
+    for ack in (lambda: dialect.ack(jobs[0].id, "w", 1, relaxed=relaxed),
+                lambda: dialect.ack_and_start(jobs[1].id, "w", 1, jobs[2].id, 1,
+                                              relaxed=relaxed),
+                lambda: dialect.ack_counting(jobs[2].id, "w", 1, jobs[3].id, 1,
+                                             uuid.uuid4(), relaxed=relaxed)):
+        with transaction.atomic():  # SHOW inside the transaction the ack commits in
+            done = ack()
+            assert (done[0] if isinstance(done, tuple) else done) is True
+            assert _synchronous_commit() == expected
+        assert _synchronous_commit() == "on"  # set_config(..., true) ended with it
+    assert not QueuedJob.objects.filter(id__in=[j.id for j in jobs[:3]]).exists()
+
+
+def test_start_counts_the_attempt_of_a_row_still_held_by_the_same_claim(dialect):
+    ahead, taken = _job(), _job()
+    dialect.push([ahead, taken], batch_size=500)
+    dialect.claim("default", worker_id="w", limit=2, lease=90.0, count_attempts=False)
+    QueuedJob.objects.filter(id=taken.id).update(reserved_by="someone-else")
+    assert dialect.start(ahead.id, "w", 1, relaxed=True) is True
+    assert QueuedJob.objects.get(id=ahead.id).attempts == 1
+    assert dialect.start(ahead.id, "w", 2) is False  # another claim's count
+    assert dialect.start(taken.id, "w", 1) is False  # another worker's row
+    assert QueuedJob.objects.get(id=taken.id).attempts == 0
