@@ -125,14 +125,11 @@ class Dialect(ABC):
         the worker runs next (both owner-checked): ``(acked, started)``. One round trip
         where the dialect can (the default: two statements in one transaction)."""
         from django.db import transaction
-        from django.db.models import F
 
         with transaction.atomic(using=self.using):
             acked = self.ack(job_id, reserved_by, claims, relaxed=relaxed)
-            started = QueuedJob.objects.using(self.using).filter(
-                id=start_id, reserved_by=reserved_by, claims=start_claims).update(
-                attempts=F("attempts") + 1)
-        return acked, bool(started)
+            started = self.start(start_id, reserved_by, start_claims, relaxed=relaxed)
+        return acked, started
 
     def listen(self, via: str | None = None) -> Listener | None:
         """A :class:`Listener` on its own connection (to the alias ``via``, default this

@@ -150,18 +150,17 @@ class PostgreSQLDialect(SQLDialect):
         #: and ``%(count)s``, 1 or 0 added to ``attempts``), for EXPLAIN in tests and diagnostics.
         self.claim_sql = _CLAIM_SQL.format(**parts,
                                            columns=", ".join(f"q.{f.column}" for f in fields))
-        # The ack statements, each with a commit that waits for the disk (False) or not (True).
-        self._ack_sql = {relaxed: _ACK_SQL.format(**parts, relax=_RELAX if relaxed else "")
-                         for relaxed in (False, True)}
-        self._start_sql = {relaxed: _START_SQL.format(**parts, relax=_RELAX if relaxed else "")
-                           for relaxed in (False, True)}
-        self._ack_and_start_sql = {
-            relaxed: _ACK_AND_START_SQL.format(**parts, relax=_RELAX if relaxed else "")
-            for relaxed in (False, True)}
-        self._ack_counting_sql = {
-            relaxed: _ACK_COUNTING_SQL.format(**parts, batch=Batch._meta.db_table,
-                                              relax=_RELAX if relaxed else "")
-            for relaxed in (False, True)}
+        # The ack and start statements, each with a commit that waits for the disk (key
+        # False) or not (True).
+        def both(template: str) -> dict[bool, str]:
+            return {relaxed: template.format(**parts, batch=Batch._meta.db_table,
+                                             relax=_RELAX if relaxed else "")
+                    for relaxed in (False, True)}
+
+        self._ack_sql = both(_ACK_SQL)
+        self._start_sql = both(_START_SQL)
+        self._ack_and_start_sql = both(_ACK_AND_START_SQL)
+        self._ack_counting_sql = both(_ACK_COUNTING_SQL)
 
     # -- queue -----------------------------------------------------------------------------
 
