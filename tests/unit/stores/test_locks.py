@@ -187,8 +187,11 @@ def test_lock_pages_walk_every_lock_once_by_cursor(store):
     seen, cursor, pages = [], "", 0
     while True:
         page = store.lock_page(cursor=cursor, limit=100)
-        assert len(page.locks) >= 1 and [i.key for i in page.locks] == sorted(
-            i.key for i in page.locks)  # key order within a page
+        # A page with a next cursor holds at least ``limit`` locks. Only on Redis may the last
+        # page be empty: SCAN can end a page at 100 locks while keys remain to look at, and
+        # the next call finds none of them to be locks.
+        assert len(page.locks) >= 100 if page.cursor else (page.locks or store.alias == "redis")
+        assert [i.key for i in page.locks] == sorted(i.key for i in page.locks)  # key order
         seen += [info.key for info in page.locks]
         pages += 1
         if not page.cursor:
