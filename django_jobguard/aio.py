@@ -126,11 +126,9 @@ def _reset_after(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return func(*args, **kwargs)
     finally:
-        from django.db import connections
+        from django_jobguard.queue import close_broken_connections  # models: after app loading
 
-        for conn in connections.all(initialized_only=True):
-            if conn.errors_occurred and not conn.in_atomic_block and not conn.is_usable():
-                conn.close()
+        close_broken_connections()
 
 
 # -- one job's run -------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from django_jobguard import logs, queue, timeouts
 from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
-from django_jobguard.pipeline import Pipeline
+from django_jobguard.pipeline import Pipeline, log_finishing_error
 
 if TYPE_CHECKING:
     from django_jobguard.models import QueuedJob
@@ -144,26 +144,15 @@ class _Slot:
             # written, or the row's lease brings it back.
             logger.warning("%s [%s]: its timeout or stop arrived as the job ended.", row.name,
                            row.id)
-        except (DatabaseError, InterfaceError) as exc:
-            logger.exception("Database error while finishing %s; its lease will expire and "
-                             "it will be retried.", row, exc_info=exc)
-        except Exception as exc:  # a store or signal receiver failed outside the job
-            logger.exception("Error while finishing %s; if it was not acked its lease will "
-                             "expire and it will be retried.", row, exc_info=exc)
-            self.executor.worker.pipeline.pause(1)  # back off: the failing service may restart
+        except Exception as exc:
+            if log_finishing_error(row, exc):
+                self.executor.worker.pipeline.pause(1)  # back off: the service may restart
         finally:
             timeouts.forget_thread_limit()
             if self.executor.rest and not self.abandoned:
                 self.executor.worker.pipeline.pause(self.executor.rest)
             self.executor._finished(self, row, state)
-            _reset_connections()
-
-
-def _reset_connections() -> None:
-    """This thread's connections a job broke are dropped (the next query reconnects)."""
-    for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block and conn.errors_occurred and not conn.is_usable():
-            conn.close()
+            queue.close_broken_connections()
 
 
 class ThreadExecutor:

@@ -553,6 +553,19 @@ class Pipeline:
         return state
 
 
+def log_finishing_error(row: QueuedJob, exc: BaseException) -> bool:
+    """Log an error raised while finishing ``row`` outside its job (a job's own errors are its
+    outcome). Returns True when it was not the database's: a store or a signal receiver, which
+    may be restarting, so the caller backs off a second."""
+    if isinstance(exc, (DatabaseError, InterfaceError)):
+        logger.error("Database error while finishing %s; its lease will expire and it will be "
+                     "retried.", row, exc_info=exc)
+        return False
+    logger.error("Error while finishing %s; if it was not acked its lease will expire and it "
+                 "will be retried.", row, exc_info=exc)
+    return True
+
+
 def _shown(row: QueuedJob) -> str:
     """The job's name in log lines: a django.tasks task's own dotted name, not the adapter's
     (:func:`registry.display_name`)."""

@@ -73,6 +73,17 @@ def notify(queues: Iterable[str], *, using: str | None = None) -> None:
     dialect_for(using).notify(queues)
 
 
+def close_broken_connections(*, all_idle: bool = False) -> None:
+    """Close this thread's connections that a job or a failed statement left unusable (with
+    ``all_idle``: every one, after an error, to start afresh), so the next query reconnects.
+    A connection inside a transaction (a test running a worker in-process) is left alone."""
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block:
+            continue
+        if all_idle or (conn.errors_occurred and not conn.is_usable()):
+            conn.close()
+
+
 def listen(using: str | None = None) -> Listener | None:
     """A listener that wakes on :func:`notify`, or ``None`` where the database has none (the
     worker then polls). It listens on ``JOBGUARD['LISTEN_DATABASE']`` when set; it raises

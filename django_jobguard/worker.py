@@ -36,7 +36,7 @@ from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
-from django_jobguard.pipeline import Pipeline
+from django_jobguard.pipeline import Pipeline, log_finishing_error
 from django_jobguard.queue_selection import QueueEntry, QueueSelection
 from django_jobguard.retry import Defaults
 
@@ -357,7 +357,7 @@ class Worker:
                 free=free, running=running)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
-            self._reset_connections(force=True)
+            queue.close_broken_connections(all_idle=True)
             self._stop.wait(1)
             return []
 
@@ -432,7 +432,7 @@ class Worker:
             return rows
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
-            self._reset_connections(force=True)
+            queue.close_broken_connections(all_idle=True)
             self._stop.wait(1)
             return []
 
@@ -505,19 +505,15 @@ class Worker:
             state = self.process(row, then=then)
             self._recent.record(state)
             self._per_queue.record(row.queue, state)
-        except (DatabaseError, InterfaceError) as exc:
-            logger.exception("Database error while finishing %s; its lease will expire and "
-                             "it will be retried.", row, exc_info=exc)
-        except Exception as exc:  # a store or signal receiver failed outside the job
-            logger.exception("Error while finishing %s; if it was not acked its lease will "
-                             "expire and it will be retried.", row, exc_info=exc)
-            self._stop.wait(1)  # back off: the failing service may be restarting
+        except Exception as exc:
+            if log_finishing_error(row, exc):
+                self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
             self._current_job = ""
             with self._finished_lock:
                 self.jobs_processed += 1
-            self._reset_connections()
+            queue.close_broken_connections()
 
     def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
         """Run one claimed row through the pipeline; returns the state logged (``then``:
@@ -608,7 +604,7 @@ class Worker:
                         last_clean = time.monotonic()
                 except Exception as exc:
                     logger.warning("Heartbeat failed (%s); retrying.", exc)
-                    self._reset_connections(force=True)
+                    queue.close_broken_connections(all_idle=True)
         finally:
             connections.close_all()
 
@@ -646,14 +642,6 @@ class Worker:
         except (DatabaseError, InterfaceError):
             pass
 
-    @staticmethod
-    def _reset_connections(force: bool = False) -> None:
-        """Drop connections a job broke (or all, after an error) so the next query reconnects."""
-        for conn in connections.all(initialized_only=True):
-            if conn.in_atomic_block:
-                continue  # the caller's transaction (tests running a worker in-process)
-            if force or (conn.errors_occurred and not conn.is_usable()):
-                conn.close()
 
 
 def run_worker(queues: Sequence[str], **options: Any) -> int:
