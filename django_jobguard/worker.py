@@ -643,7 +643,6 @@ class Worker:
             pass
 
 
-
 def run_worker(queues: Sequence[str], **options: Any) -> int:
     """Run a worker in this thread (tests, scripts): ``run_worker(["default"], once=True)``."""
     return Worker(WorkerOptions(queues=list(queues), **options)).run()
