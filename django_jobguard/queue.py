@@ -177,17 +177,28 @@ def _expand(queues: Sequence[str], using: str, named: Sequence[str]) -> Iterator
 _turns = itertools.count()
 
 
+def claimed_ahead(row: QueuedJob) -> bool:
+    """Whether ``row`` was claimed ahead and has not started: its attempt is not counted yet
+    (a row not from :func:`claim` counts as started)."""
+    return not getattr(row, "attempt_counted", True)
+
+
+def _counted(row: QueuedJob) -> None:
+    """``row``'s attempt was just counted in the database: the same on the instance."""
+    row.attempts += 1
+    row.attempt_counted = True
+
+
 def start(row: QueuedJob, *, using: str | None = None) -> bool:
     """Count the attempt of a row as it starts, unless its claim already did; False if the
     worker no longer holds it (its lease ran out and another worker took it)."""
     using = queue_database(using)
-    if getattr(row, "attempt_counted", True):
+    if not claimed_ahead(row):
         return True
     if not dialect_for(using).start(row.id, row.reserved_by, row.claims,
                                     relaxed=_relaxed(using, False)):
         return False
-    row.attempts += 1
-    row.attempt_counted = True
+    _counted(row)
     return True
 
 
@@ -196,7 +207,7 @@ def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> None:
     at once on the event loop). A row the worker no longer holds is not changed, and its
     later writes find it is not theirs (owner-checked), as after :func:`start`."""
     using = queue_database(using)
-    ahead = [row for row in rows if not getattr(row, "attempt_counted", True)]
+    ahead = [row for row in rows if claimed_ahead(row)]
     if not ahead:
         return
     held = Q()
@@ -205,8 +216,7 @@ def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> None:
     QueuedJob.objects.using(using).filter(held, reserved_by=ahead[0].reserved_by).update(
         attempts=F("attempts") + 1)
     for row in ahead:
-        row.attempts += 1
-        row.attempt_counted = True
+        _counted(row)
 
 
 def paused(queues: Sequence[str] | None = None, *,
@@ -312,13 +322,12 @@ def ack(row: QueuedJob, *, then: QueuedJob | None = None, using: str | None = No
     using = queue_database(using)
     dialect = dialect_for(using)
     relaxed = _relaxed(using, own_transaction)
-    if then is None or getattr(then, "attempt_counted", True):
+    if then is None or not claimed_ahead(then):
         return dialect.ack(row.id, row.reserved_by, row.claims, relaxed=relaxed)
     acked, started = dialect.ack_and_start(row.id, row.reserved_by, row.claims, then.id,
                                            then.claims, relaxed=relaxed)
     if started:
-        then.attempts += 1
-        then.attempt_counted = True
+        _counted(then)
     return acked
 
 
@@ -327,13 +336,12 @@ def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None
     """:func:`ack` of a batch member that also counts its success in the batch, atomically
     (one statement on PostgreSQL): ``(acked, (pending, failed) after it)``."""
     using = queue_database(using)
-    start = then if then is not None and not getattr(then, "attempt_counted", True) else None
+    start = then if then is not None and claimed_ahead(then) else None
     acked, started, counts = dialect_for(using).ack_counting(
         row.id, row.reserved_by, row.claims, start.id if start else None,
         start.claims if start else None, batch_id, relaxed=_relaxed(using, False))
     if started:
-        start.attempts += 1
-        start.attempt_counted = True
+        _counted(start)
     return acked, counts
 
 
@@ -359,7 +367,7 @@ def release(
     using = queue_database(using)
     changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": _at(due),
                                "wait_reason": wait_reason[:255]}
-    if not count_attempt and getattr(row, "attempt_counted", True):
+    if not count_attempt and not claimed_ahead(row):
         changes["attempts"] = F("attempts") - 1
     if exception is not None:
         if count_exception:

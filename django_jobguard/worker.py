@@ -239,7 +239,7 @@ class Worker:
     def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
         """Count in one statement the attempts of the async rows claimed ahead that start on
         the event loop now (instead of one UPDATE each as they start)."""
-        ahead = [row for row in rows if not getattr(row, "attempt_counted", True)
+        ahead = [row for row in rows if queue.claimed_ahead(row)
                  and self._runs_async(row)][:self._async.free()]
         if len(ahead) > 1:
             try:
