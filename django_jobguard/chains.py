@@ -49,6 +49,11 @@ class JobChain:
     def __init__(self, jobs: list[Job], *, name: str = "") -> None:
         if not jobs:
             raise ValueError("A chain needs at least one job.")
+        from django_jobguard.jobs import Job
+
+        for job in jobs:
+            if not isinstance(job, Job):
+                raise TypeError(f"A chain holds jobs (Job instances), not {job!r}.")
         self.jobs = jobs
         self.name = name
 
