@@ -543,7 +543,7 @@ def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: 
     return errors
 @register(Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list:
-    """jobguard.E060–E064, W050: periodic schedules (``SCHEDULE`` and ``@periodic``)."""
+    """jobguard.E060–E064, W050, W051: periodic schedules (``SCHEDULE`` and ``@periodic``)."""
     from django_jobguard import schedules
 
     if not isinstance(getattr(settings, "JOBGUARD", {}), dict):
