@@ -12,6 +12,7 @@ from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations, registry
 from django_jobguard.models import Batch, FailedJob, QueuedJob
+from django_jobguard.progress import stored_fraction
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 #: Lock and throttle keys: printable text, at most as long as the ``Lock.key`` column.
@@ -145,10 +146,26 @@ class DisplayNameField(serializers.CharField):
         return registry.display_name(value.name, value.payload)
 
 
+class ProgressField(serializers.FloatField):
+    """A job's stored progress, ``null`` when none was reported or the stored value is not a
+    number from 0 to 1 (NaN or infinity would make the response invalid JSON)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault("help_text", "0 to 1, as the running job last reported; null when "
+                                       "it reported none or the stored value is unreadable.")
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> float | None:
+        return stored_fraction(value)
+
+
 class QueuedJobSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=operations.STATES, source="jobguard_state",
                                     read_only=True)
     display_name = DisplayNameField()
+    progress = ProgressField()
 
     class Meta:
         model = QueuedJob
@@ -358,7 +375,9 @@ class ThrottleSerializer(serializers.Serializer):
     limit = serializers.IntegerField(source="info.limit",
                                      help_text="Allowed per window / failures before opening.")
     state = serializers.CharField(source="info.state",
-                                  help_text="Circuits: closed, open or half-open.")
+                                  help_text="Circuits: closed, open or half-open. "
+                                            "'unreadable' (hits 0) when the stored state "
+                                            "cannot be decoded: reset it.")
     resets_at = serializers.DateTimeField(source="info.resets_at", allow_null=True)
     resets_in = serializers.FloatField(allow_null=True)
     store = serializers.CharField(source="info.store")

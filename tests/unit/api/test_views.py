@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import math
 import uuid
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -162,6 +164,31 @@ def test_job_retrieve_and_unknown_ids(api):
     assert_error(api.get(f"{API}jobs/not-a-uuid/"), 404, "not_found")
 
 
+def store_bad_progress(value: float) -> QueuedJob:
+    """A reserved job whose stored progress is ``value`` (written around the write path's
+    check, as a bad migration or a hand edit would)."""
+    job = reserved()
+    try:
+        QueuedJob.objects.filter(id=job.id).update(progress=value, progress_message="half")
+    except DatabaseError:
+        pytest.skip(f"this database cannot store {value!r} in a float column")
+    job.refresh_from_db()
+    if job.progress is None:
+        pytest.skip(f"this database stores {value!r} as NULL")
+    return job
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 7.5])
+def test_a_stored_progress_that_is_not_0_to_1_reads_as_null(api, value):
+    job = store_bad_progress(value)
+    listed = api.get(API + "jobs/")
+    assert listed.status_code == 200
+    assert [(r["id"], r["progress"]) for r in listed.json()["results"]] == [(str(job.id), None)]
+    detail = api.get(f"{API}jobs/{job.id}/")
+    assert detail.status_code == 200
+    assert detail.json()["progress"] is None and detail.json()["progress_message"] == "half"
+
+
 def test_delete_cancels_a_waiting_job_and_frees_its_unique_lock(api, store_alias):
     dispatched = UniqueReport(3).dispatch()
     assert api.delete(f"{API}jobs/{dispatched.id}/").status_code == 204
@@ -311,6 +338,20 @@ def test_throttles_list_detail_and_reset(api, static_throttles, store_alias):
     assert [r.key for r in get_store().throttles()] == ["jobguard:circuit:demo.jobs.SyncProfile"]
     assert_error(api.delete(API + "throttles/jobguard:rate:api:user:7/"), 404, "not_found")
     assert_error(api.get(API + "throttles/jobguard:rate:api:user:7/"), 404, "not_found")
+
+
+def test_throttles_whose_stored_state_cannot_be_decoded_are_listed_unreadable(api,
+                                                                              store_alias):
+    keys = operate_support.corrupt_throttles(store_alias)
+    response = api.get(API + "throttles/")
+    assert response.status_code == 200
+    rows = {r["key"]: r for r in response.json()["results"]}
+    assert {key: (rows[key]["kind"], rows[key]["state"], rows[key]["hits"], rows[key]["limit"])
+            for key in keys} == {"jobguard:rate:corrupt": ("rate", "unreadable", 0, 5),
+                                 "jobguard:circuit:corrupt": ("circuit", "unreadable", 0, 3)}
+    assert api.get(f"{API}throttles/{keys[0]}/").json()["state"] == "unreadable"
+    assert api.delete(f"{API}throttles/{keys[0]}/").status_code == 204  # and it can be reset
+    assert [r.key for r in get_store().throttles()] == [keys[1]]
 
 
 def test_throttles_on_a_store_that_cannot_list_them(api, monkeypatch):
