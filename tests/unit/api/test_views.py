@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import io
 import math
 import uuid
 
@@ -228,6 +229,28 @@ def test_retry_one(api):
     assert QueuedJob.objects.get(id=job.id).attempts == 0
     assert not FailedJob.objects.exists()
     assert_error(api.post(f"{API}failed-jobs/{job.id}/retry/"), 404)
+
+
+@pytest.mark.parametrize("fmt", ["multipart", "urlencoded"])
+def test_an_action_without_a_body_accepts_an_empty_form(api, fmt):
+    # Django's test client and many HTTP clients send an empty multipart form with a POST.
+    job = failed_job()
+    if fmt == "multipart":
+        response = api.post(f"{API}failed-jobs/{job.id}/retry/", {}, format="multipart")
+    else:
+        response = api.post(f"{API}failed-jobs/{job.id}/retry/", "",
+                            content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 200, response.content
+    assert response.json() == {"retried": 1, "ids": [str(job.id)]}
+    assert QueuedJob.objects.filter(id=job.id).exists()
+
+
+def test_an_action_without_a_body_refuses_a_form_with_fields(api):
+    job = failed_job()
+    for data in ({"queue": "emails"}, {"f": io.BytesIO(b"x")}):
+        response = api.post(f"{API}failed-jobs/{job.id}/retry/", data, format="multipart")
+        assert_error(response, 415, "unsupported_media_type")
+    assert FailedJob.objects.filter(id=job.id).exists()
 
 
 def test_retry_conflicts_with_a_queued_job_of_the_same_id(api):
