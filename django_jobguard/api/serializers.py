@@ -11,6 +11,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations, registry
+from django_jobguard import queue as job_queue
 from django_jobguard.models import Batch, FailedJob, QueuedJob
 from django_jobguard.progress import stored_fraction
 
@@ -502,6 +503,12 @@ class DispatchSerializer(StrictSerializer):
 
     def validate_kwargs(self, value: dict) -> dict:
         check_json_text(value, path="kwargs")
+        return value
+
+    def validate_queue(self, value: str) -> str:
+        problem = job_queue.queue_name_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_delay(self, value: float) -> float:

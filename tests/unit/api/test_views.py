@@ -444,6 +444,14 @@ def test_dispatch_function_job_with_queue_delay_and_priority(api):
     assert row.available_at > timezone.now() + datetime.timedelta(seconds=500)
 
 
+@pytest.mark.parametrize("queue", ["a b", "mail\n", "*", "a,b"])
+def test_dispatch_to_a_malformed_queue_name_is_400_on_the_queue_field(api, queue):
+    body = assert_error(post(api, job="demo.jobs.SyncProfile", args=[7], queue=queue), 400,
+                        "invalid")
+    assert f"{queue!r} is not a queue name" in body["errors"]["queue"][0]
+    assert not QueuedJob.objects.exists()
+
+
 def test_dispatch_unique_job_twice_is_skipped(api, store_alias):
     assert post(api, job="tests.operate.UniqueReport", args=[1]).status_code == 201
     second = post(api, job="tests.operate.UniqueReport", args=[1])
