@@ -849,14 +849,16 @@ class DispatchView(JobGuardAPIView, APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         name = data["job"]
-        try:
-            job_class = registry.get(name)
-        except registry.UnknownJobError as exc:
-            raise exceptions.ValidationError({"job": [str(exc)]})
+        # The allowlist first, with one answer for an unknown name and a registered one that
+        # is not listed: a caller cannot probe which job names exist.
         if name not in jobguard_settings.API_DISPATCHABLE_JOBS:
             raise exceptions.PermissionDenied(
-                f"Job {name!r} is not dispatchable over HTTP; add it to "
-                f"JOBGUARD['API_DISPATCHABLE_JOBS'].", code="not_dispatchable")
+                f"Job {name!r} is not dispatchable over HTTP: "
+                f"JOBGUARD['API_DISPATCHABLE_JOBS'] does not list it.", code="not_dispatchable")
+        try:
+            job_class = registry.get(name)
+        except registry.UnknownJobError as exc:  # listed but not registered (jobguard.E005)
+            raise exceptions.ValidationError({"job": [str(exc)]})
         args, kwargs = data["args"], data["kwargs"]
         for field, values in (("args", args), ("kwargs", kwargs)):
             try:  # JSON input is plain data; this catches reserved keys such as __jobguard__

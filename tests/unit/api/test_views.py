@@ -460,15 +460,23 @@ def test_dispatch_unique_job_twice_is_skipped(api, store_alias):
     assert QueuedJob.objects.count() == 1
 
 
-def test_dispatch_unknown_job_is_400(api):
-    body = assert_error(post(api, job="no.such.Job"), 400, "invalid")
-    assert "No job is registered as 'no.such.Job'" in body["errors"]["job"][0]
-
-
-def test_dispatch_of_a_registered_but_not_dispatchable_job_is_403(api):
-    body = assert_error(post(api, job="tests.support.jobs.Noop"), 403, "not_dispatchable")
-    assert "API_DISPATCHABLE_JOBS" in body["detail"]
+def test_an_unknown_and_a_registered_but_not_dispatchable_job_get_the_same_answer(api):
+    # Job-name discovery: whether a name is registered must not show over HTTP.
+    unknown = assert_error(post(api, job="no.such.Job"), 403, "not_dispatchable")
+    listed_not = assert_error(post(api, job="tests.support.jobs.Noop"), 403, "not_dispatchable")
+    assert unknown["detail"] == ("Job 'no.such.Job' is not dispatchable over HTTP: "
+                                 "JOBGUARD['API_DISPATCHABLE_JOBS'] does not list it.")
+    assert listed_not["detail"] == unknown["detail"].replace("no.such.Job",
+                                                             "tests.support.jobs.Noop")
+    assert unknown.keys() == listed_not.keys()
     assert not QueuedJob.objects.exists()
+
+
+def test_dispatch_of_a_listed_job_that_is_not_registered_is_400(api):
+    with override_settings(JOBGUARD={**jobguard_settings.user_settings,
+                                     "API_DISPATCHABLE_JOBS": ["no.such.Job"]}):
+        body = assert_error(post(api, job="no.such.Job"), 400, "invalid")
+    assert "No job is registered as 'no.such.Job'" in body["errors"]["job"][0]
 
 
 @pytest.mark.parametrize(("body", "field", "message"), [
