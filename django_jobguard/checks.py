@@ -63,6 +63,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "DEFAULT_TIMEOUT": (int, float),
     "CLAIM_BATCH_SIZE": (int, type(None)),
     "MAX_PAYLOAD_BYTES": (int,),
+    "MAX_RESULT_BYTES": (int,),
     "JOB_MODULES": (list, tuple),
     "USE_NOTIFY": (bool,),
     "SYNCHRONOUS_ACKS": (bool,),
@@ -85,8 +86,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "QUEUES": (dict,),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS", "ASYNC_CONCURRENCY"}
-_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS",
-                 "ASYNC_BLOCKED_AFTER"}
+_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "MAX_RESULT_BYTES",
+                 "RESULT_RETENTION_DAYS", "ASYNC_BLOCKED_AFTER"}
 
 
 @register(Tags.compatibility)
