@@ -197,9 +197,12 @@ class SearchQuerySerializer(QuerySerializer):
         return names + [key for key in data if operations.search.is_argument_param(key)]
 
     def validate(self, attrs: dict) -> dict:
-        raw = {**{key: value for key, value in attrs.items() if value != ""},
-               **{key: self.initial_data[key] for key in self.initial_data
-                  if operations.search.is_argument_param(key)}}
+        data = self.initial_data
+        lists = data.lists() if hasattr(data, "lists") else ((k, [v]) for k, v in data.items())
+        # Every value of a repeated argument lookup, so that one given twice is a 400.
+        raw = [*((key, value) for key, value in attrs.items() if value != ""),
+               *((key, value) for key, values in lists
+                 if operations.search.is_argument_param(key) for value in values)]
         try:
             attrs["search"] = operations.JobSearch.from_params(raw, failed=self.failed)
         except operations.SearchError as exc:

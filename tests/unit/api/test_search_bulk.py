@@ -59,6 +59,19 @@ def test_bad_filters_are_a_400_naming_the_parameter(api, path, params, field, sa
     assert FailedJob.objects.count() == 1 and not QueuedJob.objects.exists()
 
 
+@pytest.mark.parametrize(("method", "path"), [
+    ("get", "jobs/"), ("get", "failed-jobs/"), ("post", "failed-jobs/retry/"),
+    ("post", "failed-jobs/delete/"), ("post", "jobs/delete/")])
+def test_an_argument_lookup_given_twice_is_a_400_not_its_last_value(api, method, path):
+    failed(1)
+    failed(2)
+    waiting(invoice_id=2)
+    response = getattr(api, method)(f"{API}{path}?kwargs__invoice_id=1&kwargs__invoice_id=2")
+    body = assert_error(response, 400, "invalid")
+    assert body["errors"]["kwargs__invoice_id"] == ["kwargs__invoice_id is given twice."]
+    assert FailedJob.objects.count() == 2 and QueuedJob.objects.count() == 1
+
+
 def test_an_unknown_parameter_is_still_refused(api):
     body = assert_error(api.post(API + "failed-jobs/retry/?exeption=X"), 400, "unknown_field")
     assert "did you mean 'exception'?" in body["detail"]
