@@ -167,14 +167,31 @@ class QueuedJobSerializer(serializers.ModelSerializer):
                                     read_only=True)
     display_name = DisplayNameField()
     progress = ProgressField()
+    stale = serializers.SerializerMethodField(
+        help_text="Reserved by a worker that is gone (the admin's 'stale' flag): "
+                  "POST jobs/{id}/requeue/ frees it now instead of at the lease's end.")
+    stale_reason = serializers.SerializerMethodField(
+        help_text="Why it is stale (worker ... is gone); empty when it is not.")
 
     class Meta:
         model = QueuedJob
         fields = ["id", "name", "display_name", "queue", "state", "attempts", "exceptions",
-                  "priority", "available_at", "reserved_at", "reserved_by", "created_at",
-                  "wait_reason", "cancel_requested_at", "progress", "progress_message",
-                  "last_error", "payload"]
+                  "priority", "available_at", "reserved_at", "reserved_by", "stale",
+                  "stale_reason", "created_at", "wait_reason", "cancel_requested_at",
+                  "progress", "progress_message", "last_error", "payload"]
         read_only_fields = fields
+
+    def _stale(self, row: QueuedJob) -> str:
+        stale = self.context.get("stale")
+        if stale is None:  # serialized outside the viewset: this row alone
+            stale = operations.stale_reservations([row])
+        return stale.get(str(row.id), "")
+
+    def get_stale(self, row: QueuedJob) -> bool:
+        return bool(self._stale(row))
+
+    def get_stale_reason(self, row: QueuedJob) -> str:
+        return self._stale(row)
 
 
 class CancelledSerializer(serializers.Serializer):

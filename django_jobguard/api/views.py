@@ -363,6 +363,13 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
             qs = _query(s.JobFilterSerializer, self.request)["search"].apply(qs)
         return qs
 
+    def get_serializer(self, *args, **kwargs):
+        serializer = super().get_serializer(*args, **kwargs)
+        if args and self.action in ("list", "retrieve"):  # the page judged at once
+            rows = list(args[0]) if kwargs.get("many") else [args[0]]
+            serializer.context["stale"] = operations.stale_reservations(rows)
+        return serializer
+
     @extend_schema(parameters=[s.JobFilterSerializer], responses={
         200: s.QueuedJobSerializer(many=True), **_errors(*READ_ERRORS, 404)})
     def list(self, request, *args, **kwargs):

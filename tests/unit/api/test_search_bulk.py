@@ -140,6 +140,22 @@ def test_requeue_an_orphaned_reservation_but_never_a_live_workers_job(api):
     assert_error(api.post(f"{API}jobs/not-a-uuid/requeue/"), 404, "not_found")
 
 
+def test_jobs_list_and_detail_flag_a_reservation_whose_worker_is_gone(api):
+    stale = reserved(worker_id="otherhost:5:dead", queue_name="a")
+    Worker.objects.filter(id="otherhost:5:dead").update(last_seen_at="2000-01-01T00:00:00Z")
+    live = reserved(worker_id="otherhost:5:live", queue_name="b")
+    idle = waiting()
+    detail = api.get(f"{API}jobs/{stale.id}/").json()
+    assert (detail["stale"], detail["stale_reason"]) == (True, "worker otherhost:5:dead is gone")
+    for job in (live, idle):
+        detail = api.get(f"{API}jobs/{job.id}/").json()
+        assert (detail["stale"], detail["stale_reason"]) == (False, "")
+    listed = {row["id"]: (row["stale"], row["stale_reason"])
+              for row in api.get(API + "jobs/").json()["results"]}
+    assert listed == {str(stale.id): (True, "worker otherhost:5:dead is gone"),
+                      str(live.id): (False, ""), str(idle.id): (False, "")}
+
+
 def test_a_django_task_is_listed_and_filtered_by_its_own_name(api):
     pytest.importorskip("django_jobguard.tasks_backend")
     row = QueuedJob.objects.create(name="django_jobguard.task", payload={
