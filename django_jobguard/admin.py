@@ -44,6 +44,7 @@ from django_jobguard.models import (
     Throttle,
     Worker,
 )
+from django_jobguard.progress import stored_fraction
 
 logger = logging.getLogger("django_jobguard.admin")
 
@@ -294,8 +295,12 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     def progress_display(self, obj: QueuedJob) -> str:
         if obj.progress is None:
             return "-"
+        fraction = stored_fraction(obj.progress)
+        if fraction is None:  # bad stored data (NaN, infinity): say so, never fail the page
+            return format_html("{} ({}){}", _("unreadable"), repr(obj.progress),
+                               f" {obj.progress_message}" if obj.progress_message else "")
         return format_html('<progress class="jobguard-progress" max="100" value="{}"></progress>'
-                           ' {}%{}', round(obj.progress * 100), round(obj.progress * 100),
+                           ' {}%{}', round(fraction * 100), round(fraction * 100),
                            f" {obj.progress_message}" if obj.progress_message else "")
 
     @admin.display(description=_("last error"))
@@ -748,18 +753,34 @@ class ChainAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     fields = ["id", "name", "status", "link_table", "created_at", "finished_at"]
     readonly_fields = fields
 
+    @staticmethod
+    def _links(obj: Chain) -> list[dict] | None:
+        """The chain's links, or ``None`` when the stored value is not a list of objects
+        (bad stored data: the page says so instead of failing)."""
+        links = obj.links
+        if isinstance(links, list) and all(isinstance(link, dict) for link in links):
+            return links
+        return None
+
     @admin.display(description=_("links done"))
     def progress(self, obj: Chain) -> str:
-        done = sum(link.get("status") == "done" for link in obj.links)
-        return f"{done} / {len(obj.links)}"
+        links = self._links(obj)
+        if links is None:
+            return _("unreadable links")
+        done = sum(link.get("status") == "done" for link in links)
+        return f"{done} / {len(links)}"
 
     @admin.display(description=_("links"))
     def link_table(self, obj: Chain) -> str:
         from django.utils.html import format_html_join
 
+        links = self._links(obj)
+        if links is None:
+            return format_html("{}: <code>{}</code>", _("unreadable links (not a list of "
+                                                        "objects)"), repr(obj.links)[:500])
         rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
             (i + 1, link.get("job", ""), link.get("id", ""), link.get("status", ""))
-            for i, link in enumerate(obj.links)))
+            for i, link in enumerate(links)))
         return format_html("<table><tr><th>#</th><th>{}</th><th>{}</th><th>{}</th></tr>{}"
                            "</table>", _("job"), _("job id"), _("status"), rows)
 

@@ -13,6 +13,7 @@ resumes the chain from there.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from django_jobguard.jobs import Job
 
 __all__ = ["ChainDispatched", "JobChain", "advance", "chain", "retried"]
+
+logger = logging.getLogger("django_jobguard.chains")
 
 #: The payload key that marks a job as a chain link: ``{"id": chain id, "index": n}``.
 MARKER = "chain"
@@ -49,6 +52,11 @@ class JobChain:
     def __init__(self, jobs: list[Job], *, name: str = "") -> None:
         if not jobs:
             raise ValueError("A chain needs at least one job.")
+        from django_jobguard.jobs import Job
+
+        for job in jobs:
+            if not isinstance(job, Job):
+                raise TypeError(f"A chain holds jobs (Job instances), not {job!r}.")
         self.jobs = jobs
         self.name = name
 
@@ -93,8 +101,19 @@ def marker_of(payload: Any) -> tuple[str, int] | None:
     return None
 
 
-def _locked(chain_id: str, using: str) -> Chain | None:
-    return Chain.objects.using(using).select_for_update().filter(id=chain_id).first()
+def _locked(chain_id: str, index: int, using: str) -> Chain | None:
+    """The chain row, locked, if ``index`` is one of its links; ``None`` when it was deleted
+    or its ``links`` is not a list of objects (bad stored data: the link then finishes as a
+    job of its own instead of failing its ack)."""
+    row = Chain.objects.using(using).select_for_update().filter(id=chain_id).first()
+    if row is None:
+        return None
+    links = row.links
+    if not (isinstance(links, list) and all(isinstance(link, dict) for link in links)):
+        logger.warning("Chain %s has unreadable links (not a list of objects); its link %d "
+                       "finished on its own.", chain_id, index)
+        return None
+    return row if 0 <= index < len(links) else None
 
 
 def advance(payload: Any, *, succeeded: bool, using: str | None = None) -> None:
@@ -105,8 +124,8 @@ def advance(payload: Any, *, succeeded: bool, using: str | None = None) -> None:
     if marker is None:
         return
     chain_id, index = marker
-    row = _locked(chain_id, using)
-    if row is None or not 0 <= index < len(row.links):
+    row = _locked(chain_id, index, using)
+    if row is None:
         return  # the chain was deleted by an operator: the link ran on its own
     links = row.links
     fields = ["links", "status", "finished_at"]
@@ -141,8 +160,8 @@ def retried(payloads: list[Any], *, using: str | None = None) -> None:
         marker = marker_of(payload)
         if marker is None:
             continue
-        row = _locked(marker[0], using)
-        if row is None or not 0 <= marker[1] < len(row.links):
+        row = _locked(marker[0], marker[1], using)
+        if row is None:
             continue
         row.links[marker[1]]["status"] = QUEUED
         for link in row.links[marker[1] + 1:]:

@@ -63,6 +63,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "DEFAULT_TIMEOUT": (int, float),
     "CLAIM_BATCH_SIZE": (int, type(None)),
     "MAX_PAYLOAD_BYTES": (int,),
+    "MAX_RESULT_BYTES": (int,),
     "JOB_MODULES": (list, tuple),
     "USE_NOTIFY": (bool,),
     "SYNCHRONOUS_ACKS": (bool,),
@@ -85,8 +86,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "QUEUES": (dict,),
 }
 _POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS", "ASYNC_CONCURRENCY"}
-_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "RESULT_RETENTION_DAYS",
-                 "ASYNC_BLOCKED_AFTER"}
+_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "MAX_RESULT_BYTES",
+                 "RESULT_RETENTION_DAYS", "ASYNC_BLOCKED_AFTER"}
 
 
 @register(Tags.compatibility)
@@ -543,7 +544,7 @@ def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: 
     return errors
 @register(Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list:
-    """jobguard.E060–E064, W050: periodic schedules (``SCHEDULE`` and ``@periodic``)."""
+    """jobguard.E060–E064, W050, W051: periodic schedules (``SCHEDULE`` and ``@periodic``)."""
     from django_jobguard import schedules
 
     if not isinstance(getattr(settings, "JOBGUARD", {}), dict):

@@ -24,6 +24,10 @@ DEFAULTS: dict[str, Any] = {
     "CLAIM_BATCH_SIZE": None,
     # Largest accepted JSON payload in bytes (dispatch raises ValueError above it).
     "MAX_PAYLOAD_BYTES": 1_048_576,
+    # Largest return value a kept result stores, in bytes of its JSON (int >= 0; 0 = no
+    # limit). A larger one is replaced by a note giving its size and this limit; the job still
+    # succeeds.
+    "MAX_RESULT_BYTES": 1_048_576,
     # Extra modules to import at start-up so their jobs register (``<app>.jobs`` is automatic).
     "JOB_MODULES": [],
     # PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for ``--sleep``.

@@ -24,6 +24,18 @@ _KNOWN = frozenset({"args", "kwargs", "retry_until", "unique"})
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+class UndecodedPayload(str):
+    """A claimed row's payload text that did not decode as JSON (kept so the worker fails the
+    job with a reason); ``reason`` says why, e.g. ``is not valid JSON (...)``."""
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> UndecodedPayload:
+        value = super().__new__(cls, text)
+        value.reason = reason
+        return value
+
+
 @dataclass(frozen=True, slots=True)
 class UniqueRef:
     """The unique lock a queued job owns: released by exactly this owner, in this store."""
@@ -76,6 +88,8 @@ class Envelope:
     def decode(cls, payload: Any) -> Envelope:
         """The envelope of a row's payload (the decoded JSON); :class:`PayloadError` saying
         what is wrong with a payload no worker could run."""
+        if isinstance(payload, UndecodedPayload):
+            raise PayloadError(f"the stored payload {payload.reason}.")
         if not isinstance(payload, dict):
             raise PayloadError(f"expected a JSON object, got {type(payload).__name__}.")
         args = payload.get("args", [])

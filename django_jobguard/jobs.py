@@ -230,9 +230,9 @@ def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | Non
     is both what the row stores and what ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes)."""
     row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
                            at=when.at, delay=when.delay)
-    if row.queue == job_queue.ALL_QUEUES or "," in row.queue:
-        raise ValueError(f"{row.queue!r} is not a queue name: '*' stands for every queue and "
-                         f"',' separates queues in a worker's list.")
+    problem = job_queue.queue_name_problem(row.queue)
+    if problem is not None:
+        raise ValueError(problem)
     envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
     envelope = tracing.dispatched(job.name, row, envelope)  # its trace context, if tracing
     row.payload = text = envelope.encode()

@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from django_jobguard import clock
+from django_jobguard import clock, registry
 
 #: The states of a queued job. *waiting*: due now; *delayed*: due later; *reserved*: a worker
 #: holds it (its lease, ``available_at``, has not run out). Judged by the database clock.
@@ -127,7 +127,7 @@ class QueuedJob(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} [{self.id}]"
+        return f"{registry.display_name(self.name, self.payload)} [{self.id}]"
 
     @property
     def state(self) -> str:
@@ -168,7 +168,8 @@ class FailedJob(models.Model):
         indexes = [models.Index(fields=["failed_at"], name="jobguard_failed_at_idx")]
 
     def __str__(self) -> str:
-        return f"{self.name} [{self.id}]: {self.exception_class}"
+        shown = registry.display_name(self.name, self.payload)
+        return f"{shown} [{self.id}]: {self.exception_class}"
 
 
 class Lock(models.Model):
@@ -306,7 +307,8 @@ class JobResult(models.Model):
         indexes = [models.Index(fields=["finished_at"], name="jobguard_result_finished_idx")]
 
     def __str__(self) -> str:
-        return f"{self.name} [{self.id}]: {self.status}"
+        shown = registry.display_name(self.name, self.payload, result=True)
+        return f"{shown} [{self.id}]: {self.status}"
 
 
 class ScheduleTick(models.Model):

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.db import DatabaseError, connections
 
@@ -39,6 +40,16 @@ def check_fraction(fraction: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"progress must be from 0 to 1, not {value:g}")
     return value
+
+
+def stored_fraction(value: Any) -> float | None:
+    """A stored progress as operators see it: ``None`` when there is none, or when the
+    stored value is not a number from 0 to 1 (NaN, infinity: bad data written around
+    :func:`check_fraction`), so a read never fails on it."""
+    try:
+        return check_fraction(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 class RunReporter:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import re
 import traceback as tb_module
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -155,6 +156,19 @@ def _claim_from(dialect: Any, queue: str, worker_id: str, limit: int, start: int
 
 #: In a worker's queue list: every queue not named in it (``--queue high,*``: ``high`` first).
 ALL_QUEUES = "*"
+#: What a queue name may look like (what ``--queue a,b`` can name): 1 to 100 characters, no
+#: whitespace or commas, and not ``*``. Dispatch, pause and search all hold to it.
+QUEUE_NAME = re.compile(r"[^\s,]{1,100}")
+
+
+def queue_name_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a queue name, or ``None`` if it is one."""
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        return (f"{name!r} is not a queue name: 1 to 100 characters, without spaces, line "
+                f"breaks or commas (',' separates queues in a worker's list).")
+    if name == ALL_QUEUES:
+        return f"{name!r} is not a queue name: '*' stands for every queue."
+    return None
 
 
 def _expand(queues: Sequence[str], using: str, named: Sequence[str]) -> Iterator[str]:

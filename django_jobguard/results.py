@@ -8,7 +8,7 @@ so the row tells the whole story. The worker and the django.tasks backend write 
 from __future__ import annotations
 
 import datetime
-import json
+import logging
 import traceback
 from typing import Any
 
@@ -16,11 +16,14 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from django_jobguard.conf import queue_database
+from django_jobguard.conf import jobguard_settings, queue_database
+from django_jobguard.envelope import encoded_size
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 
 READY, RUNNING, SUCCESSFUL, FAILED = "READY", "RUNNING", "SUCCESSFUL", "FAILED"
 FINISHED = (SUCCESSFUL, FAILED)
+
+logger = logging.getLogger("django_jobguard.worker")
 
 
 def error_entry(exception: BaseException) -> dict[str, str]:
@@ -32,12 +35,26 @@ def error_entry(exception: BaseException) -> dict[str, str]:
     }
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, job_id: Any = None) -> Any:
+    """``value`` as the row keeps it: its ``repr()`` when it is not JSON, and a note instead
+    of it when its JSON is over ``JOBGUARD['MAX_RESULT_BYTES']`` (the job still succeeded)."""
     try:
-        json.dumps(value)
+        size = encoded_size(value)
     except (TypeError, ValueError):
-        return repr(value)
+        value = repr(value)
+        size = encoded_size(value)
+    limit = jobguard_settings.MAX_RESULT_BYTES
+    if limit and size > limit:
+        logger.warning("The result of job %s was not stored: %d bytes of JSON, over "
+                       "JOBGUARD['MAX_RESULT_BYTES'] = %d.", job_id, size, limit)
+        return too_large_note(size, limit)
     return value
+
+
+def too_large_note(size: int, limit: int) -> str:
+    """What a result row stores instead of a return value over ``MAX_RESULT_BYTES``."""
+    return (f"[result not stored: {size} bytes of JSON, over JOBGUARD['MAX_RESULT_BYTES'] = "
+            f"{limit}]")
 
 
 def _locked(job_id: Any, using: str) -> JobResult | None:
@@ -123,7 +140,7 @@ def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
             result.started_at = result.started_at or started_at or row.reserved_at or now
         result.status = status
         result.attempts = max(result.attempts, row.attempts if ran else 0)
-        result.return_value = _jsonable(return_value) if status == SUCCESSFUL else None
+        result.return_value = _jsonable(return_value, row.id) if status == SUCCESSFUL else None
         if exception is not None:
             result.errors = [*result.errors, error_entry(exception)]
         result.finished_at = now if status in FINISHED else None

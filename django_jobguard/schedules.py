@@ -208,6 +208,11 @@ def problems() -> list[tuple[str, str]]:
             schedule.job_class()
         except ScheduleError as exc:
             result.append((exc.check_id, str(exc)))
+        if schedule.enabled and schedule.next_tick(
+                datetime.datetime.now(datetime.UTC)) is None:
+            result.append(("jobguard.W051", f"schedule {schedule.name!r}: cron "
+                                            f"{schedule.cron.text!r} never fires (no such "
+                                            f"date, e.g. 30 February); the job never runs."))
     return result
 
 
@@ -242,6 +247,24 @@ def _enqueue_tick(schedule: Schedule, tick: datetime.datetime, *, missed: bool,
     return True
 
 
+def _forget_impossible_ticks(schedule: Schedule, last: datetime.datetime,
+                             now: datetime.datetime, using: str) -> datetime.datetime | None:
+    """The newest tick of ``schedule`` to go on from, when the recorded one, ``last``, is
+    later than ``now``. Ticks are recorded only once due, so a tick even beyond the next fire
+    after ``now`` is a corrupt row (edited by hand, restored from elsewhere, a clock that was
+    years ahead): it would stop the schedule until that date. Such rows are deleted with a
+    warning. A tick no later than the next fire is kept (the clock stepped back a little)."""
+    limit = schedule.next_tick(now)
+    if limit is None or last <= limit:
+        return last
+    rows = ScheduleTick.objects.using(using).filter(schedule=schedule.name)
+    deleted = rows.filter(tick__gt=limit).delete()[0]
+    logger.warning("Schedule %r had %d tick(s) recorded after its next fire (%s), the newest "
+                   "at %s: corrupt rows, deleted so the schedule keeps firing.",
+                   schedule.name, deleted, limit.isoformat(), last.isoformat())
+    return rows.aggregate(last=Max("tick"))["last"]
+
+
 def enqueue_due(*, using: str | None = None,
                 now: datetime.datetime | None = None) -> int:
     """Queue every due tick of every enabled schedule once; returns how many this call
@@ -255,7 +278,10 @@ def enqueue_due(*, using: str | None = None,
     recorded = 0
     for schedule in schedules:
         try:
-            ticks, missed = schedule.due_ticks(last.get(schedule.name), now)
+            previous = last.get(schedule.name)
+            if previous is not None and previous > now:
+                previous = _forget_impossible_ticks(schedule, previous, now, using)
+            ticks, missed = schedule.due_ticks(previous, now)
             for tick in ticks[-1:] if missed else ticks:
                 recorded += _enqueue_tick(schedule, tick, missed=missed, using=using)
         except (ScheduleError, TypeError, ValueError) as exc:

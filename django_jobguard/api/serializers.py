@@ -11,7 +11,9 @@ from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations, registry
+from django_jobguard import queue as job_queue
 from django_jobguard.models import Batch, FailedJob, QueuedJob
+from django_jobguard.progress import stored_fraction
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 #: Lock and throttle keys: printable text, at most as long as the ``Lock.key`` column.
@@ -145,18 +147,51 @@ class DisplayNameField(serializers.CharField):
         return registry.display_name(value.name, value.payload)
 
 
+class ProgressField(serializers.FloatField):
+    """A job's stored progress, ``null`` when none was reported or the stored value is not a
+    number from 0 to 1 (NaN or infinity would make the response invalid JSON)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault("help_text", "0 to 1, as the running job last reported; null when "
+                                       "it reported none or the stored value is unreadable.")
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> float | None:
+        return stored_fraction(value)
+
+
 class QueuedJobSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=operations.STATES, source="jobguard_state",
                                     read_only=True)
     display_name = DisplayNameField()
+    progress = ProgressField()
+    stale = serializers.SerializerMethodField(
+        help_text="Reserved by a worker that is gone (the admin's 'stale' flag): "
+                  "POST jobs/{id}/requeue/ frees it now instead of at the lease's end.")
+    stale_reason = serializers.SerializerMethodField(
+        help_text="Why it is stale (worker ... is gone); empty when it is not.")
 
     class Meta:
         model = QueuedJob
         fields = ["id", "name", "display_name", "queue", "state", "attempts", "exceptions",
-                  "priority", "available_at", "reserved_at", "reserved_by", "created_at",
-                  "wait_reason", "cancel_requested_at", "progress", "progress_message",
-                  "last_error", "payload"]
+                  "priority", "available_at", "reserved_at", "reserved_by", "stale",
+                  "stale_reason", "created_at", "wait_reason", "cancel_requested_at",
+                  "progress", "progress_message", "last_error", "payload"]
         read_only_fields = fields
+
+    def _stale(self, row: QueuedJob) -> str:
+        stale = self.context.get("stale")
+        if stale is None:  # serialized outside the viewset: this row alone
+            stale = operations.stale_reservations([row])
+        return stale.get(str(row.id), "")
+
+    def get_stale(self, row: QueuedJob) -> bool:
+        return bool(self._stale(row))
+
+    def get_stale_reason(self, row: QueuedJob) -> str:
+        return self._stale(row)
 
 
 class CancelledSerializer(serializers.Serializer):
@@ -179,9 +214,12 @@ class SearchQuerySerializer(QuerySerializer):
         return names + [key for key in data if operations.search.is_argument_param(key)]
 
     def validate(self, attrs: dict) -> dict:
-        raw = {**{key: value for key, value in attrs.items() if value != ""},
-               **{key: self.initial_data[key] for key in self.initial_data
-                  if operations.search.is_argument_param(key)}}
+        data = self.initial_data
+        lists = data.lists() if hasattr(data, "lists") else ((k, [v]) for k, v in data.items())
+        # Every value of a repeated argument lookup, so that one given twice is a 400.
+        raw = [*((key, value) for key, value in attrs.items() if value != ""),
+               *((key, value) for key, values in lists
+                 if operations.search.is_argument_param(key) for value in values)]
         try:
             attrs["search"] = operations.JobSearch.from_params(raw, failed=self.failed)
         except operations.SearchError as exc:
@@ -358,7 +396,9 @@ class ThrottleSerializer(serializers.Serializer):
     limit = serializers.IntegerField(source="info.limit",
                                      help_text="Allowed per window / failures before opening.")
     state = serializers.CharField(source="info.state",
-                                  help_text="Circuits: closed, open or half-open.")
+                                  help_text="Circuits: closed, open or half-open. "
+                                            "'unreadable' (hits 0) when the stored state "
+                                            "cannot be decoded: reset it.")
     resets_at = serializers.DateTimeField(source="info.resets_at", allow_null=True)
     resets_in = serializers.FloatField(allow_null=True)
     store = serializers.CharField(source="info.store")
@@ -483,6 +523,12 @@ class DispatchSerializer(StrictSerializer):
 
     def validate_kwargs(self, value: dict) -> dict:
         check_json_text(value, path="kwargs")
+        return value
+
+    def validate_queue(self, value: str) -> str:
+        problem = job_queue.queue_name_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_delay(self, value: float) -> float:

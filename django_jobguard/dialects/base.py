@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_jobguard.envelope import UndecodedPayload
 from django_jobguard.models import QueuedJob
 
 
@@ -270,8 +271,13 @@ def load_payload(text: Any) -> Any:
     claim raising after it leased the rows."""
     try:
         return json.loads(text)
-    except (ValueError, RecursionError):
-        return text
+    except RecursionError:
+        reason = "is nested too deeply for Python's JSON decoder"
+    except ValueError as exc:
+        reason = f"is not valid JSON ({exc})"
+    if isinstance(text, bytes | bytearray | memoryview):
+        text = bytes(text).decode("utf-8", "replace")
+    return UndecodedPayload(str(text), reason)
 
 
 def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob]:

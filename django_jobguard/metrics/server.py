@@ -24,7 +24,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 class MetricsServer:
     """The HTTP server of ``--metrics-port`` (:meth:`close` stops it and cleans up)."""
 
-    def __init__(self, port: int, addr: str = "0.0.0.0", *, multiprocess: bool = False) -> None:
+    def __init__(self, port: int, addr: str = "127.0.0.1", *,
+                 multiprocess: bool = False) -> None:
         require()
         self.directory: str | None = None
         self._previous_env = os.environ.get(MULTIPROC_ENV)

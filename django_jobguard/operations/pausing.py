@@ -3,8 +3,6 @@ claim statement excludes, with a NOTIFY so that listening workers notice a resum
 
 from __future__ import annotations
 
-import re
-
 from django.db import IntegrityError, transaction
 
 from django_jobguard import queue as job_queue
@@ -13,8 +11,7 @@ from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import FailedJob, PausedQueue, QueuedJob, Worker
 from django_jobguard.operations import audit
 
-#: What a queue name may look like (what ``--queue a,b`` can name): no spaces or commas.
-QUEUE_NAME = re.compile(r"[^\s,]{1,100}")
+QUEUE_NAME = job_queue.QUEUE_NAME
 
 
 class QueueNameError(ValueError):

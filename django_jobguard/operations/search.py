@@ -158,11 +158,15 @@ class JobSearch:
     arguments: tuple[tuple[tuple[str, ...], Any], ...] = ()
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], *, failed: bool,
-                    using: str | None = None) -> JobSearch:
+    def from_params(cls, params: Mapping[str, Any] | Iterable[tuple[str, Any]], *,
+                    failed: bool, using: str | None = None) -> JobSearch:
         """A search from query parameters (``name``, ``queue``, ``state`` or ``exception``,
-        and argument lookups), each checked: :class:`SearchError` names a bad one."""
+        and argument lookups), each checked: :class:`SearchError` names a bad one. Give
+        ``(name, value)`` pairs to keep repeated names: an argument lookup given twice is an
+        error, not its last value."""
         using = queue_database(using)
+        pairs = list(params.items() if isinstance(params, Mapping) else params)
+        params = dict(pairs)
         state = "" if failed else (params.get("state") or "")
         if state and state not in STATES:
             raise SearchError("state", f"Unknown state {state!r}; expected one of "
@@ -172,7 +176,7 @@ class JobSearch:
                    queue=check_queue(queue, using=using) if queue else "",
                    state=state,
                    exception=(params.get("exception") or "").strip() if failed else "",
-                   arguments=parse_arguments(params))
+                   arguments=parse_arguments(pairs))
 
     def __bool__(self) -> bool:
         return any((self.name, self.queue, self.state, self.exception, self.arguments))

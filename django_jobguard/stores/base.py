@@ -71,6 +71,11 @@ class LockPage:
     cursor: str = ""
 
 
+#: The state :meth:`Store.throttles` gives a window or circuit whose stored state cannot be
+#: decoded (bad stored data): listed so an operator sees it and can reset it, never a crash.
+UNREADABLE = "unreadable"
+
+
 @dataclass(frozen=True)
 class ThrottleInfo:
     """A rate-limit window or an exception circuit as listed by :meth:`Store.throttles`."""
@@ -79,7 +84,7 @@ class ThrottleInfo:
     kind: str  # "rate" or "circuit"
     hits: int  # requests in the window / failures counted
     limit: int  # allowed per window / failures before the circuit opens
-    state: str = ""  # circuits: "closed", "open" or "half-open"
+    state: str = ""  # circuits: "closed", "open" or "half-open"; UNREADABLE: bad stored data
     resets_at: datetime.datetime | None = None  # window frees / circuit may close
     store: str = ""
 

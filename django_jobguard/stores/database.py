@@ -31,6 +31,7 @@ from django_jobguard.dialects import Dialect, ThrottleRow, dialect_for
 from django_jobguard.models import Lock, Throttle
 from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
+    UNREADABLE,
     CircuitDecision,
     LockInfo,
     LockPage,
@@ -259,21 +260,30 @@ class DatabaseStore(Store):
         now = self._now_us()
         out = []
         for row in self._throttles().filter(key__startswith=prefix).order_by("key"):
-            if row.kind == "rate":
-                decay = counters.us(row.value)
-                seen = counters.describe_rate(counters.decode_log(row.data), now, decay)
-                if seen is not None:
-                    out.append(ThrottleInfo(key=row.key, kind="rate", hits=seen[0],
-                                            limit=row.limit, resets_at=_from_us(seen[1]),
-                                            store=self.alias))
-            elif row.kind == "circuit":
-                c = counters.describe_circuit(counters.decode_circuit(row.data), now,
-                                              counters.us(row.value))
-                if c is not None:
-                    out.append(ThrottleInfo(key=row.key, kind="circuit", hits=c.failures,
-                                            limit=row.limit, state=c.state,
-                                            resets_at=_from_us(c.until), store=self.alias))
+            try:
+                info = self._throttle_info(row, now)
+            except (ValueError, TypeError, OverflowError):  # bad stored data: say so
+                info = ThrottleInfo(key=row.key, kind=row.kind, hits=0, limit=row.limit,
+                                    state=UNREADABLE, store=self.alias)
+            if info is not None:
+                out.append(info)
         return out
+
+    def _throttle_info(self, row: Throttle, now: int) -> ThrottleInfo | None:
+        if row.kind == "rate":
+            decay = counters.us(row.value)
+            seen = counters.describe_rate(counters.decode_log(row.data), now, decay)
+            if seen is not None:
+                return ThrottleInfo(key=row.key, kind="rate", hits=seen[0], limit=row.limit,
+                                    resets_at=_from_us(seen[1]), store=self.alias)
+        elif row.kind == "circuit":
+            c = counters.describe_circuit(counters.decode_circuit(row.data), now,
+                                          counters.us(row.value))
+            if c is not None:
+                return ThrottleInfo(key=row.key, kind="circuit", hits=c.failures,
+                                    limit=row.limit, state=c.state,
+                                    resets_at=_from_us(c.until), store=self.alias)
+        return None
 
     def reset_throttle(self, key: str) -> bool:
         return bool(self._throttles().filter(key=key).delete()[0])

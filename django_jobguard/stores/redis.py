@@ -25,6 +25,7 @@ from django_jobguard import clock
 from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
+    UNREADABLE,
     CircuitDecision,
     LockInfo,
     LockPage,
@@ -312,7 +313,15 @@ class RedisStore(Store):
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
             for key, raw in zip(chunk, self.client.mget(chunk), strict=True):
-                info = self._throttle_info(key, _text(raw), now)
+                try:
+                    info = self._throttle_info(key, _text(raw), now)
+                except (ValueError, TypeError, OverflowError):  # bad stored data: say so
+                    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+                    kind, _, rest = text.partition("|")
+                    limit = rest.partition("|")[0]
+                    info = ThrottleInfo(key=key, kind=kind,
+                                        limit=int(limit) if limit.isdigit() else 0,
+                                        hits=0, state=UNREADABLE, store=self.alias)
                 if info is not None:
                     out.append(info)
         return out

@@ -86,6 +86,25 @@ def throttle_rows(alias: str) -> list[ThrottleInfo]:
     ]
 
 
+def corrupt_throttles(alias: str) -> list[str]:
+    """Write a rate window and a circuit whose stored state cannot be decoded into store
+    ``alias`` (bad stored data); returns their keys."""
+    from django_jobguard import get_store
+    from django_jobguard.models import Throttle
+
+    keys = ["jobguard:rate:corrupt", "jobguard:circuit:corrupt"]
+    if alias == "redis":
+        client = get_store("redis").client
+        client.set(keys[0], "rate|5|60000000|{not json")
+        client.set(keys[1], "circuit|3|60000000|{not json")
+    else:
+        Throttle.objects.create(key=keys[0], kind="rate", limit=5, value=60.0,
+                                data="{not json")
+        Throttle.objects.create(key=keys[1], kind="circuit", limit=3, value=60.0,
+                                data="{not json")
+    return keys
+
+
 def user_with(username: str, *codenames: str, staff: bool = True) -> User:
     """A user (password ``pw``) holding jobguard model permissions ``codenames``."""
     user = User.objects.create_user(username, password="pw", is_staff=staff)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime
+import math
 import re
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db import DatabaseError
 from django.utils import timezone
 
 from django_jobguard import get_store
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import Chain, FailedJob, QueuedJob
 from tests.support import operate as operate_support
 from tests.support.operate import (
     UniqueReport,
@@ -32,6 +34,7 @@ QUEUED = "/admin/django_jobguard/queuedjob/"
 FAILED = "/admin/django_jobguard/failedjob/"
 LOCKS = "/admin/django_jobguard/lock/"
 THROTTLES = "/admin/django_jobguard/throttle/"
+CHAINS = "/admin/django_jobguard/chain/"
 
 
 def action(client, url: str, name: str, ids, **extra):
@@ -430,3 +433,42 @@ def test_batch_pages_show_progress_and_cancel_needs_change_permission(admin_clie
         "action": "cancel_batches", "_selected_action": [str(row.id)]}, follow=True)
     assert "Cancelled 1 batch." in response.content.decode()
     assert Batch.objects.get(id=row.id).cancelled
+
+
+# -- bad stored data: the pages say so, never a 500 ------------------------------------------
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_stored_progress_that_is_not_0_to_1_shows_unreadable(admin_client, value):
+    job = reserved()
+    try:
+        QueuedJob.objects.filter(id=job.id).update(progress=value)
+    except DatabaseError:
+        pytest.skip(f"this database cannot store {value!r} in a float column")
+    job.refresh_from_db()
+    if job.progress is None:
+        pytest.skip(f"this database stores {value!r} as NULL")
+    listed = admin_client.get(QUEUED)
+    assert listed.status_code == 200 and f"unreadable ({value!r})" in listed.content.decode()
+    detail = admin_client.get(f"{QUEUED}{job.id}/change/")
+    assert detail.status_code == 200 and f"unreadable ({value!r})" in detail.content.decode()
+
+
+@pytest.mark.parametrize("links", [{"0": {"status": "done"}}, "abc", 7, ["x", 1]])
+def test_a_chain_whose_links_are_not_a_list_of_objects_shows_unreadable(admin_client, links):
+    row = Chain.objects.create(name="broken", links=links)
+    listed = admin_client.get(CHAINS)
+    assert listed.status_code == 200 and "unreadable links" in listed.content.decode()
+    detail = admin_client.get(f"{CHAINS}{row.id}/change/")
+    assert detail.status_code == 200
+    assert "unreadable links (not a list of objects)" in detail.content.decode()
+
+
+def test_throttles_whose_stored_state_cannot_be_decoded_show_unreadable(admin_client,
+                                                                        store_alias):
+    operate_support.corrupt_throttles(store_alias)
+    response = admin_client.get(THROTTLES, {"store": store_alias})
+    assert response.status_code == 200
+    assert [r["key"] for r in response.context["windows"]] == ["jobguard:rate:corrupt"]
+    assert [r["state"] for r in response.context["circuits"]] == ["unreadable"]
+    assert response.content.decode().count("unreadable state (bad stored data; reset it)") == 2

@@ -88,3 +88,18 @@ def test_admin_shows_chains_with_link_statuses(admin_client):
     assert "2 / 2" in page.content.decode()
     detail = admin_client.get(f"/admin/django_jobguard/chain/{handle.id}/change/").content
     assert handle.job_ids[1].encode() in detail and b"done" in detail
+
+
+@pytest.mark.parametrize("link", ["not a job", Step, None])
+def test_a_link_that_is_not_a_job_instance_is_refused_with_a_clear_message(link):
+    with pytest.raises(TypeError, match=r"A chain holds jobs \(Job instances\), not "):
+        chain(Step("ok"), link).dispatch()
+    assert not Chain.objects.exists() and not QueuedJob.objects.exists()
+
+
+def test_a_link_of_a_chain_with_unreadable_links_finishes_on_its_own(caplog):
+    handle = chain(Step("a"), Step("b")).dispatch()
+    Chain.objects.filter(id=handle.id).update(links={"not": "a list"})
+    assert work() == ["DONE"]  # acked, not stuck failing its ack; "b" cannot be queued
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert "unreadable links" in caplog.text

@@ -47,6 +47,20 @@ def test_async_settings_are_checked():
         assert check_settings() == []
 
 
+def test_max_result_bytes_is_a_non_negative_int():
+    cases = (({"MAX_RESULT_BYTES": -1}, "MAX_RESULT_BYTES'] must not be negative"),
+             ({"MAX_RESULT_BYTES": "1MB"}, "MAX_RESULT_BYTES'] must be int, not str"),
+             ({"MAX_RESULT_BYTES": 1.5}, "MAX_RESULT_BYTES'] must be int, not float"),
+             ({"MAX_RESULT_BYTES": True}, "MAX_RESULT_BYTES'] must be int, not bool"))
+    for value, message in cases:
+        with override_settings(JOBGUARD=value):
+            (error,) = check_settings()
+        assert error.id == "jobguard.E002" and message in error.msg
+    for good in (0, 10_000_000):
+        with override_settings(JOBGUARD={"MAX_RESULT_BYTES": good}):
+            assert check_settings() == []
+
+
 def test_failed_retention_is_none_or_positive_days():
     for bad, message in ((0, "must be greater than 0"), ("7", "must be int or float or None")):
         with override_settings(JOBGUARD={"FAILED_RETENTION_DAYS": bad}):

@@ -203,3 +203,17 @@ def test_a_store_that_cannot_be_read_is_reported_down_not_a_failed_scrape(client
     assert not [key for key in got if key[0] == "jobguard_locks_held"
                 and ("store", "database") in key[1]]
     assert got[("jobguard_queue_jobs", (("queue", "default"), ("state", "waiting")))] == 1
+
+
+def test_the_metrics_port_listens_on_127_0_0_1_unless_told_otherwise():
+    from django_jobguard.management.commands.jobworker import Command
+    from django_jobguard.metrics.server import MetricsServer
+
+    parser = Command().create_parser("manage.py", "jobworker")
+    assert parser.parse_args(["--metrics-port", "0"]).metrics_address == "127.0.0.1"
+    assert parser.parse_args(["--metrics-address", "0.0.0.0"]).metrics_address == "0.0.0.0"
+    server = MetricsServer(0)
+    try:
+        assert server.server.server_address[0] == "127.0.0.1"
+    finally:
+        server.close()

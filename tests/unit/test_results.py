@@ -47,6 +47,16 @@ class NotJsonResult(Job):
         return object()
 
 
+class BigResult(Job):
+    keep_result = True
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def handle(self):
+        return "é" * self.size
+
+
 def work() -> None:
     assert Worker(WorkerOptions(queues=["default"], stop_when_empty=True, sleep=0,
                                 memory=0)).run() == 0
@@ -82,3 +92,24 @@ def test_prune_command_needs_days_when_retention_is_off():
         call_command("jobs_prune_results", stdout=io.StringIO())
     with pytest.raises(CommandError, match="negative"):
         call_command("jobs_prune_results", "--days", "-1", stdout=io.StringIO())
+
+
+def test_a_result_over_max_result_bytes_is_stored_as_a_note_and_the_job_succeeds(caplog):
+    with override_settings(JOBGUARD={"MAX_RESULT_BYTES": 1000}):
+        small, exact, big = BigResult(10).dispatch(), BigResult(499).dispatch(), \
+            BigResult(500).dispatch()
+        work()
+    assert JobResult.objects.get(id=small.id).return_value == "é" * 10
+    assert JobResult.objects.get(id=exact.id).return_value == "é" * 499  # 1,000 bytes: kept
+    row = JobResult.objects.get(id=big.id)
+    assert row.status == "SUCCESSFUL"  # the job still succeeded
+    assert row.return_value == ("[result not stored: 1002 bytes of JSON, over "
+                                "JOBGUARD['MAX_RESULT_BYTES'] = 1000]")
+    assert f"The result of job {big.id} was not stored: 1002 bytes" in caplog.text
+
+
+def test_max_result_bytes_0_keeps_any_result():
+    with override_settings(JOBGUARD={"MAX_RESULT_BYTES": 0}):
+        handle = BigResult(2_000_000).dispatch()
+        work()
+    assert len(JobResult.objects.get(id=handle.id).return_value) == 2_000_000

@@ -267,3 +267,34 @@ def test_admin_shows_schedules_and_runs(admin_client):
     detail = admin_client.get(f"/admin/django_jobguard/scheduletick/{row.pk}/change/")
     assert detail.status_code == 200
     assert admin_client.get("/admin/django_jobguard/scheduletick/add/").status_code == 403
+
+
+def test_a_tick_recorded_far_in_the_future_is_dropped_and_the_schedule_keeps_firing(caplog):
+    ScheduleTick.objects.create(schedule="s", tick=at(2026, 5, 1, 9, 55))
+    ScheduleTick.objects.create(schedule="s", tick=at(9999, 1, 1, 0, 0))  # a corrupt row
+    with schedule(catch_up="all"):
+        assert enqueue_due(now=at(2026, 5, 1, 10, 5, 10)) == 2
+        assert enqueue_due(now=at(2026, 5, 1, 10, 10, 10)) == 1
+    # catch-up went on from the newest sound tick, 09:55
+    assert ticks() == [at(2026, 5, 1, 9, 55), at(2026, 5, 1, 10, 0), at(2026, 5, 1, 10, 5),
+                       at(2026, 5, 1, 10, 10)]
+    assert "after its next fire" in caplog.text and "9999-01-01" in caplog.text
+    assert QueuedJob.objects.count() == 3
+
+
+def test_a_tick_just_ahead_of_a_clock_that_stepped_back_is_kept():
+    with schedule():
+        assert enqueue_due(now=at(2026, 5, 1, 10, 5, 1)) == 1
+        assert enqueue_due(now=at(2026, 5, 1, 10, 4, 58)) == 0  # before the recorded tick
+        assert enqueue_due(now=at(2026, 5, 1, 10, 10, 1)) == 1
+    assert ticks() == [at(2026, 5, 1, 10, 5), at(2026, 5, 1, 10, 10)]
+
+
+@pytest.mark.parametrize("cron", ["0 0 30 2 *", "0 12 31 4,6,9,11 *"])
+def test_checks_warn_about_a_cron_that_never_fires(cron):
+    with schedule(cron=cron):
+        warnings = check_schedules()
+    assert [w.id for w in warnings] == ["jobguard.W051"]
+    assert "schedule 's'" in warnings[0].msg and "never fires" in warnings[0].msg
+    with schedule(cron=cron, enabled=False):
+        assert check_schedules() == []

@@ -367,3 +367,16 @@ def test_log_lines_admin_and_api_name_a_task_by_its_own_dotted_name(admin_user):
     stored = JobResult.objects.get(id=result.id)
     assert registry.display_name(stored.name, stored.payload, result=True) == \
         "tests.support.tasks.add"
+    assert str(stored) == f"tests.support.tasks.add [{result.id}]: SUCCESSFUL"
+
+
+def test_rows_of_a_task_name_it_by_its_own_dotted_name_in_str():
+    result = tasks.add.enqueue(2, 3)
+    assert str(QueuedJob.objects.get(id=result.id)) == f"tests.support.tasks.add [{result.id}]"
+    assert str(JobResult.objects.get(id=result.id)) == \
+        f"tests.support.tasks.add [{result.id}]: READY"
+    row = QueuedJob.objects.get(id=result.id)
+    FailedJob.objects.create(id=row.id, name=row.name, queue=row.queue, payload=row.payload,
+                             exception_class="builtins.ValueError")
+    assert str(FailedJob.objects.get(id=result.id)) == \
+        f"tests.support.tasks.add [{result.id}]: builtins.ValueError"

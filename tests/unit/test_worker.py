@@ -278,6 +278,16 @@ def test_star_is_not_a_queue_to_dispatch_to():
         jobs.Noop(1).dispatch(queue="a,b")
 
 
+@pytest.mark.parametrize("name", ["a b", "mail\n", "\tx", " ", "q" * 101])
+def test_a_queue_name_pause_and_search_would_refuse_is_refused_at_dispatch(name):
+    # pause and search refuse a queue name with whitespace (or over 100 characters): a job
+    # queued there could be neither paused nor found, so dispatch refuses it too.
+    with pytest.raises(ValueError, match=r"is not a queue name: 1 to 100 characters, without "
+                                         r"spaces, line breaks or commas"):
+        jobs.Noop(1).dispatch(queue=name)
+    assert not QueuedJob.objects.exists()
+
+
 def test_batch_claims_and_max_jobs():
     for n in range(7):
         jobs.Noop(n).dispatch()

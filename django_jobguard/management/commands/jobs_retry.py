@@ -47,7 +47,7 @@ class Command(BaseCommand):
                                                        f"lookup: args__<index> or "
                                                        f"kwargs__<name>.")
             search = operations.JobSearch.from_params(
-                {**{k: v for k, v in filters.items() if v}, **dict(lookups)}, failed=True)
+                [*((k, v) for k, v in filters.items() if v), *lookups], failed=True)
         except operations.SearchError as exc:
             raise CommandError(exc.message)
         result = operations.retry_matching(search.failed_jobs(), actor="manage.py jobs_retry",

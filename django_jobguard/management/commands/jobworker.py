@@ -85,8 +85,10 @@ class Command(BaseCommand):
                             help="Serve this worker's Prometheus metrics (jobs by outcome, "
                                  "run times) on this port; one port for all --concurrency "
                                  "processes. Needs django-jobguard[metrics].")
-        parser.add_argument("--metrics-address", default="0.0.0.0",
-                            help="The address --metrics-port listens on (default: all).")
+        parser.add_argument("--metrics-address", default="127.0.0.1",
+                            help="The address --metrics-port listens on (default 127.0.0.1: "
+                                 "this machine only, as the metrics have no authentication; "
+                                 "0.0.0.0 for every interface).")
         parser.add_argument("--reload-grace", type=float, default=5.0,
                             help="With --reload: seconds the running job may go on after a "
                                  "change before it goes back to the queue, its attempt unused.")

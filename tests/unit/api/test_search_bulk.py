@@ -59,6 +59,19 @@ def test_bad_filters_are_a_400_naming_the_parameter(api, path, params, field, sa
     assert FailedJob.objects.count() == 1 and not QueuedJob.objects.exists()
 
 
+@pytest.mark.parametrize(("method", "path"), [
+    ("get", "jobs/"), ("get", "failed-jobs/"), ("post", "failed-jobs/retry/"),
+    ("post", "failed-jobs/delete/"), ("post", "jobs/delete/")])
+def test_an_argument_lookup_given_twice_is_a_400_not_its_last_value(api, method, path):
+    failed(1)
+    failed(2)
+    waiting(invoice_id=2)
+    response = getattr(api, method)(f"{API}{path}?kwargs__invoice_id=1&kwargs__invoice_id=2")
+    body = assert_error(response, 400, "invalid")
+    assert body["errors"]["kwargs__invoice_id"] == ["kwargs__invoice_id is given twice."]
+    assert FailedJob.objects.count() == 2 and QueuedJob.objects.count() == 1
+
+
 def test_an_unknown_parameter_is_still_refused(api):
     body = assert_error(api.post(API + "failed-jobs/retry/?exeption=X"), 400, "unknown_field")
     assert "did you mean 'exception'?" in body["detail"]
@@ -125,6 +138,22 @@ def test_requeue_an_orphaned_reservation_but_never_a_live_workers_job(api):
     assert_error(api.post(f"{API}jobs/00000000-0000-0000-0000-000000000009/requeue/"), 404,
                  "not_found")
     assert_error(api.post(f"{API}jobs/not-a-uuid/requeue/"), 404, "not_found")
+
+
+def test_jobs_list_and_detail_flag_a_reservation_whose_worker_is_gone(api):
+    stale = reserved(worker_id="otherhost:5:dead", queue_name="a")
+    Worker.objects.filter(id="otherhost:5:dead").update(last_seen_at="2000-01-01T00:00:00Z")
+    live = reserved(worker_id="otherhost:5:live", queue_name="b")
+    idle = waiting()
+    detail = api.get(f"{API}jobs/{stale.id}/").json()
+    assert (detail["stale"], detail["stale_reason"]) == (True, "worker otherhost:5:dead is gone")
+    for job in (live, idle):
+        detail = api.get(f"{API}jobs/{job.id}/").json()
+        assert (detail["stale"], detail["stale_reason"]) == (False, "")
+    listed = {row["id"]: (row["stale"], row["stale_reason"])
+              for row in api.get(API + "jobs/").json()["results"]}
+    assert listed == {str(stale.id): (True, "worker otherhost:5:dead is gone"),
+                      str(live.id): (False, ""), str(idle.id): (False, "")}
 
 
 def test_a_django_task_is_listed_and_filtered_by_its_own_name(api):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import io
+import math
 import uuid
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -162,6 +165,31 @@ def test_job_retrieve_and_unknown_ids(api):
     assert_error(api.get(f"{API}jobs/not-a-uuid/"), 404, "not_found")
 
 
+def store_bad_progress(value: float) -> QueuedJob:
+    """A reserved job whose stored progress is ``value`` (written around the write path's
+    check, as a bad migration or a hand edit would)."""
+    job = reserved()
+    try:
+        QueuedJob.objects.filter(id=job.id).update(progress=value, progress_message="half")
+    except DatabaseError:
+        pytest.skip(f"this database cannot store {value!r} in a float column")
+    job.refresh_from_db()
+    if job.progress is None:
+        pytest.skip(f"this database stores {value!r} as NULL")
+    return job
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 7.5])
+def test_a_stored_progress_that_is_not_0_to_1_reads_as_null(api, value):
+    job = store_bad_progress(value)
+    listed = api.get(API + "jobs/")
+    assert listed.status_code == 200
+    assert [(r["id"], r["progress"]) for r in listed.json()["results"]] == [(str(job.id), None)]
+    detail = api.get(f"{API}jobs/{job.id}/")
+    assert detail.status_code == 200
+    assert detail.json()["progress"] is None and detail.json()["progress_message"] == "half"
+
+
 def test_delete_cancels_a_waiting_job_and_frees_its_unique_lock(api, store_alias):
     dispatched = UniqueReport(3).dispatch()
     assert api.delete(f"{API}jobs/{dispatched.id}/").status_code == 204
@@ -201,6 +229,28 @@ def test_retry_one(api):
     assert QueuedJob.objects.get(id=job.id).attempts == 0
     assert not FailedJob.objects.exists()
     assert_error(api.post(f"{API}failed-jobs/{job.id}/retry/"), 404)
+
+
+@pytest.mark.parametrize("fmt", ["multipart", "urlencoded"])
+def test_an_action_without_a_body_accepts_an_empty_form(api, fmt):
+    # Django's test client and many HTTP clients send an empty multipart form with a POST.
+    job = failed_job()
+    if fmt == "multipart":
+        response = api.post(f"{API}failed-jobs/{job.id}/retry/", {}, format="multipart")
+    else:
+        response = api.post(f"{API}failed-jobs/{job.id}/retry/", "",
+                            content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 200, response.content
+    assert response.json() == {"retried": 1, "ids": [str(job.id)]}
+    assert QueuedJob.objects.filter(id=job.id).exists()
+
+
+def test_an_action_without_a_body_refuses_a_form_with_fields(api):
+    job = failed_job()
+    for data in ({"queue": "emails"}, {"f": io.BytesIO(b"x")}):
+        response = api.post(f"{API}failed-jobs/{job.id}/retry/", data, format="multipart")
+        assert_error(response, 415, "unsupported_media_type")
+    assert FailedJob.objects.filter(id=job.id).exists()
 
 
 def test_retry_conflicts_with_a_queued_job_of_the_same_id(api):
@@ -313,6 +363,20 @@ def test_throttles_list_detail_and_reset(api, static_throttles, store_alias):
     assert_error(api.get(API + "throttles/jobguard:rate:api:user:7/"), 404, "not_found")
 
 
+def test_throttles_whose_stored_state_cannot_be_decoded_are_listed_unreadable(api,
+                                                                              store_alias):
+    keys = operate_support.corrupt_throttles(store_alias)
+    response = api.get(API + "throttles/")
+    assert response.status_code == 200
+    rows = {r["key"]: r for r in response.json()["results"]}
+    assert {key: (rows[key]["kind"], rows[key]["state"], rows[key]["hits"], rows[key]["limit"])
+            for key in keys} == {"jobguard:rate:corrupt": ("rate", "unreadable", 0, 5),
+                                 "jobguard:circuit:corrupt": ("circuit", "unreadable", 0, 3)}
+    assert api.get(f"{API}throttles/{keys[0]}/").json()["state"] == "unreadable"
+    assert api.delete(f"{API}throttles/{keys[0]}/").status_code == 204  # and it can be reset
+    assert [r.key for r in get_store().throttles()] == [keys[1]]
+
+
 def test_throttles_on_a_store_that_cannot_list_them(api, monkeypatch):
     from django_jobguard.stores.base import Store
     from django_jobguard.stores.database import DatabaseStore
@@ -380,6 +444,14 @@ def test_dispatch_function_job_with_queue_delay_and_priority(api):
     assert row.available_at > timezone.now() + datetime.timedelta(seconds=500)
 
 
+@pytest.mark.parametrize("queue", ["a b", "mail\n", "*", "a,b"])
+def test_dispatch_to_a_malformed_queue_name_is_400_on_the_queue_field(api, queue):
+    body = assert_error(post(api, job="demo.jobs.SyncProfile", args=[7], queue=queue), 400,
+                        "invalid")
+    assert f"{queue!r} is not a queue name" in body["errors"]["queue"][0]
+    assert not QueuedJob.objects.exists()
+
+
 def test_dispatch_unique_job_twice_is_skipped(api, store_alias):
     assert post(api, job="tests.operate.UniqueReport", args=[1]).status_code == 201
     second = post(api, job="tests.operate.UniqueReport", args=[1])
@@ -388,15 +460,23 @@ def test_dispatch_unique_job_twice_is_skipped(api, store_alias):
     assert QueuedJob.objects.count() == 1
 
 
-def test_dispatch_unknown_job_is_400(api):
-    body = assert_error(post(api, job="no.such.Job"), 400, "invalid")
-    assert "No job is registered as 'no.such.Job'" in body["errors"]["job"][0]
-
-
-def test_dispatch_of_a_registered_but_not_dispatchable_job_is_403(api):
-    body = assert_error(post(api, job="tests.support.jobs.Noop"), 403, "not_dispatchable")
-    assert "API_DISPATCHABLE_JOBS" in body["detail"]
+def test_an_unknown_and_a_registered_but_not_dispatchable_job_get_the_same_answer(api):
+    # Job-name discovery: whether a name is registered must not show over HTTP.
+    unknown = assert_error(post(api, job="no.such.Job"), 403, "not_dispatchable")
+    listed_not = assert_error(post(api, job="tests.support.jobs.Noop"), 403, "not_dispatchable")
+    assert unknown["detail"] == ("Job 'no.such.Job' is not dispatchable over HTTP: "
+                                 "JOBGUARD['API_DISPATCHABLE_JOBS'] does not list it.")
+    assert listed_not["detail"] == unknown["detail"].replace("no.such.Job",
+                                                             "tests.support.jobs.Noop")
+    assert unknown.keys() == listed_not.keys()
     assert not QueuedJob.objects.exists()
+
+
+def test_dispatch_of_a_listed_job_that_is_not_registered_is_400(api):
+    with override_settings(JOBGUARD={**jobguard_settings.user_settings,
+                                     "API_DISPATCHABLE_JOBS": ["no.such.Job"]}):
+        body = assert_error(post(api, job="no.such.Job"), 400, "invalid")
+    assert "No job is registered as 'no.such.Job'" in body["errors"]["job"][0]
 
 
 @pytest.mark.parametrize(("body", "field", "message"), [

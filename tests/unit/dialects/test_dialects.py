@@ -216,7 +216,8 @@ def test_the_worker_fails_a_payload_nested_too_deep_with_a_reason(dialect):
         pytest.skip(f"{connection.vendor} refuses JSON nested 1998 deep")
     assert work() == ["FAILED"]
     failed = FailedJob.objects.get()
-    assert "payload" in failed.message.lower() and "expected a JSON object" in failed.message
+    assert failed.message.endswith("Corrupt payload for tests.support.jobs.Noop: the stored "
+                                   "payload is nested too deeply for Python's JSON decoder.")
 
 
 def test_ack_deletes_only_a_row_the_worker_still_holds(dialect):
@@ -407,3 +408,16 @@ def test_start_counts_the_attempt_of_a_row_still_held_by_the_same_claim(dialect)
     assert dialect.start(ahead.id, "w", 2) is False  # another claim's count
     assert dialect.start(taken.id, "w", 1) is False  # another worker's row
     assert QueuedJob.objects.get(id=taken.id).attempts == 0
+
+
+def test_a_payload_that_does_not_decode_is_failed_with_why():
+    from django_jobguard.dialects.base import load_payload
+    from django_jobguard.envelope import Envelope
+    from django_jobguard.exceptions import PayloadError
+
+    broken = load_payload('{"args": [1')
+    assert broken == '{"args": [1'  # the stored text itself
+    with pytest.raises(PayloadError, match=r"^the stored payload is not valid JSON \(Expecting"):
+        Envelope.decode(broken)
+    with pytest.raises(PayloadError, match="^expected a JSON object, got str"):
+        Envelope.decode(load_payload('"a JSON string"'))

@@ -44,6 +44,8 @@ def test_jobs_retry_by_argument_exception_and_name():
     (["--arg", "invoice_id=7"], "is not an argument lookup"),
     (["--arg", "kwargs__invoice_id"], "write LOOKUP=JSON"),
     (["--queue", "emials"], "Unknown queue 'emials'"),
+    (["--arg", "kwargs__invoice_id=7", "--arg", "kwargs__invoice_id=8"],
+     "kwargs__invoice_id is given twice"),
     ([], "Give failed job ids, 'all', or a filter"),
     (["00000000-0000-0000-0000-000000000001", "--name", "x"], "not both"),
 ])
