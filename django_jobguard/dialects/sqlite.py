@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.models import DateTimeField, Field
 
 from django_jobguard import clock
 from django_jobguard.dialects.base import claimed_rows
 from django_jobguard.dialects.sql import SQLDialect
-from django_jobguard.models import PausedQueue, QueuedJob
+from django_jobguard.models import COUNTER_MAX, PausedQueue, QueuedJob
 
 if TYPE_CHECKING:
     from django_jobguard.dialects.base import NewJob
@@ -28,8 +29,11 @@ VALUES {rows}"""
 _PUSH_PARAMS_PER_ROW = _PUSH_ROW.count("%s")
 
 _CLAIM_SQL = """
-    UPDATE {table} SET attempts = attempts + %s, reserved_at = {now}, reserved_by = %s,
-           claims = claims + 1, available_at = {in_seconds}
+    UPDATE {table}
+       SET attempts = CASE WHEN attempts < {max} THEN attempts + %s ELSE attempts END,
+           reserved_at = {now}, reserved_by = %s,
+           claims = CASE WHEN claims < {max} THEN claims + 1 ELSE claims END,
+           available_at = {in_seconds}
      WHERE id IN (SELECT id FROM {table}
                    WHERE queue = %s AND available_at <= {now}
                      AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %s)
@@ -38,6 +42,14 @@ _CLAIM_SQL = """
     RETURNING {columns}"""
 
 _ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s"
+
+
+def _returned(field: Field) -> str:
+    """A column as the claim returns it: a date as plain text, so that Django's converter
+    in :func:`claimed_rows` parses it, where a value it cannot parse (``'infinity'``, year
+    10000) makes one poison row (the column type's converter in the sqlite3 module would
+    raise out of the fetch, after the claim leased every row)."""
+    return f"CAST({field.column} AS TEXT)" if isinstance(field, DateTimeField) else field.column
 
 
 class SQLiteDialect(SQLDialect):
@@ -69,8 +81,8 @@ class SQLiteDialect(SQLDialect):
             _CLOCK.format(modifier=f", '{float(shift):+.6f} seconds', %s"))
         self._claim_sql = _CLAIM_SQL.format(table=meta.db_table, now=self.NOW,
                                             paused=PausedQueue._meta.db_table,
-                                            in_seconds=self.IN_SECONDS,
-                                            columns=", ".join(f.column for f in fields))
+                                            in_seconds=self.IN_SECONDS, max=COUNTER_MAX,
+                                            columns=", ".join(map(_returned, fields)))
         self._ack_sql = _ACK_SQL.format(table=meta.db_table)
 
     # -- queue -----------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Poison rows: a row a claim cannot count, a driver cannot load or a failed job cannot hold.
+
+Each is written with raw SQL (dispatch() never makes one), ahead of good jobs in the same
+claims; a worker drains the queue. Every good job runs once, and the poison row ends as one
+failed job whose reason names what is wrong with it (docs/guarantees.md: every row reaches
+one final outcome).
+"""
+
+from __future__ import annotations
+
+import pytest
+from demo.models import JobRun
+from django.db import connection
+
+from django_jobguard import dispatch_many
+from django_jobguard.models import COUNTER_MAX, FailedJob, QueuedJob
+from tests.support import jobs, work
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The largest value each database's counter columns hold (PositiveIntegerField).
+COLUMN_MAX = {"postgresql": 2**31 - 1, "mysql": 2**32 - 1, "sqlite": 2**63 - 1}
+
+
+def _poison(sql_value: str, column: str) -> str:
+    """Dispatch a job, then set its row's ``column`` to ``sql_value`` with raw SQL; its id.
+    It has the highest priority, so every claim takes it first, with good jobs after it."""
+    (handle,) = dispatch_many([jobs.Record("poison")], priority=100)
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {quote(QueuedJob._meta.db_table)} SET {quote(column)} = "
+                       f"{sql_value} WHERE {quote('id')} = %s",
+                       [QueuedJob._meta.pk.get_db_prep_value(handle.id, connection)])
+        assert cursor.rowcount == 1
+    return str(handle.id)
+
+
+def _drain_and_check(poison_id: str, *words: str, **worker_options) -> FailedJob:
+    """Dispatch 12 good jobs, drain with a worker claiming 4 rows at a time, and check that
+    each good job ran once and the poison row is the only failed job, its reason naming
+    ``words``."""
+    good = [h.id for h in dispatch_many([jobs.Record("good", key=str(i)) for i in range(12)])]
+    work(batch=4, **worker_options)
+    ran = list(JobRun.objects.filter(label="good").values_list("job_id", flat=True))
+    assert sorted(ran) == sorted(good)
+    assert not JobRun.objects.filter(label="poison").exists()
+    assert not QueuedJob.objects.exists()
+    (failed,) = FailedJob.objects.all()
+    assert str(failed.id) == poison_id
+    text = f"{failed.reason} | {failed.exception_class}: {failed.message}"
+    for word in words:
+        assert word in text, text
+    return failed
+
+
+@pytest.mark.parametrize("column", ["attempts", "claims", "exceptions"])
+def test_a_counter_at_the_column_maximum_is_quarantined(column):
+    poison = _poison(str(COLUMN_MAX[connection.vendor]), column)
+    _drain_and_check(poison, "quarantined", column, str(COUNTER_MAX))
+
+
+@pytest.mark.parametrize("column", ["attempts", "claims"])
+def test_a_counter_one_below_the_maximum_saturates_instead_of_overflowing(column):
+    poison = _poison(str(COUNTER_MAX - 1), column)
+    _drain_and_check(poison, "quarantined", column)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_json_null_payload_is_failed_once_with_its_payload_kept(threads):
+    poison = _poison("'null'", "payload")
+    failed = _drain_and_check(poison, "expected a JSON object", "NoneType", threads=threads)
+    assert failed.payload is None
+    assert failed.attempts == 1
+
+
+def _unloadable_dates() -> list[tuple[str, str]]:
+    """(SQL value, column) of dates this database stores and its driver cannot load."""
+    if connection.vendor == "postgresql":
+        return [("'infinity'", "created_at"), ("'-infinity'", "created_at"),
+                ("'10000-01-01 00:00:00+00'", "created_at"),
+                ("'0044-03-15 00:00:00+00 BC'", "created_at"),
+                ("'infinity'", "cancel_requested_at")]
+    if connection.vendor == "sqlite":
+        return [("'infinity'", "created_at"), ("'10000-01-01 00:00:00'", "created_at"),
+                ("'2024-13-45 00:00:00'", "created_at"), ("'soon'", "cancel_requested_at")]
+    return []
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_a_date_the_driver_cannot_load_is_quarantined_without_costing_other_leases(case):
+    cases = _unloadable_dates()
+    if case >= len(cases):
+        pytest.skip(f"{connection.vendor} has no such date")
+    value, column = cases[case]
+    poison = _poison(value, column)
+    failed = _drain_and_check(poison, "quarantined", column, "cannot be loaded")
+    assert failed.name == jobs.Record.name
+
+
+def test_a_zero_date_on_mariadb_is_quarantined():
+    if connection.vendor != "mysql":
+        pytest.skip("zero dates are a MySQL / MariaDB thing")
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION sql_mode = ''")  # what an old import might have run under
+    try:
+        poison = _poison("'0000-00-00 00:00:00'", "created_at")
+    finally:
+        connection.close()
+    _drain_and_check(poison, "quarantined", "created_at")
+
+
+def test_a_priority_out_of_range_is_refused_by_the_database():
+    from django.db import IntegrityError, OperationalError
+
+    with pytest.raises((IntegrityError, OperationalError)):
+        _poison("101", "priority")
