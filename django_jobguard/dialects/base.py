@@ -316,14 +316,18 @@ def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob
                 values[index] = None
                 problems.append(unloadable(model_field.name, raw, exc))
             else:
-                if values[index] is None and raw is not None and not model_field.null:
+                if values[index] is None and not model_field.null:  # a MySQL zero date
                     problems.append(unloadable(model_field.name, raw))
         rows.append(job_from_values(using, values, problems))
     return rows
 
 
 def unloadable(column: str, raw: Any, error: BaseException | None = None) -> str:
-    """The poison reason of a column value the driver or Django cannot load."""
+    """The poison reason of a column value the driver or Django cannot load (``raw`` as the
+    driver returned it: ``None`` for a NOT NULL column is a value it could not read)."""
+    if raw is None:
+        return (f"{column} cannot be loaded (the database driver read NULL from a NOT NULL "
+                f"column: a zero date?)")
     shown = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     because = f" ({type(error).__name__}: {error})" if error is not None else ""
     return f"{column} {shown[:60]!r} cannot be loaded{because}"

@@ -29,6 +29,7 @@ from django.db.models import (
     Exists,
     F,
     Func,
+    PositiveIntegerField,
     Q,
     TextField,
     Value,
@@ -67,7 +68,7 @@ def _saturating(counter: str, add: int) -> Case:
     """``counter + add``, but never past :data:`COUNTER_MAX` (a row there is quarantined, see
     :func:`~django_jobguard.dialects.base.job_from_values`): no "out of range" error."""
     return Case(When(**{f"{counter}__lt": COUNTER_MAX}, then=F(counter) + add),
-                default=F(counter))
+                default=F(counter), output_field=PositiveIntegerField())
 
 
 def _expiry(ttl: float | None) -> Any:
