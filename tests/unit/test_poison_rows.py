@@ -60,7 +60,7 @@ def test_a_counter_at_the_column_maximum_is_quarantined(column):
 
 
 @pytest.mark.parametrize("column", ["attempts", "claims"])
-def test_a_counter_one_below_the_maximum_saturates_instead_of_overflowing(column):
+def test_a_counter_a_claim_brings_to_the_maximum_is_quarantined(column):
     poison = _poison(str(COUNTER_MAX - 1), column)
     _drain_and_check(poison, "quarantined", column)
 
