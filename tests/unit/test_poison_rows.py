@@ -14,6 +14,7 @@ from django.db import connection
 
 from django_jobguard import dispatch_many
 from django_jobguard.models import COUNTER_MAX, FailedJob, QueuedJob
+from django_jobguard.operations import housekeeping
 from tests.support import jobs, work
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,3 +113,19 @@ def test_a_priority_out_of_range_is_refused_by_the_database():
 
     with pytest.raises((IntegrityError, OperationalError)):
         _poison("101", "priority")
+
+
+# (database, SQL value) of an available_at that no claim ever reaches and no driver loads.
+NEVER_DUE = [("postgresql", "'infinity'"), ("postgresql", "'10000-01-01 00:00:00+00'"),
+             ("sqlite", "'never'")]
+
+
+@pytest.mark.parametrize(("vendor", "value"), NEVER_DUE)
+def test_a_row_that_can_never_become_due_is_quarantined_by_housekeeping(vendor, value):
+    if connection.vendor != vendor:
+        pytest.skip(f"a {vendor} value")
+    poison = _poison(value, "available_at")
+    assert housekeeping().quarantined == 1
+    assert housekeeping().quarantined == 0  # once
+    failed = _drain_and_check(poison, "quarantined", "available_at", "can never be reached")
+    assert failed.attempts == 0
