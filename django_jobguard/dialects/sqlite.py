@@ -52,6 +52,17 @@ def _returned(field: Field) -> str:
     return f"CAST({field.column} AS TEXT)" if isinstance(field, DateTimeField) else field.column
 
 
+def _decode(data: bytes, broken: set[str]) -> str:
+    """A TEXT value as the claim reads it: UTF-8, else decoded with U+FFFD for the bytes that
+    are not, and noted in ``broken``."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", "replace")
+        broken.add(text)
+        return text
+
+
 class SQLiteDialect(SQLDialect):
     """SQLite 3.35+ (RETURNING)."""
 
@@ -112,10 +123,29 @@ class SQLiteDialect(SQLDialect):
 
     def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
               count_attempts: bool = True) -> list[QueuedJob]:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(self._claim_sql,
-                           [int(count_attempts), worker_id, lease, queue, queue, limit])
-            return claimed_rows(self.using, cursor.fetchall())
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            # SQLite keeps whatever bytes were written as TEXT: one value that is not UTF-8
+            # would make the fetch raise after the claim leased every row. Such a value is
+            # read with U+FFFD for the bad bytes and its row is quarantined.
+            raw, broken = connection.connection, set()
+            default = raw.text_factory
+            raw.text_factory = lambda data: _decode(data, broken)
+            try:
+                cursor.execute(self._claim_sql,
+                               [int(count_attempts), worker_id, lease, queue, queue, limit])
+                fetched = cursor.fetchall()
+            finally:
+                raw.text_factory = default
+        rows = claimed_rows(self.using, fetched)
+        if broken:
+            names = [f.name for f in QueuedJob._meta.concrete_fields]
+            for row, values in zip(rows, fetched, strict=True):
+                bad = [f"{names[i]} {value[:60]!r} is not UTF-8 text"
+                       for i, value in enumerate(values) if value in broken]
+                if bad:
+                    row.poison = "; ".join(filter(None, [getattr(row, "poison", ""), *bad]))
+        return rows
 
     def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         connection = connections[self.using]

@@ -129,3 +129,18 @@ def test_a_row_that_can_never_become_due_is_quarantined_by_housekeeping(vendor, 
     assert housekeeping().quarantined == 0  # once
     failed = _drain_and_check(poison, "quarantined", "available_at", "can never be reached")
     assert failed.attempts == 0
+
+
+# SQLite stores whatever bytes it is given as TEXT, and its JSON check passes a string that
+# is not UTF-8: (column, SQL value) of such rows. (PostgreSQL and MariaDB refuse them.)
+NOT_UTF8 = [("name", "CAST(X'74657374735c80' AS TEXT)"),
+            ("payload", "CAST(X'7b2261726773223a5b2280225d2c226b7761726773223a7b7d7d' AS TEXT)"),
+            ("last_error", "CAST(X'80' AS TEXT)")]
+
+
+@pytest.mark.parametrize(("column", "value"), NOT_UTF8)
+def test_text_that_is_not_utf8_on_sqlite_is_quarantined(column, value):
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite stores text that is not UTF-8")
+    poison = _poison(value, column)
+    _drain_and_check(poison, "quarantined", column, "is not UTF-8 text")
