@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -66,6 +67,10 @@ class Housekeeping:
 
 #: Later than any date Python (so Django) can load: a row due after it never is.
 NEVER = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+#: Seconds between two :func:`quarantine_unreachable` runs of a process's housekeeping: the
+#: search reads the whole queue table (no index leads with ``available_at``).
+QUARANTINE_EVERY = 3600.0
+_quarantined_at: list[float] = []  # when this process last ran it (monotonic clock)
 
 
 def quarantine_unreachable(*, using: str | None = None, limit: int = 100) -> int:
@@ -104,8 +109,8 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     ``RESULT_RETENTION_DAYS``, failed jobs kept past ``FAILED_RETENTION_DAYS`` (when set) and
     the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases, the dashboard's
     per-minute counts older than ``history.KEEP``; queue the
-    callbacks of batches a dying worker left complete but not settled; and quarantine rows
-    that can never become due (:func:`quarantine_unreachable`). Any live worker runs
+    callbacks of batches a dying worker left complete but not settled; and, once an hour,
+    quarantine rows that can never become due (:func:`quarantine_unreachable`). Any live worker runs
     this every minute; routine, so not in the audit log (one bulk DELETE each)."""
     using = queue_database(using)
     store = get_store()
@@ -118,7 +123,10 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     failed = failed_before(keep_failed, using)._raw_delete(using) if keep_failed else 0
     settled = batches.settle_finished(using=using)
     minutes = history.prune(using=using)
-    quarantined = quarantine_unreachable(using=using)
+    quarantined = 0
+    if not _quarantined_at or time.monotonic() - _quarantined_at[-1] >= QUARANTINE_EVERY:
+        _quarantined_at[:] = [time.monotonic()]
+        quarantined = quarantine_unreachable(using=using)
     return Housekeeping(expired_locks=locks, expired_throttles=throttles, results=pruned,
                         dead_workers=dead, failed=failed, batches=settled, history=minutes,
                         quarantined=quarantined)

@@ -14,7 +14,7 @@ from django.db import connection
 
 from django_jobguard import dispatch_many
 from django_jobguard.models import COUNTER_MAX, FailedJob, QueuedJob
-from django_jobguard.operations import housekeeping
+from django_jobguard.operations.maintenance import quarantine_unreachable
 from tests.support import jobs, work
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,12 +121,12 @@ NEVER_DUE = [("postgresql", "'infinity'"), ("postgresql", "'10000-01-01 00:00:00
 
 
 @pytest.mark.parametrize(("vendor", "value"), NEVER_DUE)
-def test_a_row_that_can_never_become_due_is_quarantined_by_housekeeping(vendor, value):
+def test_a_row_that_can_never_become_due_is_quarantined_by_the_sweep(vendor, value):
     if connection.vendor != vendor:
         pytest.skip(f"a {vendor} value")
     poison = _poison(value, "available_at")
-    assert housekeeping().quarantined == 1
-    assert housekeeping().quarantined == 0  # once
+    assert quarantine_unreachable() == 1
+    assert quarantine_unreachable() == 0  # once
     failed = _drain_and_check(poison, "quarantined", "available_at", "can never be reached")
     assert failed.attempts == 0
 
@@ -144,3 +144,18 @@ def test_text_that_is_not_utf8_on_sqlite_is_quarantined(column, value):
         pytest.skip("only SQLite stores text that is not UTF-8")
     poison = _poison(value, column)
     _drain_and_check(poison, "quarantined", column, "is not UTF-8 text")
+
+
+def test_housekeeping_sweeps_for_rows_that_can_never_become_due_once_an_hour(monkeypatch):
+    from django_jobguard.operations import maintenance
+
+    if connection.vendor == "mysql":
+        pytest.skip("MySQL stores no date past what Python loads")
+    monkeypatch.setattr(maintenance, "_quarantined_at", [])
+    _poison(dict(NEVER_DUE)[connection.vendor], "available_at")
+    assert maintenance.housekeeping().quarantined == 1
+    _poison(dict(NEVER_DUE)[connection.vendor], "available_at")
+    assert maintenance.housekeeping().quarantined == 0  # not again within the hour
+    monkeypatch.setattr(maintenance, "QUARANTINE_EVERY", 0.0)
+    assert maintenance.housekeeping().quarantined == 1
+    assert FailedJob.objects.count() == 2 and not QueuedJob.objects.exists()
