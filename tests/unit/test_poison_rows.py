@@ -16,24 +16,14 @@ from django_jobguard import dispatch_many
 from django_jobguard.models import COUNTER_MAX, FailedJob, QueuedJob
 from django_jobguard.operations.maintenance import quarantine_unreachable
 from tests.support import jobs, work
+from tests.support.poison import COLUMN_MAX, poison_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: The largest value each database's counter columns hold (PositiveIntegerField).
-COLUMN_MAX = {"postgresql": 2**31 - 1, "mysql": 2**32 - 1, "sqlite": 2**63 - 1}
-
-
 def _poison(sql_value: str, column: str) -> str:
-    """Dispatch a job, then set its row's ``column`` to ``sql_value`` with raw SQL; its id.
-    It has the highest priority, so every claim takes it first, with good jobs after it."""
-    (handle,) = dispatch_many([jobs.Record("poison")], priority=100)
-    quote = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {quote(QueuedJob._meta.db_table)} SET {quote(column)} = "
-                       f"{sql_value} WHERE {quote('id')} = %s",
-                       [QueuedJob._meta.pk.get_db_prep_value(handle.id, connection)])
-        assert cursor.rowcount == 1
-    return str(handle.id)
+    """A poison row of the highest priority, so that every claim takes it first, with good
+    jobs after it."""
+    return poison_row(jobs.Record("poison"), column, sql_value, priority=100)
 
 
 def _drain_and_check(poison_id: str, *words: str, **worker_options) -> FailedJob:
