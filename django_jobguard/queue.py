@@ -118,7 +118,8 @@ def claim(
     The first ``start`` of them (default: all) start now and have their attempt counted in
     the claim; the others are claimed ahead (``row.attempt_counted`` is False) and count it
     through :func:`start` when they begin. A payload that does not decode comes back as its
-    text, for the worker to fail the job.
+    text, for the worker to fail the job; a poison row comes back with :func:`poison` saying
+    why, for the worker to quarantine it.
     """
     using = queue_database(using)
     lease = float(jobguard_settings.RETRY_AFTER)
@@ -147,7 +148,7 @@ def _claim_from(dialect: Any, queue: str, worker_id: str, limit: int, start: int
                               count_attempts=False)
         for row in ahead:
             # A poison row is not started (the worker quarantines it): nothing to count.
-            row.attempt_counted = hasattr(row, "poison")
+            row.attempt_counted = bool(poison(row))
         rows += ahead
     if rows:
         rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
