@@ -20,6 +20,7 @@ from tests.support.poison import COLUMN_MAX, poison_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 def _poison(sql_value: str, column: str) -> str:
     """A poison row of the highest priority, so that every claim takes it first, with good
     jobs after it."""
