@@ -48,6 +48,12 @@ class PayloadError(JobGuardError):
     """A queued row's payload cannot be turned back into a job."""
 
 
+class PoisonRowError(JobGuardError):
+    """A claimed row no worker can run: a column its database driver cannot load (a date
+    outside 1-9999, PostgreSQL's ``infinity``), or a counter at its maximum. The worker
+    quarantines it: the row becomes a failed job with this error as its reason."""
+
+
 class StoreUnavailableError(JobGuardError):
     """A lock/counter store could not be reached: its server is down, restarting, still
     loading its data, or timed out. The store raises it, chained to the backend's error.

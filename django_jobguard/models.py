@@ -20,6 +20,11 @@ from django_jobguard import clock, registry
 #: holds it (its lease, ``available_at``, has not run out). Judged by the database clock.
 STATES = ("waiting", "delayed", "reserved")
 
+#: The most a queued row's counters (``attempts``, ``exceptions``, ``claims``) count to: the
+#: largest value a ``PositiveIntegerField`` holds on every database. A claim never adds past
+#: it; a row that reached it is quarantined (failed with a reason) instead of overflowing.
+COUNTER_MAX = 2**31 - 1
+
 #: The annotation :meth:`QueuedJobQuerySet.with_state` adds.
 STATE_ANNOTATION = "jobguard_state"
 

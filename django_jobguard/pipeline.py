@@ -44,6 +44,7 @@ from django_jobguard.exceptions import (
     JobTimeoutError,
     MaxAttemptsExceededError,
     PayloadError,
+    PoisonRowError,
     StoreUnavailableError,
     WorkerStoppedError,
 )
@@ -287,7 +288,11 @@ class Pipeline:
 
     def rebuild(self, row: QueuedJob) -> JobLike:
         """The job of ``row`` with its context; :class:`PayloadError` (or the registry's /
-        a missing model's error) when it cannot be rebuilt."""
+        a missing model's error) when it cannot be rebuilt; :class:`PoisonRowError` for a
+        poison row (see :func:`queue.poison`)."""
+        problem = queue.poison(row)
+        if problem:
+            raise PoisonRowError(f"Quarantined {row.name} [{row.id}]: {problem}.")
         job_class = registry.get(row.name)
         try:
             envelope = Envelope.decode(row.payload)
@@ -585,6 +590,8 @@ def short_error(text: str) -> str:
 
 
 def _unbuildable(exc: BaseException) -> str:
+    if isinstance(exc, PoisonRowError):
+        return f"quarantined: {str(exc).split(': ', 1)[-1]}"
     if isinstance(exc, PayloadError):
         return "its payload could not be decoded"
     return "it could not be rebuilt from its row"

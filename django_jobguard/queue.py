@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Exists, F, Max, Min, OuterRef, Q, Value
+from django.db.models import Exists, F, JSONField, Max, Min, OuterRef, Q, Value
 
 from django_jobguard import clock, pooling, queue_caps
 from django_jobguard.conf import jobguard_settings, queue_database
@@ -119,7 +119,8 @@ def claim(
     The first ``start`` of them (default: all) start now and have their attempt counted in
     the claim; the others are claimed ahead (``row.attempt_counted`` is False) and count it
     through :func:`start` when they begin. A payload that does not decode comes back as its
-    text, for the worker to fail the job.
+    text, for the worker to fail the job; a poison row comes back with :func:`poison` saying
+    why, for the worker to quarantine it.
     """
     using = queue_database(using)
     lease = float(jobguard_settings.RETRY_AFTER)
@@ -147,7 +148,8 @@ def _claim_from(dialect: Any, queue: str, worker_id: str, limit: int, start: int
         ahead = dialect.claim(queue, worker_id=worker_id, limit=limit - now, lease=lease,
                               count_attempts=False)
         for row in ahead:
-            row.attempt_counted = False
+            # A poison row is not started (the worker quarantines it): nothing to count.
+            row.attempt_counted = bool(poison(row))
         rows += ahead
     if rows:
         rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
@@ -189,6 +191,13 @@ def _expand(queues: Sequence[str], using: str, named: Sequence[str]) -> Iterator
 
 
 _turns = itertools.count()
+
+
+def poison(row: QueuedJob) -> str:
+    """Why the claimed ``row`` cannot be run (a column the driver cannot load, a counter at
+    :data:`~django_jobguard.models.COUNTER_MAX`), or ``""``: a poison row is quarantined,
+    failed with that reason, instead of run or retried."""
+    return getattr(row, "poison", "")
 
 
 def claimed_ahead(row: QueuedJob) -> bool:
@@ -435,7 +444,8 @@ def fail(
             id=row.id,
             queue=row.queue,
             name=row.name,
-            payload=row.payload,
+            # A JSON null payload is kept as JSON null (None alone would be SQL NULL).
+            payload=Value(None, JSONField()) if row.payload is None else row.payload,
             attempts=row.attempts,
             priority=row.priority,
             exception_class=f"{exc_type.__module__}.{exc_type.__qualname__}",

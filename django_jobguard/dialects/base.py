@@ -20,7 +20,7 @@ from typing import Any
 from django.db import connections
 
 from django_jobguard.envelope import UndecodedPayload
-from django_jobguard.models import QueuedJob
+from django_jobguard.models import COUNTER_MAX, QueuedJob
 
 
 @dataclass
@@ -280,10 +280,21 @@ def load_payload(text: Any) -> Any:
     return UndecodedPayload(str(text), reason)
 
 
+#: The counters a claim or a start adds to: a row that reached :data:`COUNTER_MAX` in any of
+#: them is quarantined (claims saturate there instead of overflowing the column).
+COUNTERS = ("attempts", "exceptions", "claims")
+_COUNTER_INDEXES = [(name, [f.name for f in QueuedJob._meta.concrete_fields].index(name))
+                    for name in COUNTERS]
+
+
 def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob]:
     """Claimed rows from the values of a raw statement (every concrete column in field order),
     converted as the ORM converts what it reads (e.g. SQLite's text to datetimes and UUIDs),
-    all but the payload, which :func:`job_from_values` decodes itself."""
+    all but the payload, which :func:`job_from_values` decodes itself.
+
+    A value the conversion refuses (SQLite's ``'infinity'`` or year 10000 in a date column, a
+    MySQL zero date in a NOT NULL one) is left ``None`` and named in the row's
+    :attr:`poison`, so that one bad row is quarantined instead of failing the whole claim."""
     fetched = list(fetched)
     if not fetched:
         return []
@@ -297,23 +308,53 @@ def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob
         functions = [*connection.ops.get_db_converters(column),
                      *column.get_db_converters(connection)]
         if functions:
-            converters.append((index, column, functions))
+            converters.append((index, model_field, column, functions))
     rows = []
     for values in fetched:
         values = list(values)
-        for index, column, functions in converters:
-            for convert in functions:
-                values[index] = convert(values[index], column, connection)
-        rows.append(job_from_values(using, values))
+        problems = []
+        for index, model_field, column, functions in converters:
+            raw = values[index]
+            try:
+                for convert in functions:
+                    values[index] = convert(values[index], column, connection)
+            except Exception as exc:  # whatever a converter raises, the row is poison
+                values[index] = None
+                problems.append(unloadable(model_field.name, raw, exc))
+            else:
+                if values[index] is None and not model_field.null:  # a MySQL zero date
+                    problems.append(unloadable(model_field.name, raw))
+        rows.append(job_from_values(using, values, problems))
     return rows
 
 
-def job_from_values(using: str, values: list[Any]) -> QueuedJob:
+def unloadable(column: str, raw: Any, error: BaseException | None = None) -> str:
+    """The poison reason of a column value the driver or Django cannot load (``raw`` as the
+    driver returned it: ``None`` for a NOT NULL column is a value it could not read)."""
+    if raw is None:
+        return (f"{column} cannot be loaded (the database driver read NULL from a NOT NULL "
+                f"column: a zero date?)")
+    shown = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    because = f" ({type(error).__name__}: {error})" if error is not None else ""
+    return f"{column} {shown[:60]!r} cannot be loaded{because}"
+
+
+def job_from_values(using: str, values: list[Any],
+                    problems: Sequence[str] = ()) -> QueuedJob:
     """A claimed :class:`QueuedJob` from its column values (in concrete field order, payload
-    as stored text); ``payload_text_length`` tells the worker how long that text was."""
+    as stored text); ``payload_text_length`` tells the worker how long that text was.
+
+    ``poison`` (set only on a poison row) says why the row cannot be run: ``problems`` the
+    dialect found loading it, or a counter at :data:`COUNTER_MAX`. The worker quarantines it
+    (fails it with that reason) instead of running it."""
     text = values[PAYLOAD_INDEX]
     if isinstance(text, (str, bytes)):
         values[PAYLOAD_INDEX] = load_payload(text)
+    for name, index in _COUNTER_INDEXES:
+        if values[index] is not None and values[index] >= COUNTER_MAX:
+            problems = [*problems, f"{name} reached the counter maximum ({COUNTER_MAX})"]
     row = QueuedJob.from_db(using, None, values)
     row.payload_text_length = len(text) if isinstance(text, str) else None
+    if problems:
+        row.poison = "; ".join(problems)
     return row

@@ -23,13 +23,24 @@ from django.db import (
     connections,
     transaction,
 )
-from django.db.models import BigIntegerField, Exists, F, Func, Q, TextField, Value
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    Exists,
+    F,
+    Func,
+    PositiveIntegerField,
+    Q,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.functions import Greatest
 from django.db.models.sql import Query
 
 from django_jobguard import clock
 from django_jobguard.dialects.base import Dialect, ThrottleRow, claimed_rows
-from django_jobguard.models import Lock, PausedQueue, QueuedJob, Throttle
+from django_jobguard.models import COUNTER_MAX, Lock, PausedQueue, QueuedJob, Throttle
 
 if TYPE_CHECKING:
     from django_jobguard.dialects.base import NewJob
@@ -51,6 +62,13 @@ class _NowMicros(Func):
         if self.sql is None:
             return "%s", [time.time_ns() // 1000 + round(clock.offset() * 1_000_000)]
         return self.sql, []
+
+
+def _saturating(counter: str, add: int) -> Case:
+    """``counter + add``, but never past :data:`COUNTER_MAX` (a row there is quarantined, see
+    :func:`~django_jobguard.dialects.base.job_from_values`): no "out of range" error."""
+    return Case(When(**{f"{counter}__lt": COUNTER_MAX}, then=F(counter) + add),
+                default=F(counter), output_field=PositiveIntegerField())
 
 
 def _expiry(ttl: float | None) -> Any:
@@ -157,10 +175,10 @@ class GenericDialect(Dialect):
             if not ids:
                 return []
             jobs.filter(id__in=ids).update(
-                attempts=F("attempts") + int(count_attempts),
+                attempts=_saturating("attempts", int(count_attempts)),
                 reserved_at=clock.db_now(),
                 reserved_by=worker_id,
-                claims=F("claims") + 1,
+                claims=_saturating("claims", 1),
                 available_at=clock.db_now() + Value(datetime.timedelta(seconds=lease)),
             )
             # Read back in SQL, the payload as text: the JSON field's decoder would raise out

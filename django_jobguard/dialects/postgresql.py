@@ -11,11 +11,12 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.models import DateTimeField
 
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects.base import Listener, ListenUnavailable, job_from_values
 from django_jobguard.dialects.sql import SQLDialect
-from django_jobguard.models import Batch, PausedQueue, QueuedJob
+from django_jobguard.models import COUNTER_MAX, Batch, PausedQueue, QueuedJob
 
 try:
     import psycopg
@@ -72,11 +73,24 @@ _CLAIM_SQL = """
            AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s)
          ORDER BY priority DESC, available_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-    UPDATE {table} AS q SET attempts = q.attempts + %(count)s, reserved_at = {now},
-           reserved_by = %(worker)s, claims = q.claims + 1,
+    UPDATE {table} AS q
+       SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + %(count)s
+                           ELSE q.attempts END,
+           reserved_at = {now}, reserved_by = %(worker)s,
+           claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
            available_at = {now} + make_interval(secs => %(lease)s)
       FROM picked WHERE q.id = picked.id
-    RETURNING {columns}"""
+    RETURNING {columns}, concat_ws('; ', {unloadable})"""
+
+# The counters saturate at COUNTER_MAX (a row there is quarantined: base.job_from_values), so
+# a claim never fails with "integer out of range". A date column the claim does not write
+# comes back NULL where psycopg could not load it (infinity, or a year outside 1-9999: the
+# whole fetch would raise after the rows were leased, every row of the claim lost), and the
+# last column names it for the row's poison reason.
+_LOADABLE = "{col} BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'"
+_DATE_RETURNED = "CASE WHEN " + _LOADABLE + " THEN {col} END"
+_DATE_UNLOADABLE = ("CASE WHEN NOT (" + _LOADABLE + ") THEN '{name} ''' || {col}::text || "
+                    "''' cannot be loaded (outside the dates Python has)' END")
 
 _ACK_SQL = """
     WITH acked AS (DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s
@@ -148,8 +162,15 @@ class PostgreSQLDialect(SQLDialect):
         }
         #: The claim statement (``%(queue)s``, ``%(limit)s``, ``%(worker)s``, ``%(lease)s``
         #: and ``%(count)s``, 1 or 0 added to ``attempts``), for EXPLAIN in tests and diagnostics.
-        self.claim_sql = _CLAIM_SQL.format(**parts,
-                                           columns=", ".join(f"q.{f.column}" for f in fields))
+        # The dates the claim does not write (created_at, cancel_requested_at).
+        dates = [f for f in fields if isinstance(f, DateTimeField)
+                 and f.name not in ("available_at", "reserved_at")]
+        self.claim_sql = _CLAIM_SQL.format(
+            **parts, max=COUNTER_MAX,
+            columns=", ".join(_DATE_RETURNED.format(col=f"q.{f.column}") if f in dates
+                              else f"q.{f.column}" for f in fields),
+            unloadable=", ".join(_DATE_UNLOADABLE.format(col=f"q.{f.column}", name=f.name)
+                                 for f in dates))
         # The ack and start statements, each with a commit that waits for the disk (key
         # False) or not (True).
         def both(template: str) -> dict[bool, str]:
@@ -198,7 +219,8 @@ class PostgreSQLDialect(SQLDialect):
                                                  "worker": worker_id, "lease": lease,
                                                  "count": int(count_attempts)},
                                 fetch=True, prepare=False)
-        return [job_from_values(self.using, list(values)) for values in fetched]
+        return [job_from_values(self.using, list(values[:-1]), [values[-1]] if values[-1]
+                                else ()) for values in fetched]
 
     def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         ((acked, *_),) = self._execute(self._ack_sql[relaxed], [job_id, reserved_by, claims],

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.models import DateTimeField, Field
 
 from django_jobguard import clock
 from django_jobguard.dialects.base import claimed_rows
 from django_jobguard.dialects.sql import SQLDialect
-from django_jobguard.models import PausedQueue, QueuedJob
+from django_jobguard.models import COUNTER_MAX, PausedQueue, QueuedJob
 
 if TYPE_CHECKING:
     from django_jobguard.dialects.base import NewJob
@@ -28,8 +29,11 @@ VALUES {rows}"""
 _PUSH_PARAMS_PER_ROW = _PUSH_ROW.count("%s")
 
 _CLAIM_SQL = """
-    UPDATE {table} SET attempts = attempts + %s, reserved_at = {now}, reserved_by = %s,
-           claims = claims + 1, available_at = {in_seconds}
+    UPDATE {table}
+       SET attempts = CASE WHEN attempts < {max} THEN attempts + %s ELSE attempts END,
+           reserved_at = {now}, reserved_by = %s,
+           claims = CASE WHEN claims < {max} THEN claims + 1 ELSE claims END,
+           available_at = {in_seconds}
      WHERE id IN (SELECT id FROM {table}
                    WHERE queue = %s AND available_at <= {now}
                      AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %s)
@@ -38,6 +42,25 @@ _CLAIM_SQL = """
     RETURNING {columns}"""
 
 _ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s"
+
+
+def _returned(field: Field) -> str:
+    """A column as the claim returns it: a date as plain text, so that Django's converter
+    in :func:`claimed_rows` parses it, where a value it cannot parse (``'infinity'``, year
+    10000) makes one poison row (the column type's converter in the sqlite3 module would
+    raise out of the fetch, after the claim leased every row)."""
+    return f"CAST({field.column} AS TEXT)" if isinstance(field, DateTimeField) else field.column
+
+
+def _decode(data: bytes, broken: set[str]) -> str:
+    """A TEXT value as the claim reads it: UTF-8, else decoded with U+FFFD for the bytes that
+    are not, and noted in ``broken``."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", "replace")
+        broken.add(text)
+        return text
 
 
 class SQLiteDialect(SQLDialect):
@@ -69,8 +92,8 @@ class SQLiteDialect(SQLDialect):
             _CLOCK.format(modifier=f", '{float(shift):+.6f} seconds', %s"))
         self._claim_sql = _CLAIM_SQL.format(table=meta.db_table, now=self.NOW,
                                             paused=PausedQueue._meta.db_table,
-                                            in_seconds=self.IN_SECONDS,
-                                            columns=", ".join(f.column for f in fields))
+                                            in_seconds=self.IN_SECONDS, max=COUNTER_MAX,
+                                            columns=", ".join(map(_returned, fields)))
         self._ack_sql = _ACK_SQL.format(table=meta.db_table)
 
     # -- queue -----------------------------------------------------------------------------
@@ -100,10 +123,29 @@ class SQLiteDialect(SQLDialect):
 
     def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
               count_attempts: bool = True) -> list[QueuedJob]:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(self._claim_sql,
-                           [int(count_attempts), worker_id, lease, queue, queue, limit])
-            return claimed_rows(self.using, cursor.fetchall())
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            # SQLite keeps whatever bytes were written as TEXT: one value that is not UTF-8
+            # would make the fetch raise after the claim leased every row. Such a value is
+            # read with U+FFFD for the bad bytes and its row is quarantined.
+            raw, broken = connection.connection, set()
+            default = raw.text_factory
+            raw.text_factory = lambda data: _decode(data, broken)
+            try:
+                cursor.execute(self._claim_sql,
+                               [int(count_attempts), worker_id, lease, queue, queue, limit])
+                fetched = cursor.fetchall()
+            finally:
+                raw.text_factory = default
+        rows = claimed_rows(self.using, fetched)
+        if broken:
+            names = [f.name for f in QueuedJob._meta.concrete_fields]
+            for row, values in zip(rows, fetched, strict=True):
+                bad = [f"{names[i]} {value[:60]!r} is not UTF-8 text"
+                       for i, value in enumerate(values) if value in broken]
+                if bad:
+                    row.poison = "; ".join(filter(None, [getattr(row, "poison", ""), *bad]))
+        return rows
 
     def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         connection = connections[self.using]

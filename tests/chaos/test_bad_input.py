@@ -1,5 +1,7 @@
 """Bad rows in the queue, mixed in with good jobs, in front of real worker processes: each bad
-one lands in failed jobs with a reason that names the problem, and the workers go on.
+one lands in failed jobs with a reason that names the problem, and the workers go on. Poison
+rows (a counter at its maximum, a date the driver cannot load, a JSON null payload) are among
+them.
 
 (Text that is not JSON at all cannot reach a worker: PostgreSQL's jsonb and the JSON CHECK
 constraint Django puts on SQLite refuse it at INSERT.)"""
@@ -11,6 +13,7 @@ import uuid
 
 import pytest
 from demo.models import JobRun
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -19,6 +22,7 @@ from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.chaos.conftest import chaos_env
 from tests.support import jobs
+from tests.support.poison import COLUMN_MAX, UNLOADABLE_CREATED_AT, poison_row
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -47,6 +51,23 @@ BAD_ROWS = [
 ]
 
 
+def _poison_rows() -> dict[str, tuple[str, list[str]]]:
+    """Rows made poison with raw SQL (see docs/guarantees.md): {id: (what, reason words)}."""
+    vendor = connection.vendor
+    rows = {
+        poison_row(jobs.Record("bad"), "payload", "'null'"):
+            ("JSON null payload", ["Corrupt payload", "expected a JSON object"]),
+        poison_row(jobs.Record("bad"), "attempts", str(COLUMN_MAX[vendor])):
+            ("attempts at the maximum", ["Quarantined", "attempts reached the counter maximum"]),
+        poison_row(jobs.Record("bad"), "claims", str(COLUMN_MAX[vendor])):
+            ("claims at the maximum", ["Quarantined", "claims reached the counter maximum"]),
+    }
+    if vendor in UNLOADABLE_CREATED_AT:
+        rows[poison_row(jobs.Record("bad"), "created_at", UNLOADABLE_CREATED_AT[vendor])] = (
+            "created_at the driver cannot load", ["Quarantined", "created_at", "cannot be loaded"])
+    return rows
+
+
 def _insert(name: str, payload) -> str:
     # Queued before UNKNOWN_JOB_GRACE (10 min): an unknown name is failed, not put back.
     row = QueuedJob.objects.create(id=uuid.uuid4(), name=name, queue="default", payload=payload,
@@ -61,13 +82,16 @@ def test_bad_rows_fail_with_a_reason_and_workers_keep_going(workers):
         jobs.Record("x" * (LIMIT * 2)).dispatch()  # dispatch() refuses it
     good = [h.id for h in dispatch_many([jobs.Record("good", key=str(i)) for i in range(30)])]
     bad = {_insert(name, payload): (what, words) for what, name, payload, words in BAD_ROWS}
+    bad |= _poison_rows()
     good += [h.id for h in dispatch_many([jobs.Record("good", key=f"late{i}")
                                           for i in range(30)])]
 
     env = chaos_env(JOBGUARD_MAX_PAYLOAD_BYTES=str(LIMIT))
     outputs = workers(2, "--stop-when-empty", "--sleep", "0.1", env=env).wait(120)
 
-    assert set(JobRun.objects.filter(label="good").values_list("job_id", flat=True)) == set(good)
+    ran = list(JobRun.objects.filter(label="good").values_list("job_id", flat=True))
+    assert sorted(ran) == sorted(good)  # each once
+    assert not JobRun.objects.filter(label="bad").exists()
     assert not QueuedJob.objects.exists()
     failed = {str(f.id): f for f in FailedJob.objects.all()}
     assert set(failed) == set(bad)
