@@ -77,8 +77,8 @@ def test_push_inserts_every_job_one_statement_per_batch():
                   payload=Envelope(args=[n]).encode(), priority=n) for n in range(5)]
     with CaptureQueriesContext(connection) as queries:
         queue.push(new, batch_size=2)
-    inserts = [q for q in queries.captured_queries if q["sql"].lstrip().upper()
-               .startswith("INSERT") and QueuedJob._meta.db_table in q["sql"]]
+    inserts = [q for q in queries.captured_queries if "INSERT INTO" in q["sql"].upper()
+               and QueuedJob._meta.db_table in q["sql"]]
     assert len(inserts) == 3
     rows = {row.id: row for row in QueuedJob.objects.all()}
     assert {job.id for job in new} == set(rows)
