@@ -33,7 +33,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 #: What :func:`worker_states` says of a worker: it beats (and runs, when on this host); its
-#: process on this host has ended; its heartbeat is older than ``RETRY_AFTER``; no row.
+#: process on this host has ended (told by its row, or by its id when it has none); its
+#: heartbeat is older than ``RETRY_AFTER``; no row (deleted by housekeeping or by hand: a
+#: live worker registers again at its next heartbeat).
 ALIVE, ENDED, SILENT, UNKNOWN = "alive", "ended", "silent", "unknown"
 
 
@@ -44,6 +46,11 @@ def worker_states(ids: Iterable[str], *, using: str | None = None) -> dict[str, 
     ids = {i for i in ids if i}
     here = socket.gethostname()
     states = dict.fromkeys(ids, UNKNOWN)
+    for worker_id in ids:  # no row: a worker id is ``host:pid:…``, its process may be known
+        host, _, rest = worker_id.partition(":")
+        pid = rest.partition(":")[0]
+        if host == here and pid.isdigit() and not _pid_alive(int(pid)):
+            states[worker_id] = ENDED
     for worker_id, hostname, pid, fresh in Worker.objects.using(using).filter(
             id__in=list(ids)).annotate(fresh=Case(
                 When(last_seen_at__gte=Now() - Value(heartbeat_grace()), then=Value(True)),
@@ -76,7 +83,9 @@ def stale_reservations(rows: Iterable[QueuedJob], *, using: str | None = None
     verdict is the locks page's (:func:`gone_reason`)."""
     held = [row for row in rows if row.reserved_at is not None and row.reserved_by
             and row.state == "reserved"]
-    alive = live_workers({row.reserved_by for row in held}, using=using)
+    states = worker_states({row.reserved_by for row in held}, using=using)
+    # A worker with no row renewed this lease within RETRY_AFTER: it counts as alive.
+    alive = {worker_id for worker_id, state in states.items() if state in (ALIVE, UNKNOWN)}
     verdicts = {str(row.id): gone_reason(row.reserved_by, alive) for row in held}
     return {job_id: reason for job_id, reason in verdicts.items() if reason}
 
