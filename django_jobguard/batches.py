@@ -222,8 +222,8 @@ def add(batch_id: Any, jobs: Iterable[Job], *, using: str | None = None) -> list
 
 
 def cancel(batch_id: Any, *, using: str | None = None) -> bool:
-    """Cancel a batch: no job of it starts once this returns (every worker reads the batch
-    as it starts a member, after counting its attempt); running ones finish."""
+    """Cancel a batch: no job of it starts once this is committed (every worker reads the
+    batch as it starts a member, after counting its attempt); running ones finish."""
     using = queue_database(using)
     done = bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
                 .update(cancelled_at=Now()))

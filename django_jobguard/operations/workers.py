@@ -70,6 +70,15 @@ def live_workers(ids: Iterable[str], *, using: str | None = None) -> set[str]:
             if state == ALIVE}
 
 
+def lease_holders(ids: Iterable[str], *, using: str | None = None) -> set[str]:
+    """Workers among ``ids`` that still hold the jobs they reserved with a fresh lease:
+    :data:`ALIVE` ones, and :data:`UNKNOWN` ones, which have no row (housekeeping deleted it
+    while the process was stopped, or an operator did) but renewed that lease within
+    ``RETRY_AFTER``; a live worker writes its row again at its next heartbeat."""
+    return {worker_id for worker_id, state in worker_states(ids, using=using).items()
+            if state in (ALIVE, UNKNOWN)}
+
+
 def gone_reason(worker_id: str, alive: set[str]) -> str:
     """The stale verdict of a reservation (or lock) held by ``worker_id``: ``worker … is
     gone`` unless it is among ``alive`` (from :func:`live_workers`); empty otherwise."""
@@ -83,9 +92,7 @@ def stale_reservations(rows: Iterable[QueuedJob], *, using: str | None = None
     verdict is the locks page's (:func:`gone_reason`)."""
     held = [row for row in rows if row.reserved_at is not None and row.reserved_by
             and row.state == "reserved"]
-    states = worker_states({row.reserved_by for row in held}, using=using)
-    # A worker with no row renewed this lease within RETRY_AFTER: it counts as alive.
-    alive = {worker_id for worker_id, state in states.items() if state in (ALIVE, UNKNOWN)}
+    alive = lease_holders({row.reserved_by for row in held}, using=using)
     verdicts = {str(row.id): gone_reason(row.reserved_by, alive) for row in held}
     return {job_id: reason for job_id, reason in verdicts.items() if reason}
 
