@@ -81,7 +81,8 @@ def lease_holders(ids: Iterable[str], *, using: str | None = None) -> set[str]:
 
 def gone_reason(worker_id: str, alive: set[str]) -> str:
     """The stale verdict of a reservation (or lock) held by ``worker_id``: ``worker … is
-    gone`` unless it is among ``alive`` (from :func:`live_workers`); empty otherwise."""
+    gone`` unless it is among ``alive`` (from :func:`lease_holders` or :func:`live_workers`);
+    empty otherwise."""
     return "" if worker_id in alive else f"worker {worker_id} is gone"
 
 
