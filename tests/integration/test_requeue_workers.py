@@ -71,7 +71,7 @@ def test_a_stopped_worker_whose_row_was_deleted_registers_again_and_keeps_its_jo
     # RETRY_AFTER 5 s: housekeeping (each worker's, once a minute) deletes the row of a worker
     # silent for 50 s. No timeout: a stopped job's time limit would run out while stopped.
     env = worker_env(JOBGUARD_RETRY_AFTER="5", JOBGUARD_DEFAULT_TIMEOUT="0")
-    job = dispatch(jobs.Cooperative("long", steps=60, seconds=0.1), queue="long")
+    job = dispatch(jobs.Cooperative("long", steps=120, seconds=0.1), queue="long")
     stopped = workers(1, "--queue", "long", "--tries", "1", "--sleep", "0.2",
                       "--stop-when-empty", env=env)
     proc = stopped.procs[0]
