@@ -25,7 +25,6 @@ started yet are skipped (and counted as processed), ``then`` never runs, ``final
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -223,8 +222,8 @@ def add(batch_id: Any, jobs: Iterable[Job], *, using: str | None = None) -> list
 
 
 def cancel(batch_id: Any, *, using: str | None = None) -> bool:
-    """Cancel a batch: jobs not started yet are skipped when a worker takes them (this
-    process knows at once, other workers within :data:`CANCEL_CHECK_EVERY`)."""
+    """Cancel a batch: no job of it starts once this is committed (every worker reads the
+    batch as it starts a member, after counting its attempt); running ones finish."""
     using = queue_database(using)
     done = bool(Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=True)
                 .update(cancelled_at=Now()))
@@ -232,31 +231,33 @@ def cancel(batch_id: Any, *, using: str | None = None) -> bool:
     return done
 
 
-#: Seconds a worker trusts what it read of a batch's cancellation (a member taken within
-#: that time after a cancel may still run): one query per batch and second, not per member.
-CANCEL_CHECK_EVERY = 1.0
-_cancel_seen: dict[tuple[str, str], tuple[float, bool]] = {}
+#: Batches this process knows are cancelled (a cancel is for good, so no read is needed
+#: again). That a batch is *not* cancelled is never remembered: it may be a moment later.
+_cancelled_seen: set[tuple[str, str]] = set()
 
 
 def _remember_cancelled(batch_id: Any, using: str) -> None:
-    """This process cancelled the batch: its workers skip the members at once."""
-    _cancel_seen[(using, str(batch_id))] = (time.monotonic(), True)
+    """The batch is cancelled: this process skips its members without asking again."""
+    if len(_cancelled_seen) > 10_000:
+        _cancelled_seen.clear()
+    _cancelled_seen.add((using, str(batch_id)))
 
 
 def cancelled(payload: Any, *, using: str | None = None) -> bool:
-    """Is this job a member of a cancelled batch (the worker then skips it)?"""
+    """Is this job a member of a cancelled batch (the worker then skips it)?
+
+    Read from the batch row each time a member starts (one primary-key read; no cache of
+    "not cancelled"), after its attempt was counted: a member whose start follows a cancel's
+    commit sees it, in every execution mode, so no job starts after ``cancel()`` returns."""
     using = queue_database(using)
     batch_id = marker_of(payload)
     if batch_id is None:
         return False
-    now = time.monotonic()
-    seen = _cancel_seen.get((using, batch_id))
-    if seen is not None and (seen[1] or now - seen[0] < CANCEL_CHECK_EVERY):
-        return seen[1]  # a cancel is for good
-    if len(_cancel_seen) > 10_000:
-        _cancel_seen.clear()
+    if (using, batch_id) in _cancelled_seen:
+        return True
     found = Batch.objects.using(using).filter(id=batch_id, cancelled_at__isnull=False).exists()
-    _cancel_seen[(using, batch_id)] = (now, found)
+    if found:
+        _remember_cancelled(batch_id, using)
     return found
 
 

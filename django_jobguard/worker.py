@@ -575,11 +575,7 @@ class Worker:
 
     def _start(self) -> None:
         o = self.options
-        WorkerRow.objects.using(o.using).update_or_create(
-            id=self.id,
-            defaults={"hostname": socket.gethostname(), "pid": os.getpid(),
-                      "queues": ",".join(o.queues)},
-        )
+        WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self._identity())
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
         self._heartbeat = threading.Thread(target=self._beat, name="jobguard-heartbeat",
@@ -612,14 +608,40 @@ class Worker:
         """Renew this worker's leases and write its liveness and last-minute counts."""
         using = self.options.using
         held = self._held | self._async.held() | {row.id for row in self._waiting}
-        if held:
-            queue.extend_leases(self.id, ids=held, using=using)
+        renewed = queue.extend_leases(self.id, ids=held, using=using) if held else 0
         done, failed = self._recent.counts()
-        WorkerRow.objects.using(using).filter(id=self.id).update(
-            last_seen_at=Now(), jobs_processed=self.jobs_processed,
-            current_job=self._current_job, done_last_minute=done,
-            failed_last_minute=failed)
+        beat = {"jobs_processed": self.jobs_processed, "current_job": self._current_job,
+                "done_last_minute": done, "failed_last_minute": failed}
+        if not WorkerRow.objects.using(using).filter(id=self.id).update(last_seen_at=Now(),
+                                                                       **beat):
+            self._register_again(beat, held=len(held), renewed=renewed)
         self._per_queue.flush(using)
+
+    def _identity(self) -> dict[str, Any]:
+        """The fields of this worker's row that never change."""
+        return {"hostname": socket.gethostname(), "pid": os.getpid(),
+                "queues": ",".join(self.options.queues)}
+
+    def _register_again(self, beat: dict[str, Any], *, held: int, renewed: int) -> None:
+        """The heartbeat found no row of this worker: housekeeping deleted it after a long
+        silence (the process was stopped, SIGSTOP or swapped out, for
+        ``DEAD_WORKER_AFTER_LEASES`` leases) or an operator did. The worker is alive, so it
+        registers again: the admin, the API and ``requeue`` see it, and do not take its
+        running jobs from under it. Of the ``held`` leases, the heartbeat just ``renewed``
+        those still its own; a row that another worker claimed meanwhile (or an operator
+        requeued) is not, and this worker's writes of it are owner-checked and log LOST."""
+        using = self.options.using
+        if self._halted.is_set():
+            return  # shutting down: the row was deleted by _shutdown
+        WorkerRow.objects.using(using).update_or_create(
+            id=self.id, defaults={**self._identity(), **beat, "last_seen_at": Now()})
+        logger.warning("Worker %s found its row gone (housekeeping deletes the row of a "
+                       "worker silent for %g s, an operator may delete it by hand) and "
+                       "registered again. It still holds %s of the %s job(s) it works on%s.",
+                       self.id, operations.DEAD_WORKER_AFTER_LEASES
+                       * float(jobguard_settings.RETRY_AFTER), renewed, held,
+                       "" if renewed == held else
+                       "; the others went back to the queue meanwhile and end as LOST here")
 
     @staticmethod
     def _clean_up(using: str) -> None:

@@ -13,7 +13,7 @@ from django_jobguard import keys
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import QueuedJob
 from django_jobguard.operations import audit
-from django_jobguard.operations.workers import gone_reason, live_workers
+from django_jobguard.operations.workers import gone_reason, lease_holders
 from django_jobguard.stores import LockInfo, Store, ThrottleInfo, get_store
 
 
@@ -130,8 +130,8 @@ def _judged(store: Store, infos: list[LockInfo], using: str) -> list[LockRow]:
     ids = {u for u in (_job_uuid(i.job_id) for i in infos if i.job_id) if u}
     jobs = {str(row["id"]): row for row in QueuedJob.objects.using(using).filter(
         id__in=ids).with_state().values("id", "reserved_by", "reserved_at", "jobguard_state")}
-    alive = live_workers({row["reserved_by"] for row in jobs.values() if row["reserved_by"]},
-                         using=using)
+    alive = lease_holders({row["reserved_by"] for row in jobs.values() if row["reserved_by"]},
+                          using=using)
     rows = []
     for info in infos:
         expires_in = (info.expires_at - now).total_seconds() if info.expires_at else None

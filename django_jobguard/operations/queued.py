@@ -188,11 +188,14 @@ def requeue(job_ids: Iterable[Any], *, actor: str = "",
     """Put jobs reserved by a worker that is gone back on the queue at once, as if their
     lease had run out now (the crashed run counts as an attempt, as it does then).
 
-    Owner-checked: only a reservation whose worker is judged gone (the locks page's verdict:
-    its process on this host ended, or no heartbeat for ``RETRY_AFTER``) is requeued, by an
-    UPDATE whose WHERE names that worker, and re-checks in SQL that the
-    worker has not sent a heartbeat meanwhile (unless its process is known to have ended).
-    A live worker's job is never taken from under it.
+    Owner-checked: only a reservation whose worker is judged gone (its process on this host
+    ended, or its row shows no heartbeat for ``RETRY_AFTER``) is requeued, by an UPDATE whose
+    WHERE names that worker, and re-checks in SQL that the worker has not sent a heartbeat
+    meanwhile (unless its process is known to have ended). A live worker's job is never
+    taken from under it. A worker that has no row (housekeeping deleted it while the process
+    was stopped, or an operator did) but whose job's lease is fresh counts as alive: the
+    lease was renewed within ``RETRY_AFTER``, and a live worker registers again at its next
+    heartbeat. If it is really gone, the lease runs out within ``RETRY_AFTER``.
     """
     using = queue_database(using)
     wanted = [str(job_id) for job_id in job_ids]
@@ -208,7 +211,7 @@ def requeue(job_ids: Iterable[Any], *, actor: str = "",
             result.not_reserved.append(job_id)
             continue
         state = states.get(row.reserved_by, UNKNOWN)
-        if state == ALIVE:
+        if state in (ALIVE, UNKNOWN):  # UNKNOWN: no worker row, but its lease is fresh
             result.alive.append(job_id)
             continue
         # A worker id names one process, so a dead worker's id never holds a job again.
@@ -260,6 +263,12 @@ def requeue_job(job_id: str, *, actor: str = "", using: str | None = None) -> No
                              code="not_queued")
     result = requeue([job_id], actor=actor, using=using)
     if result.alive:
+        if not Worker.objects.using(using).filter(id=row.reserved_by).exists():
+            raise RequeueRefused(
+                f"Job {job_id} is reserved by worker {row.reserved_by}, which has no worker "
+                f"row but renewed the job's lease within RETRY_AFTER, so it may still be "
+                f"running it: it is not requeued under it (cancel it instead; if the worker "
+                f"is gone, the lease runs out by itself).", code=WORKER_ALIVE)
         raise RequeueRefused(f"Job {job_id} is reserved by worker {row.reserved_by}, which is "
                              f"alive: it is not requeued under it (cancel it instead).",
                              code=WORKER_ALIVE)

@@ -33,7 +33,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 #: What :func:`worker_states` says of a worker: it beats (and runs, when on this host); its
-#: process on this host has ended; its heartbeat is older than ``RETRY_AFTER``; no row.
+#: process on this host has ended (told by its row, or by its id when it has none); its
+#: heartbeat is older than ``RETRY_AFTER``; no row (deleted by housekeeping or by hand: a
+#: live worker registers again at its next heartbeat).
 ALIVE, ENDED, SILENT, UNKNOWN = "alive", "ended", "silent", "unknown"
 
 
@@ -44,6 +46,11 @@ def worker_states(ids: Iterable[str], *, using: str | None = None) -> dict[str, 
     ids = {i for i in ids if i}
     here = socket.gethostname()
     states = dict.fromkeys(ids, UNKNOWN)
+    for worker_id in ids:  # no row: a worker id is ``host:pid:…``, its process may be known
+        host, _, rest = worker_id.partition(":")
+        pid = rest.partition(":")[0]
+        if host == here and pid.isdigit() and not _pid_alive(int(pid)):
+            states[worker_id] = ENDED
     for worker_id, hostname, pid, fresh in Worker.objects.using(using).filter(
             id__in=list(ids)).annotate(fresh=Case(
                 When(last_seen_at__gte=Now() - Value(heartbeat_grace()), then=Value(True)),
@@ -63,9 +70,19 @@ def live_workers(ids: Iterable[str], *, using: str | None = None) -> set[str]:
             if state == ALIVE}
 
 
+def lease_holders(ids: Iterable[str], *, using: str | None = None) -> set[str]:
+    """Workers among ``ids`` that still hold the jobs they reserved with a fresh lease:
+    :data:`ALIVE` ones, and :data:`UNKNOWN` ones, which have no row (housekeeping deleted it
+    while the process was stopped, or an operator did) but renewed that lease within
+    ``RETRY_AFTER``; a live worker writes its row again at its next heartbeat."""
+    return {worker_id for worker_id, state in worker_states(ids, using=using).items()
+            if state in (ALIVE, UNKNOWN)}
+
+
 def gone_reason(worker_id: str, alive: set[str]) -> str:
     """The stale verdict of a reservation (or lock) held by ``worker_id``: ``worker … is
-    gone`` unless it is among ``alive`` (from :func:`live_workers`); empty otherwise."""
+    gone`` unless it is among ``alive`` (from :func:`lease_holders` or :func:`live_workers`);
+    empty otherwise."""
     return "" if worker_id in alive else f"worker {worker_id} is gone"
 
 
@@ -76,7 +93,7 @@ def stale_reservations(rows: Iterable[QueuedJob], *, using: str | None = None
     verdict is the locks page's (:func:`gone_reason`)."""
     held = [row for row in rows if row.reserved_at is not None and row.reserved_by
             and row.state == "reserved"]
-    alive = live_workers({row.reserved_by for row in held}, using=using)
+    alive = lease_holders({row.reserved_by for row in held}, using=using)
     verdicts = {str(row.id): gone_reason(row.reserved_by, alive) for row in held}
     return {job_id: reason for job_id, reason in verdicts.items() if reason}
 

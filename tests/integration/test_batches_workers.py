@@ -11,7 +11,7 @@ from demo.models import JobRun
 
 from django_jobguard import batch
 from django_jobguard.models import Batch, QueuedJob
-from tests.support import worker_env
+from tests.support import wait_for, worker_env
 from tests.support.flow_jobs import CallbackRecord, Flaky, Step
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -43,3 +43,34 @@ def test_callbacks_run_exactly_once_per_batch_with_four_workers(workers):
         assert all(runs[f"m{n}-{i}"] == 1 for i in range(6))
     # The callback saw its batch's final counts (total/pending/failed).
     assert JobRun.objects.get(label="then-0").key == "6/0/0"
+
+
+@pytest.mark.parametrize("mode", ["processes", "threads", "async"])
+def test_no_member_starts_after_cancel_returns(workers, mode):
+    """Issue 27 (6): cancel a batch while two workers run through its members; no member
+    that had not started when ``cancel()`` returned ever runs. A member starts when its
+    attempt is counted (in the claim, or later for one claimed ahead), so the members with
+    ``attempts = 0`` just after the cancel are the ones that must never run."""
+    from tests.support.async_jobs import AsyncRecord
+
+    members = [AsyncRecord(f"c{i}") if mode == "async" else Step(f"c{i}") for i in range(600)]
+    handle = batch(members, name="cancelled").dispatch()
+    args = {"processes": ("--batch", "20"), "threads": ("--threads", "4"),
+            "async": ("--async-concurrency", "8")}[mode]
+    env = worker_env(JOBGUARD_EXTRA_JOB_MODULES="tests.support.flow_jobs")
+    pool = workers(2, "--sleep", "0.05", "--stop-when-empty", *args, env=env)
+    wait_for(lambda: JobRun.objects.count() >= 20, timeout=120, what="20 members run")
+
+    assert handle.cancel()
+    not_started = set(QueuedJob.objects.filter(id__in=handle.job_ids, attempts=0)
+                      .values_list("id", flat=True))
+    assert not_started, "every member started before the cancel: nothing is checked"
+    pool.wait(180)
+
+    ran = set(JobRun.objects.values_list("job_id", flat=True))
+    started_late = {str(i) for i in not_started} & ran
+    assert not started_late, f"{len(started_late)} of {len(not_started)} members not started " \
+                             f"at the cancel ran after it"
+    assert not QueuedJob.objects.exists()
+    row = Batch.objects.get(id=handle.id)
+    assert row.cancelled_at is not None and row.finished and row.pending_jobs == 0

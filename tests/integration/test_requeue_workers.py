@@ -5,12 +5,15 @@ job is never requeued under it."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from demo.models import JobRun
+from rest_framework.test import APIClient
 
 from django_jobguard import dispatch, operations
-from django_jobguard.models import QueuedJob, Worker
-from tests.support import jobs, wait_for
+from django_jobguard.models import FailedJob, QueuedJob, Worker
+from tests.support import jobs, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -57,3 +60,48 @@ def test_a_killed_workers_job_is_flagged_and_requeued_but_a_live_ones_is_not(wor
     assert operations.cancel_job(str(orphan.id)) == operations.STOPPING
     output = "".join(helper.wait(90))
     assert f"[{orphan.id}]" in output and not QueuedJob.objects.exists()
+
+
+def test_a_stopped_worker_whose_row_was_deleted_registers_again_and_keeps_its_job(
+        workers, admin_user):
+    """Issue 27 (3): a worker stopped (SIGSTOP) for longer than the housekeeping limit has
+    its Worker row deleted by another worker's housekeeping. Resumed (SIGCONT) in the middle
+    of its job, it registers again at its next heartbeat; its job is not requeued under it
+    (the API answers 409), not run a second time and not failed."""
+    # RETRY_AFTER 5 s: housekeeping (each worker's, once a minute) deletes the row of a worker
+    # silent for 50 s. No timeout: a stopped job's time limit would run out while stopped.
+    env = worker_env(JOBGUARD_RETRY_AFTER="5", JOBGUARD_DEFAULT_TIMEOUT="0")
+    job = dispatch(jobs.Cooperative("long", steps=120, seconds=0.1), queue="long")
+    stopped = workers(1, "--queue", "long", "--tries", "1", "--sleep", "0.2",
+                      "--stop-when-empty", env=env)
+    proc = stopped.procs[0]
+    wait_for(lambda: started("long", proc.pid), timeout=60, what="the long job running")
+    worker_id = QueuedJob.objects.get(id=job.id).reserved_by
+    assert Worker.objects.filter(id=worker_id).exists()
+
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        # Another worker, on another queue (so that it does not claim the job once its lease
+        # runs out), whose housekeeping deletes the silent worker's row.
+        other = workers(1, "--queue", "elsewhere", "--sleep", "0.2", env=env)
+        wait_for(lambda: not Worker.objects.filter(id=worker_id).exists(), timeout=150,
+                 interval=0.5, what="housekeeping deleting the stopped worker's row")
+        assert QueuedJob.objects.get(id=job.id).reserved_by == worker_id
+    finally:
+        proc.send_signal(signal.SIGCONT)
+
+    wait_for(lambda: Worker.objects.filter(id=worker_id).exists(), timeout=60,
+             what="the resumed worker registering again")
+    api = APIClient()
+    api.force_authenticate(admin_user)
+    response = api.post(f"/jobguard/api/jobs/{job.id}/requeue/")
+    assert response.status_code == 409, response.content
+    assert response.json()["code"] == "worker_alive"
+    assert operations.requeue([job.id]).alive == [str(job.id)]
+
+    stopped.wait(120)
+    other.procs[0].send_signal(signal.SIGTERM)
+    other.wait(60)
+    runs = list(JobRun.objects.filter(label="long").values_list("pid", "key"))
+    assert runs == [(proc.pid, "finished")]  # one run, to its end, on the resumed worker
+    assert not FailedJob.objects.exists() and not QueuedJob.objects.exists()

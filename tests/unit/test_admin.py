@@ -12,7 +12,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from django_jobguard import get_store
-from django_jobguard.models import Chain, FailedJob, QueuedJob
+from django_jobguard.models import Chain, FailedJob, QueuedJob, Worker
 from tests.support import operate as operate_support
 from tests.support.operate import (
     UniqueReport,
@@ -237,8 +237,12 @@ def test_locks_page_lists_store_locks_with_stale_flags(admin_client, store_alias
     store.acquire("jobguard:unique:gone:1", "o1", job_id="00000000-0000-0000-0000-000000000001")
     running = reserved(worker_id="host:1:live")
     store.acquire("jobguard:overlap:ok:1", "o2", ttl=300, job_id=str(running.id))
-    orphan = reserved(worker_id="host:2:dead", live=False)
+    orphan = reserved(worker_id="host:2:dead")  # its worker stopped beating long ago
+    Worker.objects.filter(id="host:2:dead").update(last_seen_at="2000-01-01T00:00:00Z")
     store.acquire("jobguard:overlap:dead:1", "o3", job_id=str(orphan.id))
+    # No worker row, but a fresh lease: its worker may be running it (issue 27 item 3).
+    rowless = reserved(worker_id="host:3:norow", queue_name="busy3", live=False)
+    store.acquire("jobguard:overlap:norow:1", "o6", ttl=300, job_id=str(rowless.id))
     store.acquire("jobguard:overlap:plain", "o4")
     idle = waiting()
     store.acquire("jobguard:overlap:idle:1", "o5", job_id=str(idle.id))
@@ -256,6 +260,7 @@ def test_locks_page_lists_store_locks_with_stale_flags(admin_client, store_alias
     assert not rows["jobguard:overlap:ok:1"]["stale"]
     assert re.fullmatch(r"[45] min \d+ s", rows["jobguard:overlap:ok:1"]["expires"])
     assert rows["jobguard:overlap:dead:1"]["stale_reason"] == "worker host:2:dead is gone"
+    assert not rows["jobguard:overlap:norow:1"]["stale"]
     assert rows["jobguard:overlap:idle:1"]["stale_reason"] == "its job is not running"
     assert rows["jobguard:overlap:plain"]["expires"] == "never"
     assert not rows["jobguard:overlap:plain"]["stale"]

@@ -437,3 +437,28 @@ def test_the_stop_flag_can_be_set_by_a_handler_that_interrupted_its_wait():
     threading.Thread(target=interrupted_wait, daemon=True).start()
     assert done.wait(10), "set() inside the flag's own lock blocked"
     assert flag.is_set() and flag.wait(0)
+
+
+def test_a_heartbeat_that_finds_its_row_gone_registers_again(caplog):
+    """Issue 27 (3): housekeeping (or an operator) deleted the row of a worker that is alive;
+    its next heartbeat writes it again and renews the lease of the job it runs."""
+    from django_jobguard import queue
+    from django_jobguard.models import Worker as WorkerRow
+
+    handle = jobs.Noop().dispatch()
+    worker = Worker(WorkerOptions(queues=["default"], memory=0))
+    (row,) = queue.claim(["default"], worker_id=worker.id)
+    worker.show_running([row])
+    assert not WorkerRow.objects.filter(id=worker.id).exists()
+    QueuedJob.objects.filter(id=handle.id).update(available_at=timezone.now())  # lease out
+
+    worker.heartbeat()
+    again = WorkerRow.objects.get(id=worker.id)
+    assert again.queues == "default" and again.current_job == str(row.id)
+    assert QueuedJob.objects.reserved().filter(id=handle.id).exists()  # lease renewed
+    assert "registered again" in caplog.text and "still holds 1 of the 1" in caplog.text
+
+    WorkerRow.objects.filter(id=worker.id).delete()
+    worker._halted.set()  # shutting down: its row was deleted on purpose
+    worker.heartbeat()
+    assert not WorkerRow.objects.filter(id=worker.id).exists()

@@ -135,6 +135,11 @@ def test_requeue_an_orphaned_reservation_but_never_a_live_workers_job(api):
     assert "otherhost:5:live, which is alive" in body["detail"]
     assert QueuedJob.objects.with_state().get(id=live.id).state == "reserved"
     assert_error(api.post(f"{API}jobs/{idle.id}/requeue/"), 409, "not_reserved")
+    # Issue 27 (3): its worker's row is gone (housekeeping, or deleted by hand), its lease fresh.
+    Worker.objects.filter(id="otherhost:5:live").delete()
+    body = assert_error(api.post(f"{API}jobs/{live.id}/requeue/"), 409, "worker_alive")
+    assert "has no worker row but renewed the job's lease" in body["detail"]
+    assert QueuedJob.objects.with_state().get(id=live.id).state == "reserved"
     assert_error(api.post(f"{API}jobs/00000000-0000-0000-0000-000000000009/requeue/"), 404,
                  "not_found")
     assert_error(api.post(f"{API}jobs/not-a-uuid/requeue/"), 404, "not_found")

@@ -131,6 +131,35 @@ def test_requeue_rechecks_the_heartbeat_in_sql(monkeypatch):
     assert QueuedJob.objects.with_state().get(id=row.id).state == "reserved"
 
 
+def test_requeue_refuses_a_fresh_lease_whose_worker_has_no_row():
+    """Issue 27 (3): housekeeping deleted the row of a stopped worker, or an operator did;
+    the lease was renewed within RETRY_AFTER, so the worker may be running the job."""
+    row = reserved(worker_id="otherhost:1:norow", live=False)
+    assert not Worker.objects.filter(id="otherhost:1:norow").exists()
+    assert operations.worker_states(["otherhost:1:norow"]) == {"otherhost:1:norow": "unknown"}
+    assert operations.stale_reservations(QueuedJob.objects.with_state()) == {}
+    assert operations.requeue([row.id]).alive == [str(row.id)]
+    with pytest.raises(operations.RequeueRefused, match="has no worker row but renewed the "
+                                                        "job's lease") as caught:
+        operations.requeue_job(str(row.id))
+    assert caught.value.code == operations.WORKER_ALIVE
+    assert QueuedJob.objects.with_state().get(id=row.id).state == "reserved"
+
+
+def test_a_worker_without_a_row_whose_process_on_this_host_ended_is_ended():
+    """Its id (``host:pid:…``) tells its process: a row-less worker killed here is gone, and
+    its job can be requeued at once."""
+    import socket
+
+    worker_id = f"{socket.gethostname()}:{2**22 + 6789}:gone"
+    row = reserved(worker_id=worker_id, live=False)
+    assert operations.worker_states([worker_id]) == {worker_id: "ended"}
+    assert operations.stale_reservations(QueuedJob.objects.with_state()) == {
+        str(row.id): f"worker {worker_id} is gone"}
+    assert operations.requeue([row.id]).requeued == [str(row.id)]
+    assert QueuedJob.objects.with_state().get(id=row.id).state == "waiting"
+
+
 def test_a_worker_row_without_a_process_on_this_host_is_ended():
     import socket
 
