@@ -142,7 +142,7 @@ class DatabaseStore(Store):
         return Throttle.objects.using(self.using)
 
     def _now_us(self) -> int:
-        return _to_us(self.now())
+        return counters.to_us(self.now())
 
     def _locked(self, keys: list[str], kind: str) -> dict[str, ThrottleRow]:
         """Lock the rows of ``keys`` (made first where missing) in key order; ``{key: row}``."""
@@ -157,8 +157,8 @@ class DatabaseStore(Store):
         """Store a window's or circuit's new state (times in µs of the store clock)."""
         self._dialect.write_throttle(
             key, kind=kind, hits=hits, limit=limit, state=state, value=value, data=data,
-            resets_at=_from_us(resets_at) if resets_at else None,
-            expires_at=_from_us(expires_at))
+            resets_at=counters.from_us(resets_at) if resets_at else None,
+            expires_at=counters.from_us(expires_at))
 
     def _serialized(self, work: Callable[[], Any]) -> Any:
         """Run ``work`` in a transaction, retried on deadlocks and busy databases."""
@@ -195,7 +195,7 @@ class DatabaseStore(Store):
             return outcome
 
         outcome = self._serialized(hit)
-        return RateDecision(allowed=outcome.allowed, now=_from_us(outcome.now),
+        return RateDecision(allowed=outcome.allowed, now=counters.from_us(outcome.now),
                             retry_after=outcome.wait / 1_000_000, blocked=outcome.blocked)
 
     def _circuit(self, row: ThrottleRow | None, now: int) -> counters.Circuit:
@@ -264,7 +264,7 @@ class DatabaseStore(Store):
                 seen = counters.describe_rate(counters.decode_log(row.data), now, decay)
                 if seen is not None:
                     out.append(ThrottleInfo(key=row.key, kind="rate", hits=seen[0],
-                                            limit=row.limit, resets_at=_from_us(seen[1]),
+                                            limit=row.limit, resets_at=counters.from_us(seen[1]),
                                             store=self.alias))
             elif row.kind == "circuit":
                 c = counters.describe_circuit(counters.decode_circuit(row.data), now,
@@ -272,7 +272,7 @@ class DatabaseStore(Store):
                 if c is not None:
                     out.append(ThrottleInfo(key=row.key, kind="circuit", hits=c.failures,
                                             limit=row.limit, state=c.state,
-                                            resets_at=_from_us(c.until), store=self.alias))
+                                            resets_at=counters.from_us(c.until), store=self.alias))
         return out
 
     def reset_throttle(self, key: str) -> bool:
@@ -282,19 +282,8 @@ class DatabaseStore(Store):
         return self._throttles().filter(expires_at__lte=clock.db_now()).delete()[0]
 
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def _to_us(value: datetime.datetime) -> int:
-    return (value - _EPOCH) // datetime.timedelta(microseconds=1)
-
-
-def _from_us(value: int) -> datetime.datetime:
-    return _EPOCH + datetime.timedelta(microseconds=value)
-
-
 def _circuit_decision(key: str, entry: counters.Entry) -> CircuitDecision:
     c = entry.circuit
     return CircuitDecision(key=key, state=c.state, failures=c.failures, admitted=entry.admitted,
                            probe=entry.probe, retry_after=entry.wait / 1_000_000,
-                           until=_from_us(c.until) if c.until else None)
+                           until=counters.from_us(c.until) if c.until else None)
