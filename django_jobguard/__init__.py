@@ -17,6 +17,7 @@ _EXPORTS = {
     "JobContext": "django_jobguard.context",
     "RetryPolicy": "django_jobguard.retry",
     "Outcome": "django_jobguard.outcome",
+    "JobState": "django_jobguard.outcome",
     "JobMiddleware": "django_jobguard.middleware",
     "ShouldBeUnique": "django_jobguard.unique_jobs",
     "ShouldBeUniqueUntilProcessing": "django_jobguard.unique_jobs",

@@ -25,11 +25,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from django_jobguard.outcome import JobState
+
 JOB_LOGGER = "django_jobguard.worker.jobs"
 job_logger = logging.getLogger(JOB_LOGGER)
 
 #: Level of each state's line; unnamed states are INFO.
-LEVELS = {"RUNNING": logging.DEBUG, "FAILED": logging.WARNING, "LOST": logging.WARNING}
+LEVELS = {JobState.RUNNING: logging.DEBUG,
+          **{state: logging.WARNING for state in JobState if state.is_failure}}
 #: The job line's structured attributes, in the order :class:`JsonFormatter` writes them.
 FIELDS = ("worker_id", "job_id", "job", "queue", "state", "attempt", "elapsed", "detail")
 FORMATS = ("text", "json")
@@ -77,6 +80,15 @@ def text_line(stamp: str, job: str, job_id: str, state: str, elapsed: float | No
     return f"{line} ({detail})" if detail else line
 
 
+def palette(colors: Any) -> dict[str, Callable[[str], str]]:
+    """The colour of each job line state, from a Django ``color_style()`` (done green, failed
+    and lost red, released yellow; other states plain)."""
+    out: dict[str, Callable[[str], str]] = {JobState.DONE: colors.SUCCESS,
+                                            JobState.RELEASED: colors.WARNING}
+    out.update({state: colors.ERROR for state in JobState if state.is_failure})
+    return out
+
+
 class JobLineFormatter(logging.Formatter):
     """The job line as ``jobworker`` prints it (local time, worker id, dots to the state),
     coloured by outcome with ``colors`` (a Django ``color_style()``); other records as
@@ -86,8 +98,7 @@ class JobLineFormatter(logging.Formatter):
         super().__init__(*args, **kwargs)
         self.palette: dict[str, Callable[[str], str]] = {}
         if colors is not None:
-            self.palette = {"DONE": colors.SUCCESS, "FAILED": colors.ERROR,
-                            "RELEASED": colors.WARNING, "LOST": colors.ERROR}
+            self.palette = palette(colors)
         self._stamp: tuple[int, str] = (-1, "")
 
     def stamp(self, created: float) -> str:

@@ -50,7 +50,7 @@ from django_jobguard.exceptions import (
 from django_jobguard.handling import run_middleware, run_middleware_async
 from django_jobguard.logs import text_line
 from django_jobguard.observe import job_line, running
-from django_jobguard.outcome import Kind, Outcome
+from django_jobguard.outcome import JobState, Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
@@ -70,9 +70,6 @@ STORE_OUTAGE_JITTER = 3.0
 #: putting back job after job while the store restarts.
 STORE_OUTAGE_PAUSE = 1.0
 
-#: What a worker logs for each outcome (``LOST``: the row was no longer ours to change).
-STATES = {Kind.DONE: "DONE", Kind.DROPPED: "SKIPPED", Kind.RELEASED: "RELEASED",
-          Kind.DEFERRED: "RELEASED", Kind.FAILED: "FAILED", Kind.CANCELLED: "CANCELLED"}
 MISSING_MODEL = "missing_model"
 
 Log = Callable[[str, str], None]
@@ -205,7 +202,7 @@ class Pipeline:
             raise exc
         unique_jobs.release(unique_ref(row.payload))
         signals.job_failed.send(sender=None, job=None, job_id=str(row.id), exception=exc)
-        return self._log(row, "FAILED", started, queue.describe(exc))
+        return self._log(row, JobState.FAILED, started, queue.describe(exc))
 
     def _prepare(self, row: QueuedJob, started: float,
                  then: QueuedJob | None) -> str | JobLike:
@@ -270,7 +267,7 @@ class Pipeline:
             logger.warning("%s [%s] is not registered in this worker; put back for %.1f s "
                            "(UNKNOWN_JOB_GRACE: %g s left).", row.name, row.id, delay,
                            grace - age)
-            return self._log(row, "RELEASED", started,
+            return self._log(row, JobState.RELEASED, started,
                              f"unknown job, retry in {rounded(delay)} s")
         error = registry.UnknownJobError(
             f"No job is registered as {row.name!r} in the workers that took it in the "
@@ -348,7 +345,7 @@ class Pipeline:
     def _starting(self, row: QueuedJob, job: JobLike) -> None:
         """Log RUNNING, send ``job_processing``, note the start time."""
         if self.log_running:
-            self._log(row, "RUNNING")
+            self._log(row, JobState.RUNNING)
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         job.context.started_at = clock.now()
 
@@ -451,12 +448,12 @@ class Pipeline:
             return self._lost(row, started)
         unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
         if job is None:  # a job deleted because a model argument is gone
-            return self._log(row, "DELETED", started, detail)
+            return self._log(row, JobState.DELETED, started, detail)
         if cancelled:
-            return self._log(row, "CANCELLED", started, outcome.detail)
+            return self._log(row, JobState.CANCELLED, started, outcome.detail)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
                                    result=outcome.result)
-        return self._log(row, STATES[outcome.kind], started, detail)
+        return self._log(row, outcome.state, started, detail)
 
     def _ack_with_results(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, *,
                           keep: bool, then: QueuedJob | None) -> bool:
@@ -494,7 +491,7 @@ class Pipeline:
         delay = _seconds(outcome.due)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=outcome.reason, exception=exception)
-        return self._log(row, STATES[outcome.kind], started,
+        return self._log(row, outcome.state, started,
                          f"{outcome.reason}, retry in {rounded(delay)} s")
 
     def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
@@ -525,10 +522,10 @@ class Pipeline:
                                 exception=exc)
         logger.error("%s [%s] failed: %s", _shown(row), row.id, queue.describe(exc),
                      exc_info=(type(exc), exc, exc.__traceback__))
-        return self._log(row, "FAILED", started, queue.describe(exc))
+        return self._log(row, JobState.FAILED, started, queue.describe(exc))
 
     def _lost(self, row: QueuedJob, started: float) -> str:
-        return self._log(row, "LOST", started, "lease expired; another worker has it")
+        return self._log(row, JobState.LOST, started, "lease expired; another worker has it")
 
     def _store_result(self, row: QueuedJob, status: str, started_at: Any, *, ran: bool,
                       return_value: Any = None, exception: BaseException | None = None,
@@ -541,8 +538,8 @@ class Pipeline:
 
     # -- log lines -------------------------------------------------------------------------
 
-    def _log(self, row: QueuedJob, state: str, started: float | None = None,
-             detail: str = "") -> str:
+    def _log(self, row: QueuedJob, state: JobState, started: float | None = None,
+             detail: str = "") -> JobState:
         """The job line of ``row``: ``logging``, metrics and trace (:mod:`.observe`)."""
         elapsed = None if started is None else time.monotonic() - started
         shown = _shown(row)
