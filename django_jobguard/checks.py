@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
@@ -261,7 +261,7 @@ def _check_timeouts() -> list:
     from django_jobguard import registry
 
     retry_after = jobguard_settings.RETRY_AFTER
-    errors = []
+    errors: list[CheckMessage] = []
     timeouts = {"JOBGUARD['DEFAULT_TIMEOUT']": jobguard_settings.DEFAULT_TIMEOUT}
     timeouts.update({name: cls.timeout for name, cls in registry.all_jobs().items()
                      if cls.timeout})

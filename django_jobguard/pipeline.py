@@ -132,7 +132,7 @@ class Pipeline:
                 return self._unprocessable(row, exc, started)
             finally:
                 if job is not None and not isinstance(job, str):
-                    job.context.reporter.close()
+                    job.context.close_reporter()
 
     async def aprocess(self, row: QueuedJob) -> str:
         """:meth:`process` for an async job's row, on the event loop: the database work off
@@ -155,7 +155,7 @@ class Pipeline:
                 result, error = None, exc
             return await aio.call_sync(self._finish, row, job, result, error, started)
         finally:
-            job.context.reporter.close()
+            job.context.close_reporter()
 
     def begin(self, row: QueuedJob, started: float) -> str | JobLike:
         """Off the loop (any thread): start and rebuild an async job's row; its state if
@@ -172,7 +172,7 @@ class Pipeline:
             raise
         except Exception as exc:
             if job is not None and not isinstance(job, str):
-                job.context.reporter.close()
+                job.context.close_reporter()
             return self._unprocessable(row, exc, started)
 
     def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
@@ -224,10 +224,10 @@ class Pipeline:
         try:
             ended = self._refused(row, job, started)
         except BaseException:
-            job.context.reporter.close()
+            job.context.close_reporter()
             raise
         if ended is not None:
-            job.context.reporter.close()
+            job.context.close_reporter()
             return ended
         return job
 
@@ -424,6 +424,7 @@ class Pipeline:
         if outcome.kind is Kind.FAILED:
             return self._fail(row, job, outcome, started)
         if outcome.goes_back:
+            assert job is not None  # only a rebuilt job is released or deferred
             state = self._put_back(row, job, outcome, started)
             if outcome.reason == "store_unavailable":
                 self.pause(STORE_OUTAGE_PAUSE)
@@ -465,13 +466,14 @@ class Pipeline:
         with transaction.atomic(using=self.using) if keep or follow else nullcontext():
             if not queue.ack(row, then=then, using=self.using, own_transaction=own):
                 return False
-            if keep and cancelled:
-                self._store_result(row, results.FAILED, job.context.started_at,
-                                   ran=job.context.handle_started,
+            context = job.context if keep and job is not None else None  # keep: a job
+            if context is not None and cancelled:
+                self._store_result(row, results.FAILED, context.started_at,
+                                   ran=context.handle_started,
                                    exception=JobCancelledError(outcome.detail))
-            elif keep:
-                self._store_result(row, results.SUCCESSFUL, job.context.started_at,
-                                   ran=job.context.handle_started, return_value=outcome.result)
+            elif context is not None:
+                self._store_result(row, results.SUCCESSFUL, context.started_at,
+                                   ran=context.handle_started, return_value=outcome.result)
             if follow:
                 workflows.finished(row.payload, job_id=str(row.id), using=self.using,
                                    outcome=workflows.SKIPPED if cancelled
@@ -497,6 +499,7 @@ class Pipeline:
     def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
               started: float) -> str:
         exc = outcome.exception
+        assert exc is not None  # Outcome.failed always carries one
         # The job's own exception is its last error; a limit (attempts) or a row that could
         # not be rebuilt keeps the one an earlier run left on the row.
         own = outcome.reason not in ("attempts", "rebuild")

@@ -77,10 +77,10 @@ class DatabaseStore(Store):
         return self._dialect.release_lock(key, owner)
 
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
-        ttl = check_ttl(ttl)
+        checked = check_ttl(ttl)
         held = Q(expires_at__isnull=True) | Q(expires_at__gt=clock.db_now())
         return bool(self._locks().filter(held, key=key, owner=owner).update(
-            expires_at=_expiry(ttl)))
+            expires_at=_expiry(checked)))
 
     def force_release(self, key: str) -> bool:
         return bool(self._locks().filter(key=key).exclude(owner="").update(owner="",

@@ -71,7 +71,7 @@ def _claimable(*, delayed: bool) -> Q:
     return due | Q(reserved_at__isnull=True) if delayed else due
 
 
-def claim_row(job_id: object, *, worker_id: str, delayed: bool = False,
+def claim_row(job_id: uuid.UUID | str, *, worker_id: str, delayed: bool = False,
               using: str | None = None) -> QueuedJob | None:
     """Reserve the row ``job_id`` as a worker's claim does (attempt counted, lease taken);
     ``None`` if it is gone or not claimable."""
