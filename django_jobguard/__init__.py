@@ -3,7 +3,33 @@ exception throttling. The public API is importable from here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# What type checkers and IDEs see behind the lazy imports below (ruff: F401 is off here).
+if TYPE_CHECKING:
+    from django_jobguard.batches import Batchable, batch
+    from django_jobguard.chains import chain
+    from django_jobguard.context import JobContext
+    from django_jobguard.cron import CronExpression
+    from django_jobguard.decorators import job, unique, unique_until_processing, without_overlapping
+    from django_jobguard.exceptions import (
+        JobTimeoutError,
+        ManuallyFailedError,
+        MaxAttemptsExceededError,
+        StoreUnavailableError,
+    )
+    from django_jobguard.jobs import Dispatched, Job, dispatch, dispatch_many, dispatch_sync
+    from django_jobguard.limits import Limit, UnknownLimiterError, rate_limiter
+    from django_jobguard.middleware import JobMiddleware
+    from django_jobguard.middleware.rate_limited import RateLimited
+    from django_jobguard.middleware.skip import Skip
+    from django_jobguard.middleware.throttles_exceptions import ThrottlesExceptions
+    from django_jobguard.middleware.without_overlapping import WithoutOverlapping
+    from django_jobguard.outcome import JobState, Outcome
+    from django_jobguard.retry import RetryPolicy
+    from django_jobguard.schedules import Schedule, periodic
+    from django_jobguard.stores import get_store
+    from django_jobguard.unique_jobs import ShouldBeUnique, ShouldBeUniqueUntilProcessing
 
 __version__ = "0.1.0"
 
@@ -17,6 +43,7 @@ _EXPORTS = {
     "JobContext": "django_jobguard.context",
     "RetryPolicy": "django_jobguard.retry",
     "Outcome": "django_jobguard.outcome",
+    "JobState": "django_jobguard.outcome",
     "JobMiddleware": "django_jobguard.middleware",
     "ShouldBeUnique": "django_jobguard.unique_jobs",
     "ShouldBeUniqueUntilProcessing": "django_jobguard.unique_jobs",

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -234,9 +234,9 @@ def _result(run: JobRun, timeout: float) -> Any:
     task = run.task
     if run.reason == TIMEOUT:
         error = JobTimeoutError(f"The job has timed out after {timeout:g} s.")
-        if task.done() and not task.cancelled() and task.exception() is not None \
-                and not isinstance(task.exception(), asyncio.CancelledError):
-            raise task.exception()  # it turned the cancellation into its own error
+        own = task.exception() if task.done() and not task.cancelled() else None
+        if own is not None and not isinstance(own, asyncio.CancelledError):
+            raise own  # it turned the cancellation into its own error
         raise error
     if run.reason == CANCELLED:
         run.context.cancel_seen = True
@@ -251,6 +251,7 @@ def _result(run: JobRun, timeout: float) -> Any:
 async def _watch_cancel(run: JobRun) -> None:
     """Read the job's cancel flag once a second (off the loop); cancel the task when set."""
     reporter = run.context.reporter
+    assert reporter is not None  # started only for a run that has one
     while not run.task.done():
         await asyncio.sleep(CANCEL_POLL)
         try:
@@ -384,7 +385,7 @@ def loop_thread() -> LoopThread:
         return _loop_thread
 
 
-def run_blocking(factory: Callable[[], Awaitable[T]], *, in_worker: bool) -> T:
+def run_blocking(factory: Callable[[], Coroutine[Any, Any, T]], *, in_worker: bool) -> T:
     """Run the coroutine ``factory()`` to its end from sync code: on this process's loop
     thread in a worker, else with ``async_to_sync`` (``drain()``, inline mode,
     ``dispatch_sync()``), whose ``call_sync`` calls come back to this thread."""

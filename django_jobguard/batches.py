@@ -40,6 +40,7 @@ from django_jobguard.dialects import dialect_for
 from django_jobguard.models import Batch
 
 if TYPE_CHECKING:
+    from django_jobguard.context import JobContext
     from django_jobguard.jobs import Job
 
 __all__ = ["BatchHandle", "Batchable", "PendingBatch", "add", "batch", "cancel", "cancelled",
@@ -57,6 +58,9 @@ class Batchable:
     """Mixin for jobs that use their batch (Laravel's ``Batchable`` trait):
     ``self.batch`` is the :class:`BatchHandle` of the batch the job belongs to, or whose
     callback it is, ``None`` otherwise. ``class ImportRows(Batchable, Job)``."""
+
+    #: The run's context (the job class it is mixed into has it).
+    context: JobContext
 
     @property
     def batch(self) -> BatchHandle | None:
@@ -113,8 +117,9 @@ class PendingBatch:
         with transaction.atomic(using=using):
             row.save(using=using, force_insert=True)
             job_queue.push(rows, using=using)
-            if not rows:  # an empty batch is done at once
-                _settle(_locked(row.id, using), using)
+            locked = _locked(row.id, using) if not rows else None
+            if locked is not None:  # an empty batch is done at once
+                _settle(locked, using)
         row.refresh_from_db(using=using)
         return BatchHandle(row, job_ids=[str(r.id) for r in rows], using=using)
 

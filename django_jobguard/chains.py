@@ -66,7 +66,8 @@ class JobChain:
         from django_jobguard.jobs import build_row
 
         chain_id = uuid.uuid4()
-        links, first = [], None
+        links: list[dict[str, Any]] = []
+        first: job_queue.NewJob | None = None
         for index, job in enumerate(self.jobs):
             row, envelope = build_row(job)
             # Links are queued by the chain, not by dispatch(): no unique lock is taken.
@@ -80,6 +81,7 @@ class JobChain:
                           "status": QUEUED if index == 0 else PENDING})
         with transaction.atomic(using=using):
             Chain.objects.using(using).create(id=chain_id, name=self.name, links=links)
+            assert first is not None  # a chain has at least one job
             job_queue.push([first], using=using)
         return ChainDispatched(id=str(chain_id), job_ids=[link["id"] for link in links])
 

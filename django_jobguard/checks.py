@@ -2,7 +2,7 @@
 
 Ids:
 - jobguard.E001 ``JOBGUARD`` is not a dict, or has an unknown key.
-- jobguard.E002 a setting has the wrong type or range.
+- jobguard.E002 a setting has the wrong type or range (as ``conf.SETTINGS`` declares it).
 - jobguard.E003 ``RETRY_AFTER`` is not larger than a job's (or the default) ``timeout``.
 - jobguard.W003 ``RETRY_AFTER`` is not larger than a timeout's hard limit (timeout + 6 s): a
   job stuck in C code past its timeout could be given to a second worker before the watchdog
@@ -50,44 +50,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from django_jobguard.conf import DEFAULTS, jobguard_settings
+from django_jobguard.conf import DEFAULTS, SETTINGS, jobguard_settings
 from django_jobguard.timeouts import hard_limit
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "DEFAULT_QUEUE": (str,),
-    "RETRY_AFTER": (int, float),
-    "DEFAULT_TIMEOUT": (int, float),
-    "CLAIM_BATCH_SIZE": (int, type(None)),
-    "MAX_PAYLOAD_BYTES": (int,),
-    "MAX_RESULT_BYTES": (int,),
-    "JOB_MODULES": (list, tuple),
-    "USE_NOTIFY": (bool,),
-    "SYNCHRONOUS_ACKS": (bool,),
-    "LISTEN_DATABASE": (str, type(None)),
-    "PGBOUNCER": (bool, list, tuple),
-    "DATABASE": (str,),
-    "STORE": (str,),
-    "STORES": (dict,),
-    "DEFERRALS_CONSUME_ATTEMPTS": (bool,),
-    "API_DISPATCHABLE_JOBS": (list, tuple),
-    "API_PERMISSION_CLASSES": (list, tuple),
-    "RESULT_RETENTION_DAYS": (int, float),
-    "FAILED_RETENTION_DAYS": (int, float, type(None)),
-    "TEST_MODE": (str,),
-    "SCHEDULE": (dict,),
-    "EMBEDDED_WORKER": (dict, type(None)),
-    "METRICS_TOKEN": (str, type(None)),
-    "ASYNC_BLOCKED_AFTER": (int, float),
-    "ASYNC_CONCURRENCY": (int,),
-    "QUEUES": (dict,),
-}
-_POSITIVE = {"RETRY_AFTER", "CLAIM_BATCH_SIZE", "FAILED_RETENTION_DAYS", "ASYNC_CONCURRENCY"}
-_NON_NEGATIVE = {"DEFAULT_TIMEOUT", "MAX_PAYLOAD_BYTES", "MAX_RESULT_BYTES",
-                 "RESULT_RETENTION_DAYS", "ASYNC_BLOCKED_AFTER"}
 
 
 @register(Tags.compatibility)
@@ -101,18 +69,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         errors.append(Error(f"JOBGUARD has an unknown key {key!r}.",
                             hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
                             id="jobguard.E001"))
-    for key, types in _TYPES.items():
-        value = getattr(jobguard_settings, key)
-        wrong_type = not isinstance(value, types) or (isinstance(value, bool)
-                                                      and bool not in types)
-        if wrong_type:
-            expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
-            errors.append(Error(f"JOBGUARD['{key}'] must be {expected}, not "
-                                f"{type(value).__name__}.", id="jobguard.E002"))
-        elif key in _POSITIVE and value is not None and value <= 0:
-            errors.append(Error(f"JOBGUARD['{key}'] must be greater than 0.", id="jobguard.E002"))
-        elif key in _NON_NEGATIVE and value < 0:
-            errors.append(Error(f"JOBGUARD['{key}'] must not be negative.", id="jobguard.E002"))
+    for key, setting in SETTINGS.items():  # type and range, as conf.SETTINGS declares them
+        problem = "" if setting.checked_by else setting.problem(getattr(jobguard_settings, key))
+        if problem:
+            errors.append(Error(f"JOBGUARD['{key}'] {problem}", id="jobguard.E002"))
     if errors:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
@@ -161,7 +121,7 @@ def _check_reliability() -> list:
     """jobguard.E040–E049: the settings of the reliability features (issue 12)."""
     errors: list = []
     grace = jobguard_settings.UNKNOWN_JOB_GRACE
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
+    if SETTINGS["UNKNOWN_JOB_GRACE"].problem(grace):
         errors.append(Error(f"JOBGUARD['UNKNOWN_JOB_GRACE'] must be a number of seconds >= 0, "
                             f"not {grace!r}.",
                             hint="600 (the default) waits 10 minutes for a newer worker to "
@@ -301,7 +261,7 @@ def _check_timeouts() -> list:
     from django_jobguard import registry
 
     retry_after = jobguard_settings.RETRY_AFTER
-    errors = []
+    errors: list[CheckMessage] = []
     timeouts = {"JOBGUARD['DEFAULT_TIMEOUT']": jobguard_settings.DEFAULT_TIMEOUT}
     timeouts.update({name: cls.timeout for name, cls in registry.all_jobs().items()
                      if cls.timeout})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 from django_jobguard.conf import queue_database
 from django_jobguard.envelope import Envelope
@@ -63,6 +63,11 @@ class JobContext:
         else:
             self.reporter.progress(fraction, message)
 
+    def close_reporter(self) -> None:
+        """Write the run's last progress and stop reporting (nothing outside a worker)."""
+        if self.reporter is not None:
+            self.reporter.close()
+
     def request(self, outcome: Outcome) -> None:
         """Ask for ``outcome`` once the run ends; a failure asked for is never overridden."""
         if self.requested is not None and self.requested.kind is Kind.FAILED:
@@ -80,12 +85,14 @@ class JobLike(Protocol):
     """What the layers under :class:`~django_jobguard.jobs.Job` (registry, unique locks, the
     pipeline) use of a job; ``Job`` implements it. They depend on this, not on ``Job``."""
 
-    name: str
+    name: ClassVar[str]
     context: JobContext
-    keep_result: bool
+    keep_result: ClassVar[bool]
     #: Whether ``handle()`` is ``async def`` (it runs on an event loop).
-    is_async: bool
-    delete_when_missing_models: bool
+    is_async: ClassVar[bool]
+    delete_when_missing_models: ClassVar[bool]
+    #: Seconds a run may take (``None``: the worker's default).
+    timeout: ClassVar[int | float | None]
 
     @property
     def job_id(self) -> str | None: ...
@@ -96,5 +103,7 @@ class JobLike(Protocol):
 
     def failed(self, exception: BaseException) -> None: ...
 
+    def retry_until(self) -> datetime.datetime | None: ...
+
     @classmethod
-    def from_envelope(cls, envelope: Envelope) -> JobLike: ...
+    def from_envelope(cls, envelope: Envelope) -> Self: ...

@@ -12,12 +12,20 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.utils import timezone
 
 #: What ``delay=`` accepts: seconds, a timedelta, an aware datetime, or ``None`` (now).
 Delay = int | float | datetime.timedelta | datetime.datetime | None
+
+
+@overload
+def seconds(value: Any, *, name: str, allow_none: Literal[False] = False) -> float: ...
+
+
+@overload
+def seconds(value: Any, *, name: str, allow_none: bool) -> float | None: ...
 
 
 def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:

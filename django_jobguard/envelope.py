@@ -53,7 +53,8 @@ class UniqueRef:
         if not isinstance(value, dict):
             return None
         key, store, owner = (value.get(name) for name in ("key", "store", "owner"))
-        if not all(isinstance(v, str) and v for v in (key, store, owner)):
+        if not (isinstance(key, str) and isinstance(store, str) and isinstance(owner, str)
+                and key and store and owner):
             return None
         return cls(key=key, store=store, owner=owner)
 

@@ -238,7 +238,8 @@ class ThreadExecutor:
         """Enforce the running jobs' time limits: raise the timeout in a thread whose job ran
         out of time; give up a thread still in its job a grace period later. Raises
         :class:`AllThreadsStuck` when every slot's thread is stuck."""
-        slots = {slot.thread.ident: slot for slot in self._busy_slots()}
+        slots = {slot.thread.ident: slot for slot in self._busy_slots()
+                 if slot.thread.ident is not None}  # (busy: started, so never None)
         timeouts.expire_thread_limits(slots)
         now = time.monotonic()
         for ident, slot in slots.items():

@@ -24,13 +24,14 @@ from django_jobguard import clock
 from django_jobguard.conf import queue_database
 from django_jobguard.dialects import dialect_for
 from django_jobguard.models import QueueMinute
+from django_jobguard.outcome import JobState
 
 #: How long minute rows are kept: the 24 h chart plus a day of slack.
 KEEP = datetime.timedelta(days=2)
 
-#: Outcomes counted as done; the same as the worker's ``RecentOutcomes.DONE``.
-DONE_STATES = frozenset({"DONE", "SKIPPED", "DELETED", "CANCELLED"})
-FAILED_STATE = "FAILED"
+#: Outcomes counted as done (``JobState.finished()``, as the worker's ``RecentOutcomes``).
+DONE_STATES = JobState.finished()
+FAILED_STATE = JobState.FAILED
 
 
 class QueueCounter:

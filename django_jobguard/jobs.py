@@ -89,6 +89,8 @@ class Job:
 
     #: This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`).
     context: JobContext
+    #: The arguments the job was made with (``repr`` and the payload show them).
+    _dispatch_args: tuple[tuple[Any, ...], dict[str, Any]]
     #: Fencing token of the ``WithoutOverlapping`` lock this run holds.
     lock_token: int | None = None
     #: Store time at which ``RateLimited`` let this run start.

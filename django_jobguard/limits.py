@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_jobguard import keys
 from django_jobguard.exceptions import JobGuardError
@@ -115,6 +115,8 @@ class Limit:
 
 
 Limiter = Callable[["Job"], "Limit | str | Iterable[Limit | str]"]
+#: What :meth:`RateLimiterRegistry.define` takes, and gives back unchanged.
+Defined = TypeVar("Defined", bound="Limiter | Limit | str")
 
 
 class RateLimiterRegistry:
@@ -123,7 +125,7 @@ class RateLimiterRegistry:
     def __init__(self) -> None:
         self._limiters: dict[str, Limiter] = {}
 
-    def define(self, name: str, limiter: Limiter | Limit | str) -> Limiter:
+    def define(self, name: str, limiter: Defined) -> Defined:
         """Register ``limiter`` (a function of the job, or a fixed Limit / rate string) under
         ``name``; defining a name again replaces it."""
         if not isinstance(name, str) or not name:
@@ -169,7 +171,7 @@ class RateLimiterRegistry:
 
     def limits_for(self, name: str, job: Job) -> list[Limit]:
         """The limits limiter ``name`` gives ``job``, unlimited ones left out."""
-        value = self.get(name)(job)
+        value: Any = self.get(name)(job)  # checked below: a user's function may return anything
         items = [value] if isinstance(value, (Limit, str)) else value
         try:
             items = list(items)

@@ -23,13 +23,19 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
+
+from django_jobguard.outcome import JobState
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 JOB_LOGGER = "django_jobguard.worker.jobs"
 job_logger = logging.getLogger(JOB_LOGGER)
 
 #: Level of each state's line; unnamed states are INFO.
-LEVELS = {"RUNNING": logging.DEBUG, "FAILED": logging.WARNING, "LOST": logging.WARNING}
+LEVELS: dict[str, int] = {JobState.RUNNING: logging.DEBUG,
+          **{state: logging.WARNING for state in JobState if state.is_failure}}
 #: The job line's structured attributes, in the order :class:`JsonFormatter` writes them.
 FIELDS = ("worker_id", "job_id", "job", "queue", "state", "attempt", "elapsed", "detail")
 FORMATS = ("text", "json")
@@ -77,6 +83,15 @@ def text_line(stamp: str, job: str, job_id: str, state: str, elapsed: float | No
     return f"{line} ({detail})" if detail else line
 
 
+def palette(colors: Any) -> dict[str, Callable[[str], str]]:
+    """The colour of each job line state, from a Django ``color_style()`` (done green, failed
+    and lost red, released yellow; other states plain)."""
+    out: dict[str, Callable[[str], str]] = {JobState.DONE: colors.SUCCESS,
+                                            JobState.RELEASED: colors.WARNING}
+    out.update({state: colors.ERROR for state in JobState if state.is_failure})
+    return out
+
+
 class JobLineFormatter(logging.Formatter):
     """The job line as ``jobworker`` prints it (local time, worker id, dots to the state),
     coloured by outcome with ``colors`` (a Django ``color_style()``); other records as
@@ -86,8 +101,7 @@ class JobLineFormatter(logging.Formatter):
         super().__init__(*args, **kwargs)
         self.palette: dict[str, Callable[[str], str]] = {}
         if colors is not None:
-            self.palette = {"DONE": colors.SUCCESS, "FAILED": colors.ERROR,
-                            "RELEASED": colors.WARNING, "LOST": colors.ERROR}
+            self.palette = palette(colors)
         self._stamp: tuple[int, str] = (-1, "")
 
     def stamp(self, created: float) -> str:
@@ -106,8 +120,9 @@ class JobLineFormatter(logging.Formatter):
             if record.exc_info:
                 text += "\n" + self.formatException(record.exc_info)
             return text
-        line = text_line(self.stamp(record.created), record.job, record.job_id, state,
-                         record.elapsed, record.detail,
+        fields = vars(record)  # the job line's own fields, set by job_line()
+        line = text_line(self.stamp(record.created), fields["job"], record.job_id, state,
+                         fields["elapsed"], fields["detail"],
                          worker_id=getattr(record, "worker_id", "") or current_worker())
         paint = self.palette.get(state)
         return paint(line) if paint else line
@@ -166,7 +181,7 @@ def shown_by_project() -> bool:
             return True
         if not logger.propagate:
             return False
-        logger = logger.parent  # type: ignore[assignment]
+        logger = logger.parent
     return False
 
 
@@ -186,7 +201,8 @@ class Installed:
 
 
 def install_handler(verbosity: int = 1, log_format: str | None = None, *,
-                    stream: TextIO | None = None, style: Any = None) -> Installed | None:
+                    stream: SupportsWrite[str] | None = None,
+                    style: Any = None) -> Installed | None:
     """Show the job lines on ``stream`` (stdout) at ``verbosity`` (0: none, 1: outcomes,
     2: also RUNNING) unless the project's ``LOGGING`` shows them already; an explicit
     ``log_format`` (``text``/``json``) installs the handler in any case. Returns what to

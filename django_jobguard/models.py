@@ -113,6 +113,12 @@ class QueuedJob(models.Model):
 
     objects = QueuedJobQuerySet.as_manager()
 
+    # Set on a claimed row, not columns (annotations only: absent until the claim sets them).
+    #: Whether the claim counted this row's attempt (False: claimed ahead, counted at start).
+    attempt_counted: bool
+    #: The length of the row's stored payload text, as the claim read it.
+    payload_text_length: int | None
+
     class Meta:
         verbose_name = _("queued job")
         verbose_name_plural = _("queued jobs")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_jobguard import logs, tracing
+from django_jobguard.outcome import JobState
 
 #: ``recorder(row, state, elapsed)`` for each finished job line (not RUNNING).
 Recorder = Callable[[Any, str, "float | None"], None]
@@ -32,7 +33,7 @@ def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
     """One job line: ``state`` of the row ``row`` after ``elapsed`` seconds (``name``: the
     job's name to show in the log, a django.tasks task's own)."""
     logs.job_line(worker_id, row, state, elapsed, detail, name=name)
-    if state == "RUNNING":
+    if state == JobState.RUNNING:
         return
     for record in _recorders:
         record(row, state, elapsed)

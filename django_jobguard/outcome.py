@@ -7,6 +7,10 @@ run counted as an attempt: ``job.release()`` or an exception with tries left), *
 circuit, a store outage), *failed* (for good, into failed jobs) or *cancelled* (an operator
 asked it to stop and it saw ``job.cancelled``, or it was cancelled before it started: the row
 is deleted, no failed job is kept).
+
+:class:`JobState` names what the job line says about a run (``RUNNING``, then one of ``DONE``,
+``SKIPPED``, ``DELETED``, ``CANCELLED``, ``RELEASED``, ``FAILED``, ``LOST``): the pipeline logs
+it, and history, metrics, tracing, the log palette and ``drain()`` read it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,53 @@ from dataclasses import dataclass
 from typing import Any
 
 from django_jobguard.durations import NOW, Due
+
+
+class JobState(enum.StrEnum):
+    """A job line's state: the text the log shows, ``jobguard_jobs_total``'s ``outcome`` label
+    (lowercased) and what ``Pipeline.process`` returns. Each value is its name, so a plain
+    string compares and hashes equal to it (``"DONE" in JobState.finished()``)."""
+
+    #: The run starts (logged at DEBUG; every other state ends a run).
+    RUNNING = "RUNNING"
+    #: ``handle()`` returned; the row is acked.
+    DONE = "DONE"
+    #: A middleware dropped the job without running it (``Skip``, ``dont_release``, …).
+    SKIPPED = "SKIPPED"
+    #: A model argument vanished and the job deletes itself (``delete_when_missing_models``).
+    DELETED = "DELETED"
+    #: An operator cancelled it; the row is deleted, no failed job is kept.
+    CANCELLED = "CANCELLED"
+    #: Back to the queue: released (an attempt used) or deferred (none used).
+    RELEASED = "RELEASED"
+    #: Failed for good, into failed jobs.
+    FAILED = "FAILED"
+    #: The worker's lease expired and another worker has the row; this outcome was not written.
+    LOST = "LOST"
+
+    @classmethod
+    def finished(cls) -> frozenset[JobState]:
+        """The states counted as done (history, the worker's last-minute counts, drain)."""
+        return _FINISHED
+
+    @property
+    def is_done(self) -> bool:
+        """Counted as done: ``DONE``, ``SKIPPED``, ``DELETED`` or ``CANCELLED``."""
+        return self in _FINISHED
+
+    @property
+    def is_failure(self) -> bool:
+        """An error: ``FAILED`` or ``LOST`` (a warning in the log, an error span)."""
+        return self in _FAILURES
+
+    @property
+    def is_timed(self) -> bool:
+        """A run whose time the duration metric records: ``DONE`` or ``FAILED``."""
+        return self is JobState.DONE or self is JobState.FAILED
+
+
+_FINISHED = frozenset({JobState.DONE, JobState.SKIPPED, JobState.DELETED, JobState.CANCELLED})
+_FAILURES = frozenset({JobState.FAILED, JobState.LOST})
 
 
 class Kind(enum.Enum):
@@ -81,3 +132,16 @@ class Outcome:
     def goes_back(self) -> bool:
         """Released or deferred: the row returns to the queue."""
         return self.kind in (Kind.RELEASED, Kind.DEFERRED)
+
+    @property
+    def state(self) -> JobState:
+        """The state the job line logs for this outcome (a deferral is ``RELEASED``, a drop
+        ``SKIPPED``)."""
+        return STATES[self.kind]
+
+
+#: The job line's state of each outcome kind.
+STATES: dict[Kind, JobState] = {
+    Kind.DONE: JobState.DONE, Kind.DROPPED: JobState.SKIPPED, Kind.RELEASED: JobState.RELEASED,
+    Kind.DEFERRED: JobState.RELEASED, Kind.FAILED: JobState.FAILED,
+    Kind.CANCELLED: JobState.CANCELLED}

@@ -51,7 +51,7 @@ from django_jobguard.exceptions import (
 from django_jobguard.handling import run_middleware, run_middleware_async
 from django_jobguard.logs import text_line
 from django_jobguard.observe import job_line, running
-from django_jobguard.outcome import Kind, Outcome
+from django_jobguard.outcome import JobState, Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
@@ -71,9 +71,6 @@ STORE_OUTAGE_JITTER = 3.0
 #: putting back job after job while the store restarts.
 STORE_OUTAGE_PAUSE = 1.0
 
-#: What a worker logs for each outcome (``LOST``: the row was no longer ours to change).
-STATES = {Kind.DONE: "DONE", Kind.DROPPED: "SKIPPED", Kind.RELEASED: "RELEASED",
-          Kind.DEFERRED: "RELEASED", Kind.FAILED: "FAILED", Kind.CANCELLED: "CANCELLED"}
 MISSING_MODEL = "missing_model"
 
 Log = Callable[[str, str], None]
@@ -136,7 +133,7 @@ class Pipeline:
                 return self._unprocessable(row, exc, started)
             finally:
                 if job is not None and not isinstance(job, str):
-                    job.context.reporter.close()
+                    job.context.close_reporter()
 
     async def aprocess(self, row: QueuedJob) -> str:
         """:meth:`process` for an async job's row, on the event loop: the database work off
@@ -159,7 +156,7 @@ class Pipeline:
                 result, error = None, exc
             return await aio.call_sync(self._finish, row, job, result, error, started)
         finally:
-            job.context.reporter.close()
+            job.context.close_reporter()
 
     def begin(self, row: QueuedJob, started: float) -> str | JobLike:
         """Off the loop (any thread): start and rebuild an async job's row; its state if
@@ -176,7 +173,7 @@ class Pipeline:
             raise
         except Exception as exc:
             if job is not None and not isinstance(job, str):
-                job.context.reporter.close()
+                job.context.close_reporter()
             return self._unprocessable(row, exc, started)
 
     def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
@@ -206,7 +203,7 @@ class Pipeline:
             raise exc
         unique_jobs.release(unique_ref(row.payload))
         signals.job_failed.send(sender=None, job=None, job_id=str(row.id), exception=exc)
-        return self._log(row, "FAILED", started, queue.describe(exc))
+        return self._log(row, JobState.FAILED, started, queue.describe(exc))
 
     def _prepare(self, row: QueuedJob, started: float,
                  then: QueuedJob | None) -> str | JobLike:
@@ -228,10 +225,10 @@ class Pipeline:
         try:
             ended = self._refused(row, job, started)
         except BaseException:
-            job.context.reporter.close()
+            job.context.close_reporter()
             raise
         if ended is not None:
-            job.context.reporter.close()
+            job.context.close_reporter()
             return ended
         return job
 
@@ -271,7 +268,7 @@ class Pipeline:
             logger.warning("%s [%s] is not registered in this worker; put back for %.1f s "
                            "(UNKNOWN_JOB_GRACE: %g s left).", row.name, row.id, delay,
                            grace - age)
-            return self._log(row, "RELEASED", started,
+            return self._log(row, JobState.RELEASED, started,
                              f"unknown job, retry in {rounded(delay)} s")
         error = registry.UnknownJobError(
             f"No job is registered as {row.name!r} in the workers that took it in the "
@@ -353,7 +350,7 @@ class Pipeline:
     def _starting(self, row: QueuedJob, job: JobLike) -> None:
         """Log RUNNING, send ``job_processing``, note the start time."""
         if self.log_running:
-            self._log(row, "RUNNING")
+            self._log(row, JobState.RUNNING)
         signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         job.context.started_at = clock.now()
 
@@ -432,6 +429,7 @@ class Pipeline:
         if outcome.kind is Kind.FAILED:
             return self._fail(row, job, outcome, started)
         if outcome.goes_back:
+            assert job is not None  # only a rebuilt job is released or deferred
             state = self._put_back(row, job, outcome, started)
             if outcome.reason == "store_unavailable":
                 self.pause(STORE_OUTAGE_PAUSE)
@@ -456,12 +454,12 @@ class Pipeline:
             return self._lost(row, started)
         unique_jobs.release(job.context.envelope.unique if job else unique_ref(row.payload))
         if job is None:  # a job deleted because a model argument is gone
-            return self._log(row, "DELETED", started, detail)
+            return self._log(row, JobState.DELETED, started, detail)
         if cancelled:
-            return self._log(row, "CANCELLED", started, outcome.detail)
+            return self._log(row, JobState.CANCELLED, started, outcome.detail)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
                                    result=outcome.result)
-        return self._log(row, STATES[outcome.kind], started, detail)
+        return self._log(row, outcome.state, started, detail)
 
     def _ack_with_results(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, *,
                           keep: bool, then: QueuedJob | None) -> bool:
@@ -473,13 +471,14 @@ class Pipeline:
         with transaction.atomic(using=self.using) if keep or follow else nullcontext():
             if not queue.ack(row, then=then, using=self.using, own_transaction=own):
                 return False
-            if keep and cancelled:
-                self._store_result(row, results.FAILED, job.context.started_at,
-                                   ran=job.context.handle_started,
+            context = job.context if keep and job is not None else None  # keep: a job
+            if context is not None and cancelled:
+                self._store_result(row, results.FAILED, context.started_at,
+                                   ran=context.handle_started,
                                    exception=JobCancelledError(outcome.detail))
-            elif keep:
-                self._store_result(row, results.SUCCESSFUL, job.context.started_at,
-                                   ran=job.context.handle_started, return_value=outcome.result)
+            elif context is not None:
+                self._store_result(row, results.SUCCESSFUL, context.started_at,
+                                   ran=context.handle_started, return_value=outcome.result)
             if follow:
                 workflows.finished(row.payload, job_id=str(row.id), using=self.using,
                                    outcome=workflows.SKIPPED if cancelled
@@ -499,12 +498,13 @@ class Pipeline:
         delay = _seconds(outcome.due)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=outcome.reason, exception=exception)
-        return self._log(row, STATES[outcome.kind], started,
+        return self._log(row, outcome.state, started,
                          f"{outcome.reason}, retry in {rounded(delay)} s")
 
     def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
               started: float) -> str:
         exc = outcome.exception
+        assert exc is not None  # Outcome.failed always carries one
         # The job's own exception is its last error; a limit (attempts) or a row that could
         # not be rebuilt keeps the one an earlier run left on the row.
         own = outcome.reason not in ("attempts", "rebuild")
@@ -530,10 +530,10 @@ class Pipeline:
                                 exception=exc)
         logger.error("%s [%s] failed: %s", _shown(row), row.id, queue.describe(exc),
                      exc_info=(type(exc), exc, exc.__traceback__))
-        return self._log(row, "FAILED", started, queue.describe(exc))
+        return self._log(row, JobState.FAILED, started, queue.describe(exc))
 
     def _lost(self, row: QueuedJob, started: float) -> str:
-        return self._log(row, "LOST", started, "lease expired; another worker has it")
+        return self._log(row, JobState.LOST, started, "lease expired; another worker has it")
 
     def _store_result(self, row: QueuedJob, status: str, started_at: Any, *, ran: bool,
                       return_value: Any = None, exception: BaseException | None = None,
@@ -546,8 +546,8 @@ class Pipeline:
 
     # -- log lines -------------------------------------------------------------------------
 
-    def _log(self, row: QueuedJob, state: str, started: float | None = None,
-             detail: str = "") -> str:
+    def _log(self, row: QueuedJob, state: JobState, started: float | None = None,
+             detail: str = "") -> JobState:
         """The job line of ``row``: ``logging``, metrics and trace (:mod:`.observe`)."""
         elapsed = None if started is None else time.monotonic() - started
         shown = _shown(row)

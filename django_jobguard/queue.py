@@ -363,7 +363,7 @@ def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None
     acked, started, counts = dialect_for(using).ack_counting(
         row.id, row.reserved_by, row.claims, start.id if start else None,
         start.claims if start else None, batch_id, relaxed=_relaxed(using, False))
-    if started:
+    if started and start is not None:
         _counted(start)
     return acked, counts
 

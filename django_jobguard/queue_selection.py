@@ -79,6 +79,8 @@ class QueueSelection:
         if self.weighted and any(entry.limit is None for entry in self.entries):
             raise ValueError("give every queue a number or none (queue_limits names "
                              "only some of the queues)")
+        #: Each entry's number (every entry has one when ``weighted``).
+        self._limits = {e.name: e.limit for e in self.entries if e.limit is not None}
         self._named = {name for name in self.names if name != ALL_QUEUES}
         self._credit = dict.fromkeys(self.names, 0)
 
@@ -102,23 +104,24 @@ class QueueSelection:
         if not self.weighted:
             return claim_one(self.names, free)
         running = running or Counter()
+        limits = self._limits
         eligible = [(index, entry) for index, entry in enumerate(self.entries)
-                    if running[entry.name] < entry.limit]
+                    if running[entry.name] < limits[entry.name]]
         if not eligible or free < 1:
             return []
         for _, entry in eligible:
-            self._credit[entry.name] += entry.limit
+            self._credit[entry.name] += limits[entry.name]
         order = sorted(eligible, key=lambda item: (-self._credit[item[1].name], item[0]))
         # Smooth weighted round robin over the queues that have work: the winner gives back
         # the weights of this round's contenders. A queue found empty is no contender: its
         # credit of this round is taken back and it keeps none (no burst when work comes).
-        contenders = sum(entry.limit for _, entry in eligible)
+        contenders = sum(limits[entry.name] for _, entry in eligible)
         for _, entry in order:
-            room = entry.limit - running[entry.name]
+            room = limits[entry.name] - running[entry.name]
             rows = claim_one([entry.name], min(free, room))
             if rows:
                 self._credit[entry.name] -= contenders * len(rows)
                 return rows
-            contenders -= entry.limit
-            self._credit[entry.name] = min(self._credit[entry.name] - entry.limit, 0)
+            contenders -= limits[entry.name]
+            self._credit[entry.name] = min(self._credit[entry.name] - limits[entry.name], 0)
         return []

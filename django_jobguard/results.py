@@ -97,7 +97,7 @@ def mark_running(job_id: Any, *, worker_id: str, attempt: int,
 
 def mark_ready(row: QueuedJob, *, worker_id: str, ran: bool,
                exception: BaseException | None = None,
-               using: str | None = None) -> JobResult:
+               using: str | None = None) -> JobResult | None:
     """The job went back to the queue (a retry or a deferral): READY, the error kept."""
     using = queue_database(using)
     return _merge(row, status=READY, worker_id=worker_id, ran=ran, exception=exception,

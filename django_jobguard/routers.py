@@ -8,11 +8,14 @@ installed. Put a router of your own that also routes to the queue's alias before
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS
 
 from django_jobguard.conf import jobguard_settings
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 APP_LABEL = "django_jobguard"
 
@@ -26,7 +29,7 @@ def _separate() -> str | None:
 class JobGuardRouter:
     """Routes the queue's models (the ``django_jobguard`` app) to ``JOBGUARD['DATABASE']``."""
 
-    def db_for_read(self, model: type, **hints: Any) -> str | None:
+    def db_for_read(self, model: type[Model], **hints: Any) -> str | None:
         if model._meta.app_label == APP_LABEL:
             return _separate()
         return None

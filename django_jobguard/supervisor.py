@@ -48,8 +48,10 @@ class Supervisor:
                                        finished, self.log_format, self.metrics is not None),
                                  daemon=False)
         proc.start()
-        self._started[proc.pid] = time.monotonic()
-        self._finished[proc.pid] = finished
+        pid = proc.pid
+        assert pid is not None  # set by start()
+        self._started[pid] = time.monotonic()
+        self._finished[pid] = finished
         return proc
 
     def run(self) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django_jobguard import signals
+from django_jobguard.outcome import JobState
 
 try:
     from opentelemetry import propagate, trace
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 #: The payload entry holding the dispatching span's context.
 PAYLOAD_KEY = "trace"
 SYSTEM = "jobguard"
+#: The outcomes whose span gets an error status.
+_ERRORS = frozenset(state for state in JobState if state.is_failure)
 
 
 _cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
@@ -120,7 +123,7 @@ def outcome(state: str, attempt: int | None = None) -> None:
     span.set_attribute("jobguard.outcome", state.lower())
     if attempt is not None:
         span.set_attribute("jobguard.attempt", attempt)
-    if state in ("FAILED", "LOST"):
+    if state in _ERRORS:
         span.set_status(trace.Status(trace.StatusCode.ERROR, state.lower()))
 
 

@@ -42,6 +42,8 @@ logger = logging.getLogger("django_jobguard.unique")
 class ShouldBeUnique:
     """Mixin: at most one copy of this job (per ``unique_id()``) queued or running."""
 
+    #: The job's registered name (the class it is mixed into has it).
+    name: ClassVar[str]
     #: Seconds the lock lasts at most (0 = until the job finishes or fails for good).
     unique_for: ClassVar[float] = 0
 
@@ -58,7 +60,7 @@ class ShouldBeUniqueUntilProcessing(ShouldBeUnique):
     """Mixin: unique while queued; the lock is released when a worker starts the job."""
 
 
-def lock_key(job: JobLike) -> str:
+def lock_key(job: ShouldBeUnique) -> str:
     """The lock's key; computed once at dispatch and kept in the envelope."""
     return keys.unique(job.name, job.unique_id())
 
@@ -81,7 +83,8 @@ def acquire(job: JobLike, ref: UniqueRef, *, using: str | None = None) -> bool:
     over. An owner's row that an open transaction is inserting is waited for.
     """
     using = queue_database(using)
-    ttl = durations.seconds(job.unique_for, name=f"{job.name}.unique_for") or None
+    unique_for = job.unique_for if isinstance(job, ShouldBeUnique) else 0
+    ttl = durations.seconds(unique_for, name=f"{job.name}.unique_for") or None
     store = get_store(ref.store)
     for _ in range(_TAKEOVER_ROUNDS):
         if store.acquire(ref.key, ref.owner, ttl=ttl, job_id=ref.owner) is not None:

@@ -77,12 +77,14 @@ class Watchdog:
         """Stop the watchdog (closing the pipe ends it)."""
         proc, self._proc = self._proc, None
         if proc is not None and self._owner == os.getpid():
+            assert proc.stdin is not None  # started with stdin=PIPE
             proc.stdin.close()
             proc.wait(timeout=5)
 
     def _write(self, deadline: float, seconds: float, label: str) -> None:
         data = label.encode()[:_LABEL_MAX]
         page = self._page
+        assert page is not None  # armed: _ensure_running mapped it; disarmed: checked
         self._sequence += 1  # odd: a reader that sees it, or a change, reads again
         page[:8] = struct.pack("<Q", self._sequence)
         page[_HEAD.size:_HEAD.size + len(data)] = data

@@ -36,6 +36,7 @@ from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
+from django_jobguard.outcome import JobState
 from django_jobguard.pipeline import Pipeline, log_finishing_error
 from django_jobguard.queue_selection import QueueEntry, QueueSelection
 from django_jobguard.retry import Defaults
@@ -107,7 +108,7 @@ class RecentOutcomes:
     busy worker by megabytes a minute).
     """
 
-    DONE = frozenset({"DONE", "SKIPPED", "DELETED", "CANCELLED"})
+    DONE = JobState.finished()
 
     def __init__(self, window: int = 60, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
@@ -116,7 +117,7 @@ class RecentOutcomes:
         self._lock = threading.Lock()
 
     def record(self, state: str) -> None:
-        failed = state == "FAILED"
+        failed = state == JobState.FAILED
         if not failed and state not in self.DONE:
             return
         second = int(self._clock())
@@ -685,7 +686,7 @@ def make_worker(options: WorkerOptions, *, verbosity: int = 1,
     log = None
     if write is not None:
         def log(line: str, state: str) -> None:
-            if verbosity >= 2 or (verbosity >= 1 and state != "RUNNING"):
+            if verbosity >= 2 or (verbosity >= 1 and state != JobState.RUNNING):
                 write(line, state)
 
     if verbosity >= 3:

@@ -15,13 +15,14 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from django_jobguard import observe
+from django_jobguard.outcome import JobState
 
 logger = logging.getLogger("django_jobguard.metrics")
 
 #: Seconds; jobs run from milliseconds to an hour.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
            120.0, 300.0, 600.0, 1800.0, 3600.0)
-TIMED = frozenset({"DONE", "FAILED"})
+TIMED = frozenset(state for state in JobState if state.is_timed)
 
 
 class Recorder:

@@ -43,7 +43,8 @@ def _matcher(value: ExceptionFilter | None, what: str) -> Callable[[BaseExceptio
             and all(isinstance(v, type) and issubclass(v, BaseException) for v in value)):
         return lambda exc: isinstance(exc, value)
     if callable(value):
-        return lambda exc: bool(value(exc))
+        predicate: Callable[[BaseException], Any] = value
+        return lambda exc: bool(predicate(exc))
     raise TypeError(f"ThrottlesExceptions({what}=...) takes an exception class, a tuple of "
                     f"them or a callable(exception), not {value!r}.")
 
@@ -143,7 +144,8 @@ class ThrottlesExceptions(JobMiddleware):
         store = get_store(self.store)
         key = self.circuit_key(job)
         owner = job.job_id or uuid.uuid4().hex
-        settings = {"max_attempts": self.max_attempts, "decay": self.decay_seconds}
+        settings: dict[str, Any] = {"max_attempts": self.max_attempts,
+                                    "decay": self.decay_seconds}
         entry = store.circuit_enter(key, owner=owner, probe_lease=self.probe_lease(job),
                                     **settings)
         if not entry.admitted:

@@ -21,7 +21,7 @@ from django_jobguard.operations.workers import heartbeat_grace, live_workers
 from django_jobguard.stores import get_store
 
 
-def _empty() -> dict[str, int]:
+def _empty() -> dict[str, Any]:
     return dict.fromkeys((*STATES, "failed"), 0)
 
 

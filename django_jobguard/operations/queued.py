@@ -17,7 +17,7 @@ from django_jobguard import queue as job_queue
 from django_jobguard import unique_jobs, workflows
 from django_jobguard.conf import queue_database
 from django_jobguard.envelope import unique_ref
-from django_jobguard.models import FailedJob, JobResult, QueuedJob, Worker
+from django_jobguard.models import FailedJob, JobResult, QueuedJob, QueuedJobQuerySet, Worker
 from django_jobguard.operations import audit
 from django_jobguard.operations.workers import (
     ALIVE,
@@ -109,7 +109,7 @@ def _not_queued(job_id: str, using: str) -> JobNotQueuedError:
                              f"finished, or never existed).", finished=False)
 
 
-def run_now(jobs: QuerySet[QueuedJob]) -> int:
+def run_now(jobs: QueuedJobQuerySet) -> int:
     """Make delayed jobs due at once; reserved jobs are left to their worker."""
     return jobs.unreserved().update(available_at=Now())
 
@@ -146,7 +146,7 @@ def clear(queues: Sequence[str] | None = None, *, keep_locks: bool = False, acto
     return ClearResult(cleared=cleared, locks_released=released)
 
 
-def delete_unreserved(rows: QuerySet[QueuedJob], *, using: str) -> list:
+def delete_unreserved(rows: QueuedJobQuerySet, *, using: str) -> list:
     """Delete the jobs of ``rows`` that no worker holds (one batch: the rows are locked,
     SKIP LOCKED) and return their payloads, whose unique locks the caller frees."""
     return _delete_locked(rows.unreserved(), using=using)

@@ -22,7 +22,7 @@ from django.db.models.fields.json import KeyTransform
 
 from django_jobguard import registry
 from django_jobguard.conf import queue_database
-from django_jobguard.models import STATES, FailedJob, QueuedJob
+from django_jobguard.models import STATES, FailedJob, QueuedJob, QueuedJobQuerySet
 from django_jobguard.operations.pausing import QueueNameError, check_queue_name, is_known_queue
 
 #: The two roots an argument lookup starts from: positional and keyword arguments.
@@ -196,6 +196,7 @@ class JobSearch:
         if self.queue:
             rows = rows.filter(queue=self.queue)
         if self.state:
+            assert isinstance(rows, QueuedJobQuerySet)  # only queued jobs have a state
             rows = rows.in_state(self.state)
         if self.exception:
             rows = rows.filter(exception_q(self.exception))

@@ -24,6 +24,7 @@ circuit nobody probes is forgotten a day (``KEEP_OPEN``) after its decay ended.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -40,6 +41,28 @@ Bucket = tuple[int, int, int]  # (first hit, last hit, hits) in microseconds
 def us(seconds: float) -> int:
     """Seconds → whole microseconds (what the stores and scripts compute with)."""
     return int(round(seconds * 1_000_000))
+
+
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def to_us(moment: datetime.datetime) -> int:
+    """An aware datetime → whole microseconds since the epoch (the stores' time unit)."""
+    return (moment - EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def from_us(value: int | str | bytes) -> datetime.datetime:
+    """Microseconds since the epoch (an int, or a script's or hash's digits) → aware UTC
+    datetime, exactly (no float rounding)."""
+    return EPOCH + datetime.timedelta(microseconds=int(value))
+
+
+def from_us_or_none(value: int | str | bytes | None) -> datetime.datetime | None:
+    """:func:`from_us`, but a missing value (``None`` or empty, e.g. a hash field that is not
+    there) is ``None``."""
+    if value is None or value in ("", b""):
+        return None
+    return from_us(value)
 
 
 # -- rate window ------------------------------------------------------------------------------

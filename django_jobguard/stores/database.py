@@ -78,10 +78,10 @@ class DatabaseStore(Store):
         return self._dialect.release_lock(key, owner)
 
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
-        ttl = check_ttl(ttl)
+        checked = check_ttl(ttl)
         held = Q(expires_at__isnull=True) | Q(expires_at__gt=clock.db_now())
         return bool(self._locks().filter(held, key=key, owner=owner).update(
-            expires_at=_expiry(ttl)))
+            expires_at=_expiry(checked)))
 
     def force_release(self, key: str) -> bool:
         return bool(self._locks().filter(key=key).exclude(owner="").update(owner="",
@@ -143,7 +143,7 @@ class DatabaseStore(Store):
         return Throttle.objects.using(self.using)
 
     def _now_us(self) -> int:
-        return _to_us(self.now())
+        return counters.to_us(self.now())
 
     def _locked(self, keys: list[str], kind: str) -> dict[str, ThrottleRow]:
         """Lock the rows of ``keys`` (made first where missing) in key order; ``{key: row}``."""
@@ -158,8 +158,8 @@ class DatabaseStore(Store):
         """Store a window's or circuit's new state (times in µs of the store clock)."""
         self._dialect.write_throttle(
             key, kind=kind, hits=hits, limit=limit, state=state, value=value, data=data,
-            resets_at=_from_us(resets_at) if resets_at else None,
-            expires_at=_from_us(expires_at))
+            resets_at=counters.from_us(resets_at) if resets_at else None,
+            expires_at=counters.from_us(expires_at))
 
     def _serialized(self, work: Callable[[], Any]) -> Any:
         """Run ``work`` in a transaction, retried on deadlocks and busy databases."""
@@ -196,7 +196,7 @@ class DatabaseStore(Store):
             return outcome
 
         outcome = self._serialized(hit)
-        return RateDecision(allowed=outcome.allowed, now=_from_us(outcome.now),
+        return RateDecision(allowed=outcome.allowed, now=counters.from_us(outcome.now),
                             retry_after=outcome.wait / 1_000_000, blocked=outcome.blocked)
 
     def _circuit(self, row: ThrottleRow | None, now: int) -> counters.Circuit:
@@ -275,14 +275,14 @@ class DatabaseStore(Store):
             seen = counters.describe_rate(counters.decode_log(row.data), now, decay)
             if seen is not None:
                 return ThrottleInfo(key=row.key, kind="rate", hits=seen[0], limit=row.limit,
-                                    resets_at=_from_us(seen[1]), store=self.alias)
+                                    resets_at=counters.from_us(seen[1]), store=self.alias)
         elif row.kind == "circuit":
             c = counters.describe_circuit(counters.decode_circuit(row.data), now,
                                           counters.us(row.value))
             if c is not None:
                 return ThrottleInfo(key=row.key, kind="circuit", hits=c.failures,
                                     limit=row.limit, state=c.state,
-                                    resets_at=_from_us(c.until), store=self.alias)
+                                    resets_at=counters.from_us(c.until), store=self.alias)
         return None
 
     def reset_throttle(self, key: str) -> bool:
@@ -292,19 +292,8 @@ class DatabaseStore(Store):
         return self._throttles().filter(expires_at__lte=clock.db_now()).delete()[0]
 
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def _to_us(value: datetime.datetime) -> int:
-    return (value - _EPOCH) // datetime.timedelta(microseconds=1)
-
-
-def _from_us(value: int) -> datetime.datetime:
-    return _EPOCH + datetime.timedelta(microseconds=value)
-
-
 def _circuit_decision(key: str, entry: counters.Entry) -> CircuitDecision:
     c = entry.circuit
     return CircuitDecision(key=key, state=c.state, failures=c.failures, admitted=entry.admitted,
                            probe=entry.probe, retry_after=entry.wait / 1_000_000,
-                           until=_from_us(c.until) if c.until else None)
+                           until=counters.from_us(c.until) if c.until else None)

@@ -94,12 +94,6 @@ return 0
 """
 
 
-def _from_us(value: Any) -> datetime.datetime | None:
-    if value in (None, b"", ""):
-        return None
-    return datetime.datetime.fromtimestamp(int(value) / 1_000_000, tz=datetime.UTC)
-
-
 def _ms(ttl: float | None) -> int:
     """Milliseconds for PEXPIRE; 0 means no expiry, so a positive ttl is at least 1 ms."""
     return max(1, math.ceil(ttl * 1000)) if ttl else 0
@@ -185,7 +179,8 @@ class RedisStore(Store):
         expires = now + datetime.timedelta(milliseconds=pttl) if pttl and pttl > 0 else None
         return LockInfo(key=key, owner=_text(data.get("owner")),
                         token=int(data.get("token") or 0),
-                        acquired_at=_from_us(data.get("acquired_at")), expires_at=expires,
+                        acquired_at=counters.from_us_or_none(data.get("acquired_at")),
+                        expires_at=expires,
                         job_id=_text(data.get("job_id")), store=self.alias)
 
     @_reachable
@@ -284,7 +279,7 @@ class RedisStore(Store):
         for key in keys:
             args += list(merged[key])
         reply = self._counter(_RATE_HIT, keys, args)
-        return RateDecision(allowed=reply[0] == "1", now=_from_us(reply[1]),
+        return RateDecision(allowed=reply[0] == "1", now=counters.from_us(reply[1]),
                             retry_after=int(reply[2]) / 1_000_000, blocked=tuple(reply[3:]))
 
     @_reachable
@@ -336,12 +331,12 @@ class RedisStore(Store):
             if seen is None:
                 return None
             return ThrottleInfo(key=key, kind="rate", hits=seen[0], limit=int(limit),
-                                resets_at=_from_us(seen[1]), store=self.alias)
+                                resets_at=counters.from_us(seen[1]), store=self.alias)
         c = counters.describe_circuit(counters.decode_circuit(body), now, int(decay))
         if c is None:
             return None
         return ThrottleInfo(key=key, kind="circuit", hits=c.failures, limit=int(limit),
-                            state=c.state, resets_at=_from_us(c.until), store=self.alias)
+                            state=c.state, resets_at=counters.from_us(c.until), store=self.alias)
 
     @_reachable
     def reset_throttle(self, key: str) -> bool:
@@ -361,12 +356,7 @@ def _circuit_decision(key: str, reply: list[str]) -> CircuitDecision:
     admitted, probe, state, failures, until, wait = reply
     return CircuitDecision(key=key, state=state, failures=int(failures), admitted=admitted == "1",
                            probe=probe == "1", retry_after=int(wait) / 1_000_000,
-                           until=_from_us(until) if int(until) else None)
-
-
-def _from_us(value: Any) -> datetime.datetime:
-    return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(
-        microseconds=int(value))
+                           until=counters.from_us(until) if int(until) else None)
 
 
 # Lua for the counters, mirroring stores/counters.py. Numbers are microseconds (exact in

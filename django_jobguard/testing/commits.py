@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("django_jobguard.testing")
 
 
-def _only_test_atomics(connection) -> bool:
+def _only_test_atomics(connection: BaseDatabaseWrapper) -> bool:
     """True when every open atomic block is a test case's (none is the code's own)."""
     return connection.in_atomic_block and all(
         getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
@@ -35,7 +36,8 @@ def run_on_commit_callbacks(using: str | None = None) -> int:
     for alias in aliases:
         connection = connections[alias]
         while _only_test_atomics(connection) and connection.run_on_commit:
-            _, func, robust = connection.run_on_commit.pop(0)
+            # (savepoint ids, callback, robust): django-stubs still has the two-item form.
+            _, func, robust = connection.run_on_commit.pop(0)  # type: ignore[misc]
             ran += 1
             if robust:
                 try:

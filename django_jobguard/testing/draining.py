@@ -20,6 +20,7 @@ from django.db.models import F, Q, Value
 from django_jobguard import clock
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import QueuedJob
+from django_jobguard.outcome import JobState
 from django_jobguard.pipeline import Pipeline
 from django_jobguard.retry import Defaults
 from django_jobguard.testing.commits import run_on_commit_callbacks
@@ -54,9 +55,7 @@ class DrainResult:
 
     def add(self, state: str) -> None:
         self.states.append(state)
-        attribute = {"DONE": "done", "RELEASED": "released", "FAILED": "failed",
-                     "SKIPPED": "skipped", "DELETED": "deleted", "LOST": "lost",
-                     "CANCELLED": "cancelled"}[state]
+        attribute = JobState(state).lower()  # a counter per state that ends a run
         setattr(self, attribute, getattr(self, attribute) + 1)
 
 
@@ -72,7 +71,7 @@ def _claimable(*, delayed: bool) -> Q:
     return due | Q(reserved_at__isnull=True) if delayed else due
 
 
-def claim_row(job_id: object, *, worker_id: str, delayed: bool = False,
+def claim_row(job_id: uuid.UUID | str, *, worker_id: str, delayed: bool = False,
               using: str | None = None) -> QueuedJob | None:
     """Reserve the row ``job_id`` as a worker's claim does (attempt counted, lease taken);
     ``None`` if it is gone or not claimable."""

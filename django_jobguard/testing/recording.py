@@ -12,10 +12,13 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_jobguard import signals
 from django_jobguard.testing.commits import run_on_commit_callbacks
+
+if TYPE_CHECKING:
+    from django_jobguard.jobs import Job
 
 __all__ = ["Capture", "CaptureMixin", "CapturedJob", "assert_dispatched",
            "assert_not_dispatched", "capture", "dispatched"]
@@ -49,7 +52,7 @@ class CapturedJob:
         return text
 
 
-def _job_class(job: Any, caller: str) -> type:
+def _job_class(job: Any, caller: str) -> type[Job]:
     """The job class of ``job`` (a ``Job`` subclass or an ``@job`` function); TypeError else."""
     from django_jobguard.decorators import JobFunction
     from django_jobguard.jobs import Job
@@ -148,7 +151,7 @@ class Capture:
         return len(self.dispatched())
 
     @staticmethod
-    def _describe(job_class: type, args: Any, kwargs: Any, queue: str | None) -> str:
+    def _describe(job_class: type[Job], args: Any, kwargs: Any, queue: str | None) -> str:
         parts = []
         if args is not None:
             parts.append(f"args={tuple(args)!r}")

@@ -10,6 +10,7 @@ SQLite by default. Environment variables switch services on:
 import json
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def database_from_url(url: str) -> dict:
     parts = urlparse(url)
     engine = {"postgres": "postgresql", "postgresql": "postgresql", "mysql": "mysql",
               "mariadb": "mysql"}[parts.scheme]
-    config = {
+    config: dict[str, Any] = {
         "ENGINE": f"django.db.backends.{engine}",
         "NAME": unquote(parts.path.lstrip("/")) or "test",
         "USER": unquote(parts.username or ("postgres" if engine == "postgresql" else "root")),

@@ -93,9 +93,9 @@ class Command(BaseCommand):
                  _expires(s), f"STALE: {s.stale_reason}" if s.stale else ""] for s in statuses]
         header = ["KEY", "KIND", "OWNER", "TOKEN", "ACQUIRED (UTC)", "EXPIRES", ""]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
-        for index, row in enumerate([header, *rows]):
-            line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
-            line = f"{line}  {row[-1]}".rstrip()
+        for index, cells in enumerate([header, *rows]):
+            line = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=False))
+            line = f"{line}  {cells[-1]}".rstrip()
             stale = index and statuses[index - 1].stale
             self.stdout.write(self.style.WARNING(line) if stale else line)
         stale_count = sum(s.stale for s in statuses)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from django.core.checks import Tags
@@ -190,9 +192,13 @@ class Command(BaseCommand):
             start_recording()
         return server
 
+    @functools.cached_property
+    def _palette(self) -> dict[str, Callable[[str], str]]:
+        """This command's style of each job line state (the log formatter's colours)."""
+        return logs.palette(self.style)
+
     def _write(self, line: str, state: str) -> None:
-        style = {"DONE": self.style.SUCCESS, "FAILED": self.style.ERROR,
-                 "RELEASED": self.style.WARNING, "LOST": self.style.ERROR}.get(state)
+        style = self._palette.get(state)
         self.stdout.write(style(line) if style else line)
         self.stdout.flush()
 

@@ -350,3 +350,19 @@ def counters_datetime(value: int):
 
     return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(
         microseconds=value)
+
+
+# -- 4. the stores' one microsecond <-> datetime conversion ------------------------------------
+
+
+@given(st.integers(0, 2**53))
+def test_microseconds_round_trip_exactly(value):
+    moment = counters.from_us(value)
+    assert moment.tzinfo is not None and counters.to_us(moment) == value
+    assert counters.from_us(str(value)) == counters.from_us(str(value).encode()) == moment
+
+
+@pytest.mark.parametrize("missing", [None, "", b""])
+def test_a_missing_microsecond_value_is_none(missing):
+    assert counters.from_us_or_none(missing) is None
+    assert counters.from_us_or_none("0") == counters.EPOCH

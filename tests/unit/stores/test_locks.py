@@ -226,3 +226,16 @@ def test_a_redis_cursor_must_be_a_number(store):
         pytest.skip("Redis store only")
     with pytest.raises(ValueError, match="not a cursor of the Redis store"):
         store.lock_page(cursor="jobguard:unique:x")
+
+
+def test_a_redis_lock_hash_without_acquired_at_is_read(store):
+    # A hash written by hand or by an older jobguard has no acquired_at: it is listed with
+    # acquired_at None instead of raising TypeError (stores/redis.py had a second _from_us that
+    # did not take None and silently replaced the first).
+    if store.alias != "redis":
+        pytest.skip("Redis store only")
+    store.client.hset(KEY, mapping={"owner": "a", "token": "7", "job_id": "job-a"})
+    info = store.get_lock(KEY)
+    assert (info.owner, info.token, info.job_id, info.acquired_at) == ("a", 7, "job-a", None)
+    assert [lock.acquired_at for lock in store.locks()] == [None]
+    assert store.release(KEY, "a")
