@@ -48,8 +48,8 @@ def worker_states(ids: Iterable[str], *, using: str | None = None) -> dict[str, 
     states = dict.fromkeys(ids, UNKNOWN)
     for worker_id in ids:  # no row: a worker id is ``host:pid:…``, its process may be known
         host, _, rest = worker_id.partition(":")
-        pid = rest.partition(":")[0]
-        if host == here and pid.isdigit() and not _pid_alive(int(pid)):
+        pid_text = rest.partition(":")[0]
+        if host == here and pid_text.isdigit() and not _pid_alive(int(pid_text)):
             states[worker_id] = ENDED
     for worker_id, hostname, pid, fresh in Worker.objects.using(using).filter(
             id__in=list(ids)).annotate(fresh=Case(
