@@ -15,6 +15,7 @@ run without a time limit, as before."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import signal
@@ -81,15 +82,36 @@ def time_limit(seconds: float, *, finished: Callable[[], bool] = lambda: False,
         raise JobTimeoutError(f"The job has timed out after {seconds:g} s.")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    dog = watchdog.for_this_process()
-    dog.arm(hard_limit(seconds), label)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    with watched(seconds, label):
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def watched(seconds: float, label: str) -> Iterator[None]:
+    """Only the watchdog's hard limit, for a job run in this block (``seconds`` is its
+    timeout; 0: none): the main thread's job, whose timeout is SIGALRM, and an async job on
+    the worker's loop, whose timeout cancels its task. Every job of the process with a limit
+    registers it, so that the watchdog is armed for the earliest (async jobs run many at
+    once, beside a sync one)."""
+    if not seconds:
+        yield
+        return
+    key = -next(_keys)  # never a thread's id: the coordinator raises nothing for it
+    limit = ThreadLimit(key, seconds, time.monotonic() + seconds, lambda: False, label)
+    with _limits_lock:
+        _limits[key] = limit
+        _rearm()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        dog.disarm()
+        with _limits_lock:
+            if _limits.pop(key, None) is not None:
+                _rearm()
 
 
 # -- limits of jobs running in other threads -----------------------------------------------
@@ -116,6 +138,7 @@ class ThreadLimit:
 
 
 _limits: dict[int, ThreadLimit] = {}
+_keys = itertools.count(1)
 _limits_lock = threading.Lock()
 _local = threading.local()
 _armed: ThreadLimit | None = None  # the limit the watchdog is armed for
