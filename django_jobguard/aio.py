@@ -7,7 +7,9 @@ first async job): sync jobs never run on it, and many async jobs await on it at 
 ``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
 read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
 on after :data:`~django_jobguard.timeouts.GRACE` seconds (logged; its task is left to end
-on its own).
+on its own). In a jobworker each run also arms the watchdog's hard limit
+(:func:`~django_jobguard.timeouts.watched`): a job that blocks the loop past it is ended with
+its process, as a sync job is.
 
 A job that blocks the loop (``time.sleep()``, a sync ORM call through ``sync_to_async`` missing,
 CPU work) stops every other async job of the worker. A probe thread asks the loop to answer
@@ -18,7 +20,9 @@ holds it.
 Code that must stay synchronous inside an async job (a store, a middleware, a signal) goes
 through :func:`call_sync`, Django's ``sync_to_async(thread_sensitive=True)``: under
 ``drain()``/inline mode that is the caller's thread (and its test transaction), in a worker
-the one thread Django's async ORM uses too.
+the one thread Django's async ORM uses too. Nothing else closes that thread's connection,
+so a run that raised closes it if it is broken (:func:`reset_job_connections`), before its
+outcome is written.
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ or a blocking call gets it when that returns). A job still running :data:`GRACE`
 later is given up by the executor (see :mod:`django_jobguard.executor`). The watchdog stays
 armed for the earliest hard limit of the registered jobs, armed by the job's own thread as
 it starts, so that a job that holds the GIL from its first instruction on (and so keeps the
-coordinator from running) still ends with the process. Other threads (the embedded worker)
-run without a time limit, as before."""
+coordinator from running) still ends with the process. Jobs in the main thread and async
+jobs on the worker's loop register their hard limit too (:func:`watched`), so the watchdog
+is armed for the earliest hard limit of every job the process runs. Other threads (the
+embedded worker) run without a time limit, as before."""
 
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ worker holds and does the shared housekeeping; idle workers wait on LISTEN/NOTIF
 
 With ``--threads N`` (N > 1) the same loop claims up to the free slots of a
 :class:`~django_jobguard.executor.ThreadExecutor` and hands it the rows; the main thread stays
-the coordinator (:meth:`Worker._run_threaded`). Which queue a claim takes from is
+the coordinator (:meth:`Worker._run_threaded`); a worker without ``--threads`` becomes one
+with a single thread once it claims an async job, so that its sync jobs do not stop it from
+claiming for the event loop. Which queue a claim takes from is
 :class:`~django_jobguard.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
 """
 
