@@ -107,12 +107,13 @@ def watched(seconds: float, label: str) -> Iterator[None]:
     limit = ThreadLimit(key, seconds, time.monotonic() + seconds, lambda: False, label)
     with _limits_lock:
         _limits[key] = limit
-        _rearm()
+        if _armed is None or limit.hard_deadline < _armed.hard_deadline:
+            _rearm()  # (a later one, as async jobs of one timeout mostly are, changes nothing)
     try:
         yield
     finally:
         with _limits_lock:
-            if _limits.pop(key, None) is not None:
+            if _limits.pop(key, None) is limit and _armed is limit:
                 _rearm()
 
 

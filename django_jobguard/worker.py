@@ -10,8 +10,8 @@ worker holds and does the shared housekeeping; idle workers wait on LISTEN/NOTIF
 With ``--threads N`` (N > 1) the same loop claims up to the free slots of a
 :class:`~django_jobguard.executor.ThreadExecutor` and hands it the rows; the main thread stays
 the coordinator (:meth:`Worker._run_threaded`); a worker without ``--threads`` becomes one
-with a single thread once it claims an async job, so that its sync jobs do not stop it from
-claiming for the event loop. Which queue a claim takes from is
+with a single thread once it claims a sync job beside async ones, so that its sync jobs do
+not stop it from claiming for the event loop. Which queue a claim takes from is
 :class:`~django_jobguard.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
 """
 
@@ -207,14 +207,15 @@ class Worker:
 
     def _run_one_by_one(self, started: float, *, mixed: bool) -> int:
         """The loop without ``--threads``: one job at a time, in this thread, the rest of a
-        claimed batch started by the ack before it. The first claim that brings an async job
-        (``mixed``: some job is async) turns the worker into :meth:`_run_threaded` with one
-        thread, for good: a sync job running in this thread would stop it from claiming for
-        the event loop, and the async jobs of a queue holding both kinds would run one at a
-        time (an embedded worker's async jobs start from its own thread)."""
+        claimed batch started by the ack before it; async jobs are handed to the event loop
+        as they come. The first claim that brings a sync job beside async ones (``mixed``:
+        some job is async) turns the worker into :meth:`_run_threaded` with one thread, for
+        good: a sync job running in this thread would stop it from claiming for the event
+        loop, and the async jobs of a queue holding both kinds would run one at a time. (An
+        embedded worker never turns: its jobs have no time limits, a thread's would.)"""
         while not self._stop.is_set():
             rows = self._claim()
-            if mixed and any(self._runs_async(row) for row in rows):
+            if mixed and rows and self._sync_beside_async(rows):
                 return self._run_threaded(started, first=rows)
             self._held = frozenset(row.id for row in rows)
             if self._has_async_jobs:
@@ -228,7 +229,7 @@ class Worker:
                         queue.release(left, count_attempt=False, using=self.options.using)
                     self._held = frozenset()
                     break
-                if self._runs_async(row):  # an embedded worker: on the loop, not claiming
+                if self._runs_async(row):  # on the loop; this thread goes on claiming
                     if not self._async.submit(row, stop=self._stop):
                         for left in rows[index:]:
                             queue.release(left, count_attempt=False,
@@ -252,6 +253,11 @@ class Worker:
             if not rows:
                 self._wait()
         return EXIT_OK
+
+    def _sync_beside_async(self, rows: list[QueuedJob]) -> bool:
+        """Whether ``rows`` hold a sync job and async jobs run now or come with it."""
+        kinds = [self._runs_async(row) for row in rows]
+        return not all(kinds) and (any(kinds) or len(self._async) > 0)
 
     def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
         """Count in one statement the attempts of the async rows claimed ahead that start on

@@ -14,13 +14,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 
 import pytest
 from demo.models import JobRun
 from django.db import connection
 
-from django_jobguard import dispatch_many
+from django_jobguard import aio, dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.chaos import jobs as chaos_jobs
 from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
@@ -106,10 +105,14 @@ def test_async_jobs_reconnect_after_their_connections_are_terminated(fleet):
     assert first.completed == first.ids  # those cut mid-run ran again, to their end
     later = Outcome.read((h.id for h in after), "pg-after")
     assert later.completed == later.ids
-    # A job whose first query found its connection cut failed before recording anything:
-    # every later job recorded exactly one run.
-    assert Counter(run["job_id"] for runs in later.runs.values() for run in runs) == \
-        Counter(later.ids)
+    # The job that met the async ORM's cut connection failed at its first query, before
+    # recording anything, and ran again on a new one: no run of a later job was cut short.
+    assert all(run["ended_at"] is not None for runs in later.runs.values() for run in runs)
+    # A job ran twice only where its ack met a cut connection of the loop's pool (each of
+    # its threads at most once): at-least-once, the lease brought it back.
+    twice = [job_id for job_id, runs in later.runs.items() if len(runs) > 1]
+    assert len(twice) <= aio.POOL_SIZE and all(len(later.runs[j]) == 2 for j in twice)
+    assert set(later.runs) == later.ids
 
 
 @pytest.mark.skipif(os.environ.get("JOBGUARD_CHAOS_REDIS_RESTART") != "1",
