@@ -285,12 +285,12 @@ class Worker:
 
     def _run_threaded(self, started: float, first: Sequence[QueuedJob] = ()) -> int:
         """The loop with ``--threads N`` (or one thread beside async jobs, ``first`` the
-        batch that brought the first async job): claim as many rows as there are free slots
-        (within each queue's number), hand them to the executor, and wait for a free slot, a
-        NOTIFY or a due job; every pass also enforces the running jobs' time limits. Rows are
-        started as they are claimed (no claiming ahead: a free slot takes a row at once). On
-        a stop condition or signal the running jobs finish (a second Ctrl-C hands them back).
-        """
+        claimed batch that brought a sync job beside async ones): claim as many rows as there
+        are free slots (within each queue's number), hand them to the executor, and wait for
+        a free slot, a NOTIFY or a due job; every pass also enforces the running jobs' time
+        limits. Rows are started as they are claimed (no claiming ahead: a free slot takes a
+        row at once). On a stop condition or signal the running jobs finish (a second Ctrl-C
+        hands them back)."""
         from django_jobguard.executor import EXIT_STUCK, AllThreadsStuck, ThreadExecutor
 
         executor = self._executor = ThreadExecutor(self, self.options.threads,
