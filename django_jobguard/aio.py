@@ -7,7 +7,9 @@ first async job): sync jobs never run on it, and many async jobs await on it at 
 ``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
 read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
 on after :data:`~django_jobguard.timeouts.GRACE` seconds (logged; its task is left to end
-on its own).
+on its own). In a jobworker each run also arms the watchdog's hard limit
+(:func:`~django_jobguard.timeouts.watched`): a job that blocks the loop past it is ended with
+its process, as a sync job is.
 
 A job that blocks the loop (``time.sleep()``, a sync ORM call through ``sync_to_async`` missing,
 CPU work) stops every other async job of the worker. A probe thread asks the loop to answer
@@ -18,7 +20,9 @@ holds it.
 Code that must stay synchronous inside an async job (a store, a middleware, a signal) goes
 through :func:`call_sync`, Django's ``sync_to_async(thread_sensitive=True)``: under
 ``drain()``/inline mode that is the caller's thread (and its test transaction), in a worker
-the one thread Django's async ORM uses too.
+the one thread Django's async ORM uses too. Nothing else closes that thread's connection,
+so a run that raised closes it if it is broken (:func:`reset_job_connections`), before its
+outcome is written.
 """
 
 from __future__ import annotations
@@ -126,9 +130,36 @@ def _reset_after(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return func(*args, **kwargs)
     finally:
-        from django_jobguard.queue import close_broken_connections  # models: after app loading
+        _close_broken()
 
-        close_broken_connections()
+
+def _close_broken() -> None:
+    from django_jobguard.queue import close_broken_connections  # models: after app loading
+
+    close_broken_connections()
+
+
+async def reset_job_connections() -> None:
+    """After an async job that raised, on the worker's loop: close the connection its own
+    async ORM calls broke. Those calls (``aget()``, ``sync_to_async``) run on asgiref's one
+    thread-sensitive thread, where nothing else would ever close it: after a database restart
+    every later async job would fail with "the connection is closed" (Django closes it at the
+    end of a request the same way, ``close_old_connections``)."""
+    if not on_worker_loop():
+        return
+    try:
+        await sync_to_async(_close_broken, thread_sensitive=True)()
+    except Exception as exc:  # the job's outcome is written anyway
+        logger.warning("Could not close the async ORM's broken connection (%s).", exc)
+
+
+def closing_broken(func: Callable[..., T]) -> Callable[..., T]:
+    """``func`` run in a thread of its own (a sync middleware of an async job), dropping the
+    connection it broke as it returns."""
+    def run(*args: Any, **kwargs: Any) -> T:
+        return _reset_after(func, *args, **kwargs)
+
+    return run
 
 
 # -- one job's run -------------------------------------------------------------------------------
@@ -199,13 +230,23 @@ def running() -> list[JobRun]:
 
 
 async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout: float,
-                  label: str) -> T:
+                  label: str, hard_limit: bool = False) -> T:
     """Run ``coro`` (a job's middleware and ``handle()``) as a task named after ``label``.
 
     Returns its result, or raises what it raised; :class:`JobTimeoutError` when ``timeout``
     cancelled it (or it swallowed that cancellation), :class:`JobCancelledError` when an
     operator's cancel did (``context.cancel_seen`` is then set), :class:`WorkerStoppedError`
-    when the worker stopped at once."""
+    when the worker stopped at once. With ``hard_limit`` (a jobworker) the watchdog process
+    kills the worker if the run has not ended at the timeout's hard limit: a job that blocks
+    the loop (C code holding the GIL) runs neither its cancellation nor the heartbeat."""
+    from django_jobguard import timeouts
+
+    with timeouts.watched(timeout if hard_limit else 0, label):
+        return await _run_task(context, coro, timeout=timeout, label=label)
+
+
+async def _run_task(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout: float,
+                    label: str) -> T:
     loop = asyncio.get_running_loop()
     task = loop.create_task(coro, name=label)
     run = JobRun(task, context, label)

@@ -77,6 +77,9 @@ async def _step(middleware: Any, job: JobLike, next: Callable[[JobLike], Any]) -
     def next_sync(job: JobLike) -> Any:
         return async_to_sync(next)(job)
 
-    # In a worker, a thread of its own: the shared sync thread would wait for the whole job.
-    return await sync_to_async(middleware.handle, thread_sensitive=not aio.on_worker_loop())(
-        job, next_sync)
+    # In a worker, a thread of its own: the shared sync thread would wait for the whole job
+    # (and there nothing would close the connection a database restart broke).
+    if aio.on_worker_loop():
+        return await sync_to_async(aio.closing_broken(middleware.handle),
+                                   thread_sensitive=False)(job, next_sync)
+    return await sync_to_async(middleware.handle, thread_sensitive=True)(job, next_sync)

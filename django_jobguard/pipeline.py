@@ -96,6 +96,9 @@ class Pipeline:
         #: Run async jobs on this process's event loop thread (a worker), not on a loop of
         #: their own in this thread (``drain()``, inline mode).
         self.event_loop = event_loop
+        #: Arm the watchdog's hard limit for async jobs too (a jobworker process; sync jobs
+        #: get it from :func:`~django_jobguard.timeouts.time_limit`).
+        self.hard_limits = False
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
         #: That job (an executor ends its attempt when its thread is stuck past its timeout).
@@ -154,6 +157,8 @@ class Pipeline:
                 error: BaseException | None = None
             except (Exception, SystemExit, KeyboardInterrupt) as exc:
                 result, error = None, exc
+            if error is not None:  # perhaps a connection of the job's async ORM broke: drop
+                await aio.reset_job_connections()  # it before the retry can be claimed
             return await aio.call_sync(self._finish, row, job, result, error, started)
         finally:
             job.context.close_reporter()
@@ -390,7 +395,7 @@ class Pipeline:
         """On the event loop: the job's task under its time limit."""
         return await aio.run_job(job.context, run_middleware_async(job),
                                  timeout=job.context.policy.timeout,
-                                 label=f"{row.name} [{row.id}]")
+                                 label=f"{row.name} [{row.id}]", hard_limit=self.hard_limits)
 
     def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""

@@ -9,12 +9,15 @@ or a blocking call gets it when that returns). A job still running :data:`GRACE`
 later is given up by the executor (see :mod:`django_jobguard.executor`). The watchdog stays
 armed for the earliest hard limit of the registered jobs, armed by the job's own thread as
 it starts, so that a job that holds the GIL from its first instruction on (and so keeps the
-coordinator from running) still ends with the process. Other threads (the embedded worker)
-run without a time limit, as before."""
+coordinator from running) still ends with the process. Jobs in the main thread and async
+jobs on the worker's loop register their hard limit too (:func:`watched`), so the watchdog
+is armed for the earliest hard limit of every job the process runs. Other threads (the
+embedded worker) run without a time limit, as before."""
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import signal
@@ -81,15 +84,37 @@ def time_limit(seconds: float, *, finished: Callable[[], bool] = lambda: False,
         raise JobTimeoutError(f"The job has timed out after {seconds:g} s.")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    dog = watchdog.for_this_process()
-    dog.arm(hard_limit(seconds), label)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    with watched(seconds, label):
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def watched(seconds: float, label: str) -> Iterator[None]:
+    """Only the watchdog's hard limit, for a job run in this block (``seconds`` is its
+    timeout; 0: none): the main thread's job, whose timeout is SIGALRM, and an async job on
+    the worker's loop, whose timeout cancels its task. Every job of the process with a limit
+    registers it, so that the watchdog is armed for the earliest (async jobs run many at
+    once, beside a sync one)."""
+    if not seconds:
+        yield
+        return
+    key = -next(_keys)  # never a thread's id: the coordinator raises nothing for it
+    limit = ThreadLimit(key, seconds, time.monotonic() + seconds, lambda: False, label)
+    with _limits_lock:
+        _limits[key] = limit
+        if _armed is None or limit.hard_deadline < _armed.hard_deadline:
+            _rearm()  # (a later one, as async jobs of one timeout mostly are, changes nothing)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        dog.disarm()
+        with _limits_lock:
+            if _limits.pop(key, None) is limit and _armed is limit:
+                _rearm()
 
 
 # -- limits of jobs running in other threads -----------------------------------------------
@@ -116,6 +141,7 @@ class ThreadLimit:
 
 
 _limits: dict[int, ThreadLimit] = {}
+_keys = itertools.count(1)
 _limits_lock = threading.Lock()
 _local = threading.local()
 _armed: ThreadLimit | None = None  # the limit the watchdog is armed for

@@ -9,7 +9,9 @@ worker holds and does the shared housekeeping; idle workers wait on LISTEN/NOTIF
 
 With ``--threads N`` (N > 1) the same loop claims up to the free slots of a
 :class:`~django_jobguard.executor.ThreadExecutor` and hands it the rows; the main thread stays
-the coordinator (:meth:`Worker._run_threaded`). Which queue a claim takes from is
+the coordinator (:meth:`Worker._run_threaded`); a worker without ``--threads`` becomes one
+with a single thread once it claims a sync job beside async ones, so that its sync jobs do
+not stop it from claiming for the event loop. Which queue a claim takes from is
 :class:`~django_jobguard.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
 """
 
@@ -188,60 +190,81 @@ class Worker:
 
     def run(self) -> int:
         """Process jobs until a stop condition; returns the process exit code."""
-        if self.options.threads > 1:
-            return self._run_threaded()
         self._install_signal_handlers()
         logs.bind_worker(self.id)
         self._start()
+        # The watchdog's hard limit is the process's: a jobworker's, not a web server's
+        # (an embedded worker runs in a thread of its own).
+        in_main = threading.current_thread() is threading.main_thread()
+        self.pipeline.hard_limits = in_main
         started = time.monotonic()
         try:
-            while not self._stop.is_set():
-                rows = self._claim()
-                self._held = frozenset(row.id for row in rows)
+            if self.options.threads > 1:
+                return self._run_threaded(started)
+            return self._run_one_by_one(started, mixed=in_main and self._has_async_jobs)
+        finally:
+            self._async.wait()  # the async jobs running finish (or end by their timeout)
+            self._shutdown()
+
+    def _run_one_by_one(self, started: float, *, mixed: bool) -> int:
+        """The loop without ``--threads``: one job at a time, in this thread, the rest of a
+        claimed batch started by the ack before it; async jobs are handed to the event loop
+        as they come. The first claim that brings a sync job beside async ones (``mixed``:
+        some job is async) turns the worker into :meth:`_run_threaded` with one thread, for
+        good: a sync job running in this thread would stop it from claiming for the event
+        loop, and the async jobs of a queue holding both kinds would run one at a time. (An
+        embedded worker never turns: its jobs have no time limits, a thread's would.)"""
+        while not self._stop.is_set():
+            rows = self._claim()
+            if mixed and rows and self._sync_beside_async(rows):
+                return self._run_threaded(started, first=rows)
+            self._held = frozenset(row.id for row in rows)
+            if self._has_async_jobs:
                 self._start_async_ahead(rows)
-                self._pause_checked = time.monotonic()  # the claim excluded paused queues
-                for index, row in enumerate(rows):
-                    # Asked to stop, or the batch's queue was paused: give back what we did
-                    # not start (a claim returns rows of one queue).
-                    if self._stop.is_set() or self._paused_meanwhile(row.queue):
+            self._pause_checked = time.monotonic()  # the claim excluded paused queues
+            for index, row in enumerate(rows):
+                # Asked to stop, or the batch's queue was paused: give back what we did
+                # not start (a claim returns rows of one queue).
+                if self._stop.is_set() or self._paused_meanwhile(row.queue):
+                    for left in rows[index:]:
+                        queue.release(left, count_attempt=False, using=self.options.using)
+                    self._held = frozenset()
+                    break
+                if self._runs_async(row):  # on the loop; this thread goes on claiming
+                    if not self._async.submit(row, stop=self._stop):
                         for left in rows[index:]:
                             queue.release(left, count_attempt=False,
                                           using=self.options.using)
                         self._held = frozenset()
                         break
-                    if self._runs_async(row):  # on the loop; this thread goes on claiming
-                        if not self._async.submit(row, stop=self._stop):
-                            for left in rows[index:]:
-                                queue.release(left, count_attempt=False,
-                                              using=self.options.using)
-                            self._held = frozenset()
-                            break
-                        self._held = self._held - {row.id}
-                        continue
-                    then = rows[index + 1] if index + 1 < len(rows) else None
-                    if then is not None and self._runs_async(then):
-                        then = None  # started by its own pipeline on the loop
-                    began = time.monotonic()
-                    self.process_claimed(row, then=then)
-                    self._claim_size.finished(time.monotonic() - began)
                     self._held = self._held - {row.id}
-                    if self.options.rest:
-                        time.sleep(self.options.rest)
-                code = self._stop_code(found=bool(rows), started=started)
-                if code is not None:
-                    return code
-                if not rows:
-                    self._wait()
-            return EXIT_OK
-        finally:
-            self._async.wait()  # the async jobs running finish (or end by their timeout)
-            self._shutdown()
+                    continue
+                then = rows[index + 1] if index + 1 < len(rows) else None
+                if then is not None and self._runs_async(then):
+                    then = None  # started by its own pipeline on the loop
+                began = time.monotonic()
+                self.process_claimed(row, then=then)
+                self._claim_size.finished(time.monotonic() - began)
+                self._held = self._held - {row.id}
+                if self.options.rest:
+                    time.sleep(self.options.rest)
+            code = self._stop_code(found=bool(rows), started=started)
+            if code is not None:
+                return code
+            if not rows:
+                self._wait()
+        return EXIT_OK
+
+    def _sync_beside_async(self, rows: list[QueuedJob]) -> bool:
+        """Whether ``rows`` hold a sync job and async jobs run now or come with it."""
+        kinds = [self._runs_async(row) for row in rows]
+        return not all(kinds) and (any(kinds) or len(self._async) > 0)
 
     def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
         """Count in one statement the attempts of the async rows claimed ahead that start on
         the event loop now (instead of one UPDATE each as they start)."""
-        ahead = [row for row in rows if queue.claimed_ahead(row)
-                 and self._runs_async(row)][:self._async.free()]
+        starting = [row for row in rows if self._runs_async(row)][:self._async.free()]
+        ahead = [row for row in starting if queue.claimed_ahead(row)]
         if len(ahead) > 1:
             try:
                 queue.start_many(ahead, using=self.options.using)
@@ -261,22 +284,21 @@ class Worker:
         if self._executor is not None:
             self._executor.wake()  # the coordinator may claim into the freed slot
 
-    def _run_threaded(self) -> int:
-        """The loop with ``--threads N``: claim as many rows as there are free slots (within
-        each queue's number), hand them to the executor, and wait for a free slot, a NOTIFY
-        or a due job; every pass also enforces the running jobs' time limits. Rows are
-        started as they are claimed (no claiming ahead: a free slot takes a row at once). On
-        a stop condition or signal the running jobs finish (a second Ctrl-C hands them back).
-        """
+    def _run_threaded(self, started: float, first: Sequence[QueuedJob] = ()) -> int:
+        """The loop with ``--threads N`` (or one thread beside async jobs, ``first`` the
+        claimed batch that brought a sync job beside async ones): claim as many rows as there
+        are free slots (within each queue's number), hand them to the executor, and wait for
+        a free slot, a NOTIFY or a due job; every pass also enforces the running jobs' time
+        limits. Rows are started as they are claimed (no claiming ahead: a free slot takes a
+        row at once). On a stop condition or signal the running jobs finish (a second Ctrl-C
+        hands them back)."""
         from django_jobguard.executor import EXIT_STUCK, AllThreadsStuck, ThreadExecutor
 
-        self._install_signal_handlers()
-        logs.bind_worker(self.id)
-        self._start()
         executor = self._executor = ThreadExecutor(self, self.options.threads,
                                                    rest=self.options.rest)
-        started = time.monotonic()
         try:
+            pending = list(first)
+            self._held = frozenset()  # from now on: the executors' rows and the waiting ones
             while not self._stop.is_set():
                 executor.tick()
                 self._hand_out(executor, [])
@@ -284,7 +306,9 @@ class Worker:
                 # so an empty claim means an empty queue only if none ran then: otherwise
                 # --stop-when-empty could stop with jobs left that the cap held back.
                 running = executor.busy + len(self._async)
-                rows = self._claim_for(executor) if not self._waiting else []
+                rows, pending = pending or (
+                    self._claim_for(executor) if not self._waiting else []), []
+                self._start_async_ahead(rows)
                 self._hand_out(executor, rows)
                 busy = executor.busy + len(self._async)
                 code = self._stop_code(found=bool(rows) or busy > 0 or running > 0,
@@ -307,8 +331,6 @@ class Worker:
         finally:
             self._give_back_waiting()
             executor.shutdown()
-            self._async.wait()
-            self._shutdown()
 
     def _hand_out(self, executor: ThreadExecutor, rows: list[QueuedJob]) -> None:
         """Start the rows waiting for a slot of their kind, then ``rows``: async ones on the

@@ -25,3 +25,17 @@ class HoldsTheGil(Job):
                               attempt=self.attempts(), started_at=timezone.now())
         sum(range(3 * 10**9))
         JobRun.objects.filter(job_id=self.job_id or "").update(ended_at=timezone.now())
+
+
+class HoldsTheGilAsync(Job):
+    """:class:`HoldsTheGil` as an async job: its C code blocks the worker's event loop, so
+    neither the cancellation at its timeout nor the heartbeat runs (issue 27 item 2)."""
+
+    tries = 1
+    timeout = 2
+
+    async def handle(self):
+        await JobRun.objects.acreate(label="gil", job_id=self.job_id or "", pid=os.getpid(),
+                                     attempt=self.attempts(), started_at=timezone.now())
+        sum(range(3 * 10**9))
+        await JobRun.objects.filter(job_id=self.job_id or "").aupdate(ended_at=timezone.now())

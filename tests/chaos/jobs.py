@@ -3,6 +3,7 @@ JOBGUARD_EXTRA_JOB_MODULES=tests.chaos.jobs)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -159,3 +160,43 @@ class EndsTheProcess(Job):
             os._exit(0)
         raise KeyboardInterrupt
 
+
+
+class AsyncUniqueRecord(ShouldBeUnique, Job):
+    """:class:`UniqueRecord` as an async job (``--async-concurrency``): a unique job whose
+    run records itself through the async ORM."""
+
+    tries = 5
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def unique_id(self) -> str:
+        return self.key
+
+    async def handle(self):
+        run = await JobRun.objects.acreate(label="async-unique", key=self.key,
+                                           job_id=self.job_id or "", pid=os.getpid(),
+                                           attempt=self.attempts(), started_at=timezone.now())
+        await asyncio.sleep(0.01)
+        run.ended_at = timezone.now()
+        await run.asave(update_fields=["ended_at"])
+
+
+class AsyncUntimed(Job):
+    """An async job without a time limit (``timeout = 0``) that awaits ``seconds`` between
+    recording its start and its end: the lease-takeover test stops its worker meanwhile."""
+
+    timeout = 0
+    tries = 3
+
+    def __init__(self, label: str, seconds: float):
+        self.label, self.seconds = label, seconds
+
+    async def handle(self):
+        run = await JobRun.objects.acreate(label=self.label, job_id=self.job_id or "",
+                                           pid=os.getpid(), attempt=self.attempts(),
+                                           started_at=timezone.now())
+        await asyncio.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        await run.asave(update_fields=["ended_at"])

@@ -19,7 +19,7 @@ from demo.models import JobRun
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.timeouts import hard_limit
 from tests.chaos.conftest import chaos_env
-from tests.chaos.gil_jobs import HoldsTheGil
+from tests.chaos.gil_jobs import HoldsTheGil, HoldsTheGilAsync
 from tests.support import MANAGE, ROOT, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -50,14 +50,18 @@ def watchdogs_of(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("threads", ["1", "3"])
-def test_a_job_holding_the_gil_is_killed_at_its_hard_limit_and_never_copied(threads):
+@pytest.mark.parametrize("mode", ["1", "3", "async"])
+def test_a_job_holding_the_gil_is_killed_at_its_hard_limit_and_never_copied(mode):
     """With --threads the job's thread holds the GIL, so the coordinator cannot give it up:
-    the watchdog, armed by that thread as the job started, kills the process."""
-    assert hard_limit(HoldsTheGil.timeout) < LEASE
-    job = HoldsTheGil().dispatch()
+    the watchdog, armed by that thread as the job started, kills the process. An async job
+    holding it blocks the worker's event loop (its timeout cancels nothing): the watchdog,
+    armed as its run started on the loop, kills the process too (issue 27 item 2)."""
+    job_class = HoldsTheGilAsync if mode == "async" else HoldsTheGil
+    assert hard_limit(job_class.timeout) < LEASE
+    job = job_class().dispatch()
     logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]  # noqa: SIM115
-    first = start_worker(logs[0], "--threads", threads)
+    first = start_worker(logs[0], *(("--async-concurrency", "2") if mode == "async"
+                                    else ("--threads", mode)))
     second = None
     try:
         wait_for(lambda: JobRun.objects.filter(label="gil").exists(), timeout=60)

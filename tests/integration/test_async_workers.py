@@ -113,3 +113,35 @@ def test_threads_and_async_share_one_worker_and_one_queue(workers):
     assert _most_at_once(sync_runs) <= 2  # at most --threads sync jobs at once
     assert output.count(" DONE") == 10
     assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+
+
+def test_a_sync_job_does_not_stop_async_jobs_of_its_queue_from_running_at_once(workers):
+    """Without --threads, a sync job used to run in the worker's main thread, which then
+    claimed nothing: on a queue holding both kinds the async jobs ran one at a time (issue 27
+    item 4). Now the sync jobs run on a thread beside the event loop."""
+    for i in range(6):  # interleaved: every async job is queued right behind a sync one
+        async_jobs.AsyncRecord(f"async-{i}", seconds=1.0).dispatch()
+        jobs.Record(f"sync-{i}", seconds=1.5).dispatch()
+    output = "".join(workers(1, "--async-concurrency", "6", "--sleep", "0.1",
+                             "--stop-when-empty", "--max-time", "120").wait(120))
+    async_runs = list(JobRun.objects.filter(label__startswith="async-"))
+    sync_runs = list(JobRun.objects.filter(label__startswith="sync-"))
+    assert len(async_runs) == 6 and len(sync_runs) == 6, output
+    assert all(r.ended_at is not None for r in async_runs + sync_runs)
+    assert len({r.pid for r in async_runs + sync_runs}) == 1
+    # While some sync job ran, several async jobs ran at once.
+    during = max(_most_at_once([_Clipped(r, s) for r in async_runs
+                                if r.started_at < s.ended_at and r.ended_at > s.started_at])
+                 for s in sync_runs)
+    assert during > 1, output
+    assert _most_at_once(sync_runs) == 1  # one sync job at a time, as without async ones
+    assert output.count(" DONE") == 12
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+
+
+class _Clipped:
+    """A run's interval cut to another's."""
+
+    def __init__(self, run, within) -> None:
+        self.started_at = max(run.started_at, within.started_at)
+        self.ended_at = min(run.ended_at, within.ended_at)

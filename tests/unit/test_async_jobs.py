@@ -284,3 +284,40 @@ def test_inline_mode_runs_an_async_job_at_dispatch():
         async_jobs.AsyncRecord("inline").dispatch()
     assert JobRun.objects.get().label == "inline"
     assert not QueuedJob.objects.exists()
+
+
+def test_on_the_worker_loop_broken_connections_are_dropped_where_the_jobs_orm_ran(monkeypatch):
+    """Issue 27 item 1: the threads an async job's own ORM calls use in a worker (asgiref's
+    thread-sensitive one; a sync-only middleware's own thread) close what a database restart
+    broke; nothing else would, and every later job would fail on it."""
+    import threading
+
+    from django_jobguard import aio, queue
+    from django_jobguard.context import JobContext
+    from django_jobguard.handling import run_middleware_async
+
+    closed: list[str] = []
+    monkeypatch.setattr(queue, "close_broken_connections",
+                        lambda **kwargs: closed.append(threading.current_thread().name))
+
+    class SyncOnly:
+        def handle(self, job, next):
+            return next(job)
+
+    class Wrapped:
+        name, is_async = "tests.Wrapped", True
+
+        def __init__(self) -> None:
+            self.context = JobContext(job_id="1")
+
+        def middleware(self):
+            return [SyncOnly()]
+
+        async def handle(self):
+            return "done"
+
+    loop = aio.loop_thread()
+    assert loop.run(run_middleware_async(Wrapped())) == "done"
+    assert len(closed) == 1 and closed[0] != loop.thread.name  # in the middleware's thread
+    loop.run(aio.reset_job_connections())  # after a run that raised
+    assert len(closed) == 2 and closed[1] != loop.thread.name
