@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 # What type checkers and IDEs see behind the lazy imports below (ruff: F401 is off here).
 if TYPE_CHECKING:
-    from django_jobguard.batches import Batchable, batch
-    from django_jobguard.chains import chain
     from django_jobguard.context import JobContext
     from django_jobguard.cron import CronExpression
     from django_jobguard.decorators import job, unique, unique_until_processing, without_overlapping
@@ -30,6 +28,8 @@ if TYPE_CHECKING:
     from django_jobguard.schedules import Schedule, periodic
     from django_jobguard.stores import get_store
     from django_jobguard.unique_jobs import ShouldBeUnique, ShouldBeUniqueUntilProcessing
+    from django_jobguard.workflows.batches import Batchable, batch
+    from django_jobguard.workflows.chains import chain
 
 __version__ = "0.1.0"
 
@@ -64,9 +64,9 @@ _EXPORTS = {
     "ThrottlesExceptions": "django_jobguard.middleware.throttles_exceptions",
     "Skip": "django_jobguard.middleware.skip",
     # workflows
-    "chain": "django_jobguard.chains",
-    "batch": "django_jobguard.batches",
-    "Batchable": "django_jobguard.batches",
+    "chain": "django_jobguard.workflows.chains",
+    "batch": "django_jobguard.workflows.batches",
+    "Batchable": "django_jobguard.workflows.batches",
     # periodic jobs
     "periodic": "django_jobguard.schedules",
     "Schedule": "django_jobguard.schedules",

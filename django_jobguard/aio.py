@@ -6,9 +6,9 @@ first async job): sync jobs never run on it, and many async jobs await on it at 
 ``handle()`` as a task with its time limit: a ``timeout`` cancels the task (the job sees
 ``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
 read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
-on after :data:`~django_jobguard.timeouts.GRACE` seconds (logged; its task is left to end
+on after :data:`~django_jobguard.worker.timeouts.GRACE` seconds (logged; its task is left to end
 on its own). In a jobworker each run also arms the watchdog's hard limit
-(:func:`~django_jobguard.timeouts.watched`): a job that blocks the loop past it is ended with
+(:func:`~django_jobguard.worker.timeouts.watched`): a job that blocks the loop past it is ended with
 its process, as a sync job is.
 
 A job that blocks the loop (``time.sleep()``, a sync ORM call through ``sync_to_async`` missing,
@@ -185,7 +185,7 @@ class JobRun:
             return
         self.reason = reason
         self.task.cancel(f"jobguard: {reason}")
-        from django_jobguard.timeouts import GRACE
+        from django_jobguard.worker.timeouts import GRACE
 
         self._grace = asyncio.get_running_loop().call_later(GRACE, self._give_up, GRACE)
 
@@ -239,7 +239,7 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     when the worker stopped at once. With ``hard_limit`` (a jobworker) the watchdog process
     kills the worker if the run has not ended at the timeout's hard limit: a job that blocks
     the loop (C code holding the GIL) runs neither its cancellation nor the heartbeat."""
-    from django_jobguard import timeouts
+    from django_jobguard.worker import timeouts
 
     with timeouts.watched(timeout if hard_limit else 0, label):
         return await _run_task(context, coro, timeout=timeout, label=label)
@@ -440,97 +440,3 @@ def run_blocking(factory: Callable[[], Coroutine[Any, Any, T]], *, in_worker: bo
         return await factory()
 
     return async_to_sync(main)()
-
-
-# -- the worker's async executor -----------------------------------------------------------------
-
-
-class AsyncExecutor:
-    """Runs claimed rows of async jobs on this process's loop, up to ``concurrency`` at once
-    (``jobworker --async-concurrency``). ``pipeline`` begins each row in the calling thread
-    (the worker's coordinator: start and rebuild, no round trip for a row its claim started)
-    and completes it on the loop (``acomplete``: the job, then its outcome applied off the
-    loop). ``finished(row, state)`` is called as each ends with the state logged, or ``None``
-    when a database or store error left the row to lease recovery."""
-
-    def __init__(self, pipeline: Any, concurrency: int,
-                 finished: Callable[[Any, str | None], None]) -> None:
-        if concurrency < 1:
-            raise ValueError(f"async concurrency must be at least 1, not {concurrency}.")
-        self.pipeline, self.concurrency, self.finished = pipeline, concurrency, finished
-        self._slots = threading.Semaphore(concurrency)
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._rows: dict[Any, Any] = {}
-
-    def submit(self, row: Any, *, stop: threading.Event | None = None) -> bool:
-        """Start ``row`` once a slot is free; False (not started) if ``stop`` was set while
-        waiting for one."""
-        while not self._slots.acquire(timeout=0.2):
-            if stop is not None and stop.is_set():
-                return False
-        with self._lock:
-            self._rows[row.id] = row
-        started = time.monotonic()
-        try:
-            job = self.pipeline.begin(row, started)
-        except BaseException as exc:
-            failed: concurrent.futures.Future[str] = concurrent.futures.Future()
-            failed.set_exception(exc)
-            self._done(row, failed)
-            return True
-        if isinstance(job, str):  # ended before it ran (lost, failed, cancelled, ...)
-            done: concurrent.futures.Future[str] = concurrent.futures.Future()
-            done.set_result(job)
-            self._done(row, done)
-            return True
-        future = loop_thread().submit(self.pipeline.acomplete(row, job, started))
-        future.add_done_callback(lambda end: self._done(row, end))
-        return True
-
-    def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
-        state: str | None = None
-        try:
-            state = future.result()
-        except BaseException as exc:
-            logger.error("Error while finishing %s; if it was not acked its lease will expire "
-                         "and it will be retried.", row, exc_info=exc)
-        with self._lock:
-            self._rows.pop(row.id, None)
-            self._idle.notify_all()
-        self._slots.release()
-        try:
-            self.finished(row, state)
-        except Exception:
-            logger.exception("Recording the end of %s failed.", row)
-
-    def free(self) -> int:
-        """How many more async jobs may start now."""
-        with self._lock:
-            return self.concurrency - len(self._rows)
-
-    def held(self) -> frozenset[Any]:
-        """Ids of the rows running now (the heartbeat renews their leases)."""
-        with self._lock:
-            return frozenset(self._rows)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._rows)
-
-    def stop_all(self) -> None:
-        """Cancel every running job's task (the worker stops at once): each goes back to the
-        queue without using an attempt."""
-        for job_run in running():
-            job_run.stop_threadsafe()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until no job runs; False if some still did after ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while self._rows:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left if left is not None else 1.0)
-        return True

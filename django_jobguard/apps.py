@@ -34,7 +34,7 @@ class JobGuardConfig(AppConfig):
         if jobguard_settings.EMBEDDED_WORKER:  # worker threads in the web server (embedded.py)
             from django.core.signals import request_started
 
-            from django_jobguard import embedded
+            from django_jobguard.worker import embedded
 
             request_started.connect(embedded.on_request_started,
                                     dispatch_uid="jobguard.embedded_worker")

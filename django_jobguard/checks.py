@@ -55,7 +55,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from django_jobguard.conf import DEFAULTS, SETTINGS, jobguard_settings
-from django_jobguard.timeouts import hard_limit
+from django_jobguard.worker.timeouts import hard_limit
 
 
 @register(Tags.compatibility)
@@ -145,7 +145,7 @@ def _check_test_mode() -> list:
 
 def _check_embedded_worker() -> list:
     """jobguard.E080: ``EMBEDDED_WORKER`` has an unknown key or a value out of range."""
-    from django_jobguard.embedded import DEFAULTS as EMBEDDED
+    from django_jobguard.worker.embedded import DEFAULTS as EMBEDDED
 
     config = jobguard_settings.EMBEDDED_WORKER
     if not config:
@@ -488,7 +488,7 @@ def has_unbounded_overlap(job_class: type) -> bool:
 @register(Tags.database)
 def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
     """jobguard.E020 for each of ``databases`` that cannot claim with SKIP LOCKED."""
-    from django_jobguard.dialects.generic import missing_skip_locked
+    from django_jobguard.dialects.mysql import missing_skip_locked
 
     errors = []
     for alias in databases or ():

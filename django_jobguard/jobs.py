@@ -3,7 +3,7 @@
 A job is a class whose constructor arguments are its state. ``dispatch()`` encodes those
 arguments once into an :class:`~django_jobguard.envelope.Envelope` stored as the payload of a
 :class:`~django_jobguard.models.QueuedJob` row; a worker rebuilds the job from it and runs it
-(:mod:`django_jobguard.pipeline`). Function jobs (``@job``) are in
+(:mod:`django_jobguard.worker.pipeline`). Function jobs (``@job``) are in
 :mod:`django_jobguard.decorators`.
 """
 
@@ -32,7 +32,7 @@ from django_jobguard.context import JobContext
 from django_jobguard.durations import Delay
 from django_jobguard.envelope import Envelope, UniqueRef
 from django_jobguard.exceptions import ManuallyFailedError
-from django_jobguard.handling import run_middleware, run_middleware_async
+from django_jobguard.middleware.chain import run_middleware, run_middleware_async
 from django_jobguard.outcome import Outcome
 from django_jobguard.retry import RetryPolicy
 

@@ -467,7 +467,7 @@ class QueueMinute(models.Model):
 
 
 class Dashboard(QueuedJob):
-    """No data of its own: gives the admin's dashboard page (``django_jobguard.dashboard``)
+    """No data of its own: gives the admin's dashboard page (``django_jobguard.admin.dashboard``)
     its place in the app's section. Who may see it is asked of the queued jobs' view
     permission, so it needs no permissions of its own."""
 

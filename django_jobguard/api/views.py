@@ -28,7 +28,7 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from django_jobguard import batches, operations, registry, schedules, serialization
+from django_jobguard import operations, registry, schedules, serialization
 from django_jobguard.api import serializers as s
 from django_jobguard.api.permissions import api_permission_classes
 from django_jobguard.conf import jobguard_settings
@@ -36,6 +36,7 @@ from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
 from django_jobguard.models import Batch, FailedJob, QueuedJob
 from django_jobguard.operations import monitoring
+from django_jobguard.workflows import batches
 
 try:
     from drf_spectacular.openapi import AutoSchema

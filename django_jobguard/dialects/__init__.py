@@ -45,10 +45,10 @@ def _make(using: str) -> Dialect:
 
         return SQLiteDialect(using)
     if vendor == "mysql":
-        from django_jobguard.dialects.generic import MySQLDialect
+        from django_jobguard.dialects.mysql import MySQLDialect
 
         return MySQLDialect(using)
-    from django_jobguard.dialects.generic import GenericDialect
+    from django_jobguard.dialects.mysql import GenericDialect
 
     return GenericDialect(using)
 

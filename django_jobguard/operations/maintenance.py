@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import JSONField, TextField, Value
 from django.db.models.functions import Cast
 
-from django_jobguard import batches, history, results, unique_jobs
+from django_jobguard import history, results, unique_jobs
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects.base import load_payload
 from django_jobguard.envelope import unique_ref
@@ -21,6 +21,7 @@ from django_jobguard.operations import audit
 from django_jobguard.operations.failed import failed_before
 from django_jobguard.operations.workers import dead_workers
 from django_jobguard.stores import get_store
+from django_jobguard.workflows import batches
 
 logger = logging.getLogger("django_jobguard.worker")
 

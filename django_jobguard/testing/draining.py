@@ -1,6 +1,6 @@
 """``drain()``: run the queued jobs in this process through the worker's pipeline.
 
-Each job goes through :class:`~django_jobguard.pipeline.Pipeline` as a worker would run it:
+Each job goes through :class:`~django_jobguard.worker.pipeline.Pipeline` as a worker would run it:
 middleware, retries and backoff, failed jobs, unique locks, result rows. A job a job
 dispatches is run too (``recursive=True``), until nothing is due.
 """
@@ -21,9 +21,9 @@ from django_jobguard import clock
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.models import QueuedJob
 from django_jobguard.outcome import JobState
-from django_jobguard.pipeline import Pipeline
 from django_jobguard.retry import Defaults
 from django_jobguard.testing.commits import run_on_commit_callbacks
+from django_jobguard.worker.pipeline import Pipeline
 
 __all__ = ["DrainError", "DrainResult", "drain"]
 

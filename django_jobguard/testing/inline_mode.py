@@ -14,8 +14,8 @@ from typing import Any
 from django.test import override_settings
 
 from django_jobguard.conf import jobguard_settings, queue_database
-from django_jobguard.pipeline import Pipeline
 from django_jobguard.testing import draining
+from django_jobguard.worker.pipeline import Pipeline
 
 __all__ = ["inline", "run_inline"]
 

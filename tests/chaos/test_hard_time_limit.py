@@ -17,7 +17,7 @@ import pytest
 from demo.models import JobRun
 
 from django_jobguard.models import FailedJob, QueuedJob
-from django_jobguard.timeouts import hard_limit
+from django_jobguard.worker.timeouts import hard_limit
 from tests.chaos.conftest import chaos_env
 from tests.chaos.gil_jobs import HoldsTheGil, HoldsTheGilAsync
 from tests.support import MANAGE, ROOT, wait_for

@@ -30,7 +30,7 @@ JOBGUARD = {**JOBGUARD, "EMBEDDED_WORKER": {  # noqa: F405
 WSGI = """
 from django.core.wsgi import get_wsgi_application
 
-from django_jobguard import embedded
+from django_jobguard.worker import embedded
 
 application = get_wsgi_application()
 embedded.start()

@@ -294,7 +294,7 @@ def test_on_the_worker_loop_broken_connections_are_dropped_where_the_jobs_orm_ra
 
     from django_jobguard import aio, queue
     from django_jobguard.context import JobContext
-    from django_jobguard.handling import run_middleware_async
+    from django_jobguard.middleware.chain import run_middleware_async
 
     closed: list[str] = []
     monkeypatch.setattr(queue, "close_broken_connections",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from django_jobguard import queue
-from django_jobguard.claiming import MAX_CLAIM, ClaimSize
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker import Worker, WorkerOptions
+from django_jobguard.worker.claiming import MAX_CLAIM, ClaimSize
 from tests.support import jobs, work
 
 

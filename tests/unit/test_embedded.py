@@ -12,10 +12,10 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.test.client import ClientHandler
 
-from django_jobguard import embedded
 from django_jobguard.checks import check_settings
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
+from django_jobguard.worker import embedded
 from tests.support import jobs, wait_for
 
 CONFIG = {"threads": 2, "queues": ["*"], "sleep": 0.1, "shutdown_timeout": 10}

@@ -8,11 +8,12 @@ import threading
 import pytest
 from demo.models import JobRun
 
-from django_jobguard import dispatch_many, timeouts, worker
-from django_jobguard.executor import EXIT_STUCK
+from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
-from django_jobguard.worker import Worker, WorkerOptions
+from django_jobguard.worker import Worker, WorkerOptions, timeouts
+from django_jobguard.worker import loop as worker
+from django_jobguard.worker.executor import EXIT_STUCK
 from tests.support import jobs, wait_for
 from tests.support.thread_jobs import SleepInC, Spin
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from django_jobguard.queue_selection import QueueEntry, QueueSelection, parse_queues
+from django_jobguard.worker.queue_selection import QueueEntry, QueueSelection, parse_queues
 
 
 def test_parse_names_and_numbers():

@@ -1,4 +1,4 @@
-"""The hard limits a process registers (django_jobguard/timeouts.py): the watchdog is armed
+"""The hard limits a process registers (django_jobguard/worker/timeouts.py): the watchdog is armed
 for the earliest of every job running, whether in the main thread or async on the worker's
 loop (issue 27 item 2)."""
 
@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from django_jobguard import aio, timeouts, watchdog
+from django_jobguard import aio
 from django_jobguard.context import JobContext
+from django_jobguard.worker import timeouts, watchdog
 
 
 class FakeDog:

@@ -1,4 +1,4 @@
-"""The watchdog process behind the hard time limit (django_jobguard/watchdog.py): it kills
+"""The watchdog process behind the hard time limit (django_jobguard/worker/watchdog.py): it kills
 the watched process when an armed deadline passes, and only then."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from django_jobguard.watchdog import Watchdog
+from django_jobguard.worker.watchdog import Watchdog
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_ctrl_c_to_the_workers_process_group_does_not_reach_the_watchdog(sleeper
 
 
 def test_a_watchdog_killed_by_hand_is_replaced_at_a_later_arm(sleeper, monkeypatch):
-    from django_jobguard import watchdog
+    from django_jobguard.worker import watchdog
 
     monkeypatch.setattr(watchdog, "ALIVE_EVERY", 0.0)
     dog = Watchdog(pid=sleeper.pid)

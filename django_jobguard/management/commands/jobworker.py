@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django_jobguard import logs
 from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings, queue_database
-from django_jobguard.queue_selection import parse_queues
-from django_jobguard.worker import WorkerOptions, make_worker, run_worker_process
+from django_jobguard.worker.loop import WorkerOptions, make_worker, run_worker_process
+from django_jobguard.worker.queue_selection import parse_queues
 
 
 def _csv_floats(value: str) -> list[float]:
@@ -149,7 +149,7 @@ class Command(BaseCommand):
 
     def _run(self, options: WorkerOptions, opts: dict[str, Any], verbosity: int) -> int:
         if opts["reload"]:
-            from django_jobguard.reloader import run_with_reloader
+            from django_jobguard.worker.reloader import run_with_reloader
 
             def make() -> Any:  # in the child process only: it serves the metrics
                 self._serve_metrics(opts)
@@ -158,7 +158,7 @@ class Command(BaseCommand):
             return run_with_reloader(make, grace=opts["reload_grace"],
                                      write=lambda line: self._write(line, "RELOAD"))
         if opts["concurrency"] > 1:
-            from django_jobguard.supervisor import Supervisor
+            from django_jobguard.worker.supervisor import Supervisor
 
             server = self._serve_metrics(opts, multiprocess=True)
             try:

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from django_jobguard import clock
 from django_jobguard.dialects import Dialect, ThrottleRow, dialect_for
-from django_jobguard.dialects.generic import GenericDialect
+from django_jobguard.dialects.mysql import GenericDialect
 from django_jobguard.models import FailedJob, Lock, QueuedJob, Throttle
 from django_jobguard.queue import NewJob
 from tests.support import POSTGRES, work

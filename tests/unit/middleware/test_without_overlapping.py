@@ -17,7 +17,7 @@ from django_jobguard import WithoutOverlapping, job, registry, without_overlappi
 from django_jobguard.checks import check_overlap_expiry, has_unbounded_overlap
 from django_jobguard.context import JobContext
 from django_jobguard.durations import NOW
-from django_jobguard.handling import run_middleware
+from django_jobguard.middleware.chain import run_middleware
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.outcome import Outcome
 from django_jobguard.stores import get_store

@@ -33,12 +33,12 @@ from django_jobguard import (
     WithoutOverlapping,
     rate_limiter,
 )
-from django_jobguard import pipeline as pipeline_module
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from django_jobguard.stores.base import RateWindow
+from django_jobguard.worker import pipeline as pipeline_module
 from tests.support import make_due, work
 
 redis_exceptions = pytest.importorskip("redis.exceptions")

@@ -29,8 +29,8 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard import batches, operations, registry, schedules
-from django_jobguard.dashboard import DashboardAdmin
+from django_jobguard import operations, registry, schedules
+from django_jobguard.admin.dashboard import DashboardAdmin
 from django_jobguard.models import (
     Batch,
     Chain,
@@ -45,6 +45,7 @@ from django_jobguard.models import (
     Worker,
 )
 from django_jobguard.progress import stored_fraction
+from django_jobguard.workflows import batches
 
 logger = logging.getLogger("django_jobguard.admin")
 

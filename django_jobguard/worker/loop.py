@@ -1,18 +1,18 @@
 """The worker: claim jobs, hand each to the pipeline, keep leases and liveness fresh.
 
 :class:`Worker` is the loop of ``manage.py jobworker``: claim a batch of due rows
-(:mod:`django_jobguard.queue`), run each through :class:`~django_jobguard.pipeline.Pipeline`
-(rebuild → middleware and ``handle()`` → outcome → ack, release or fail), and stop on a
-signal or a ``queue:work`` stop condition. A heartbeat thread renews the leases of the rows the
-worker holds and does the shared housekeeping; idle workers wait on LISTEN/NOTIFY
-(PostgreSQL) or poll.
+(:mod:`django_jobguard.queue`), run each through
+:class:`~django_jobguard.worker.pipeline.Pipeline` (rebuild → middleware and ``handle()`` →
+outcome → ack, release or fail), and stop on a signal or a ``queue:work`` stop condition. A
+heartbeat thread renews the leases of the rows the worker holds and does the shared
+housekeeping; idle workers wait on LISTEN/NOTIFY (PostgreSQL) or poll.
 
 With ``--threads N`` (N > 1) the same loop claims up to the free slots of a
-:class:`~django_jobguard.executor.ThreadExecutor` and hands it the rows; the main thread stays
-the coordinator (:meth:`Worker._run_threaded`); a worker without ``--threads`` becomes one
-with a single thread once it claims a sync job beside async ones, so that its sync jobs do
-not stop it from claiming for the event loop. Which queue a claim takes from is
-:class:`~django_jobguard.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
+:class:`~django_jobguard.worker.executor.ThreadExecutor` and hands it the rows; the main
+thread stays the coordinator (:meth:`Worker._run_threaded`). A worker without ``--threads``
+becomes one with a single thread once it claims a sync job beside async ones, so that its
+sync jobs do not stop it from claiming for the event loop. Which queue a claim takes from is
+:class:`~django_jobguard.worker.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
 """
 
 from __future__ import annotations
@@ -33,18 +33,19 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.db.models.functions import Now
 
 from django_jobguard import aio, history, logs, operations, queue, registry, schedules
-from django_jobguard.claiming import ClaimSize
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.outcome import JobState
-from django_jobguard.pipeline import Pipeline, log_finishing_error
-from django_jobguard.queue_selection import QueueEntry, QueueSelection
 from django_jobguard.retry import Defaults
+from django_jobguard.worker.async_executor import AsyncExecutor
+from django_jobguard.worker.claiming import ClaimSize
+from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
+from django_jobguard.worker.queue_selection import QueueEntry, QueueSelection
 
 if TYPE_CHECKING:
-    from django_jobguard.executor import ThreadExecutor
+    from django_jobguard.worker.executor import ThreadExecutor
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -160,7 +161,7 @@ class Worker:
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
             pause=self._stop.wait, event_loop=True)
         # Async jobs: on this process's event loop, many at once (sync jobs never go there).
-        self._async = aio.AsyncExecutor(
+        self._async = AsyncExecutor(
             self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
             self._async_finished)
         self._in_job = False
@@ -292,7 +293,7 @@ class Worker:
         limits. Rows are started as they are claimed (no claiming ahead: a free slot takes a
         row at once). On a stop condition or signal the running jobs finish (a second Ctrl-C
         hands them back)."""
-        from django_jobguard.executor import EXIT_STUCK, AllThreadsStuck, ThreadExecutor
+        from django_jobguard.worker.executor import EXIT_STUCK, AllThreadsStuck, ThreadExecutor
 
         executor = self._executor = ThreadExecutor(self, self.options.threads,
                                                    rest=self.options.rest)

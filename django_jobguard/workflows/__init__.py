@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django_jobguard import batches, chains
 from django_jobguard.conf import queue_database
+from django_jobguard.workflows import batches, chains
 
 __all__ = ["counted", "counted_in_batch", "finished", "involved", "retried", "skip_reason"]
 

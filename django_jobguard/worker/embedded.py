@@ -29,7 +29,7 @@ from django.db import connections
 from django_jobguard.conf import jobguard_settings
 
 if TYPE_CHECKING:
-    from django_jobguard.worker import Worker
+    from django_jobguard.worker.loop import Worker
 
 logger = logging.getLogger("django_jobguard.embedded")
 
@@ -57,7 +57,7 @@ class EmbeddedWorkers:
         return cls(queues=list(queues), **config)
 
     def start(self) -> None:
-        from django_jobguard.worker import Worker, WorkerOptions  # needs the app registry
+        from django_jobguard.worker.loop import Worker, WorkerOptions  # needs the app registry
 
         for number in range(self.threads):
             # memory=0: the limit exits a worker process; this one is the web server's.

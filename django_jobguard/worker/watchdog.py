@@ -1,7 +1,7 @@
 """The hard time limit: a small process beside the worker that kills it when a job runs past
 its timeout and the grace period.
 
-The worker enforces a job's ``timeout`` itself (SIGALRM, :mod:`django_jobguard.timeouts`),
+The worker enforces a job's ``timeout`` itself (SIGALRM, :mod:`django_jobguard.worker.timeouts`),
 but a Python signal handler only runs between bytecodes of the main thread: a job inside C
 code that holds the GIL (``sum(range(10**10))``, a catastrophic regex, some C extensions)
 cannot be interrupted, and the worker's heartbeat thread cannot renew the job's lease either.

@@ -1,12 +1,12 @@
 """A job's time limit inside the worker process (SIGALRM, main thread only), backed by the
-watchdog process for jobs that no signal interrupts (:mod:`django_jobguard.watchdog`).
+watchdog process for jobs that no signal interrupts (:mod:`django_jobguard.worker.watchdog`).
 
 In an executor thread (``jobworker --threads``, see :func:`enforce_in_this_thread`) no
 signal reaches the job: :func:`time_limit` registers the limit as a :class:`ThreadLimit`
 instead, and the worker's coordinator raises the timeout into the job's thread
 (:func:`expire_thread_limits`: between two bytecodes, as SIGALRM does; a thread inside C code
 or a blocking call gets it when that returns). A job still running :data:`GRACE` seconds
-later is given up by the executor (see :mod:`django_jobguard.executor`). The watchdog stays
+later is given up by the executor (see :mod:`django_jobguard.worker.executor`). The watchdog stays
 armed for the earliest hard limit of the registered jobs, armed by the job's own thread as
 it starts, so that a job that holds the GIL from its first instruction on (and so keeps the
 coordinator from running) still ends with the process. Jobs in the main thread and async
@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django_jobguard import watchdog
 from django_jobguard.exceptions import JobTimeoutError
+from django_jobguard.worker import watchdog
 
 logger = logging.getLogger("django_jobguard.worker")
 

@@ -21,7 +21,7 @@ def main(options: dict[str, Any], verbosity: int, finished: Any = None,
 
     django.setup()
     from django_jobguard import logs
-    from django_jobguard.worker import WorkerOptions, run_worker_process
+    from django_jobguard.worker.loop import WorkerOptions, run_worker_process
 
     logs.install_handler(verbosity, log_format)
     if metrics:

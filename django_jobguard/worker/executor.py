@@ -3,7 +3,7 @@
 The worker's main thread stays the coordinator (signals, claims, LISTEN or polling, stop
 conditions, the memory limit; see :meth:`Worker.run <django_jobguard.worker.Worker.run>`);
 a :class:`ThreadExecutor` runs what it claims on ``N`` executor threads. Each thread has its
-own :class:`~django_jobguard.pipeline.Pipeline` and its own database connection (Django's
+own :class:`~django_jobguard.worker.pipeline.Pipeline` and its own database connection (Django's
 connections are per thread; closed when the thread ends), so middleware, outcomes and owner
 checks are exactly those of a single-job worker.
 
@@ -22,11 +22,11 @@ rows run now (the heartbeat renews their leases; the Worker row's ``current_job`
 them all).
 
 **Time limits.** No signal reaches a job in another thread. At its ``timeout`` the
-coordinator raises :class:`~django_jobguard.timeouts.ThreadTimeoutError` in the job's thread
+coordinator raises :class:`~django_jobguard.worker.timeouts.ThreadTimeoutError` in the job's thread
 (between two bytecodes, as SIGALRM does in the main thread), so a job running Python code
 ends as a timed-out attempt, retried or failed by its policy, in its own thread. A job in C
 code or a blocking call (``time.sleep``, a socket read without timeout) cannot be
-interrupted: :data:`~django_jobguard.timeouts.GRACE` seconds after its timeout the
+interrupted: :data:`~django_jobguard.worker.timeouts.GRACE` seconds after its timeout the
 coordinator *ends the attempt itself* (timed out: retried or failed per its policy, owner-
 checked on the row's claim so the stuck thread's late ack or release changes nothing), stops
 renewing its lease, and starts a new thread in its place. The stuck thread is left alone
@@ -52,9 +52,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_jobguard import logs, queue, timeouts
+from django_jobguard import logs, queue
 from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
-from django_jobguard.pipeline import Pipeline, log_finishing_error
+from django_jobguard.worker import timeouts
+from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
 
 if TYPE_CHECKING:
     from django_jobguard.models import QueuedJob

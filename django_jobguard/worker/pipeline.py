@@ -48,14 +48,14 @@ from django_jobguard.exceptions import (
     StoreUnavailableError,
     WorkerStoppedError,
 )
-from django_jobguard.handling import run_middleware, run_middleware_async
 from django_jobguard.logs import text_line
+from django_jobguard.middleware.chain import run_middleware, run_middleware_async
 from django_jobguard.observe import job_line, running
 from django_jobguard.outcome import JobState, Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
-from django_jobguard.timeouts import ThreadTimeoutError, time_limit
+from django_jobguard.worker.timeouts import ThreadTimeoutError, time_limit
 
 if TYPE_CHECKING:
     from django_jobguard.context import JobLike
@@ -97,7 +97,7 @@ class Pipeline:
         #: their own in this thread (``drain()``, inline mode).
         self.event_loop = event_loop
         #: Arm the watchdog's hard limit for async jobs too (a jobworker process; sync jobs
-        #: get it from :func:`~django_jobguard.timeouts.time_limit`).
+        #: get it from :func:`~django_jobguard.worker.timeouts.time_limit`).
         self.hard_limits = False
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None

@@ -16,8 +16,8 @@ import signal
 import time
 from typing import Any
 
-from django_jobguard import child
-from django_jobguard.worker import WorkerOptions
+from django_jobguard.worker import child_process as child
+from django_jobguard.worker.loop import WorkerOptions
 
 logger = logging.getLogger("django_jobguard.supervisor")
 

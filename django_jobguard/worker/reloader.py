@@ -28,7 +28,7 @@ from typing import Any
 from django.utils import autoreload
 
 from django_jobguard.exceptions import WorkerRestartError
-from django_jobguard.worker import StopFlag, Worker
+from django_jobguard.worker.loop import StopFlag, Worker
 
 logger = logging.getLogger("django_jobguard.worker")
 

@@ -1,0 +1,109 @@
+"""The worker's async executor: claimed rows of async jobs run on this process's event loop.
+
+``jobworker --async-concurrency N`` runs up to N async jobs at once on the loop of
+:func:`django_jobguard.aio.loop_thread`; the worker loop hands it rows as it hands sync rows to
+:class:`~django_jobguard.worker.executor.ThreadExecutor`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django_jobguard.aio import loop_thread, running
+
+logger = logging.getLogger("django_jobguard.worker")
+
+class AsyncExecutor:
+    """Runs claimed rows of async jobs on this process's loop, up to ``concurrency`` at once
+    (``jobworker --async-concurrency``). ``pipeline`` begins each row in the calling thread
+    (the worker's coordinator: start and rebuild, no round trip for a row its claim started)
+    and completes it on the loop (``acomplete``: the job, then its outcome applied off the
+    loop). ``finished(row, state)`` is called as each ends with the state logged, or ``None``
+    when a database or store error left the row to lease recovery."""
+
+    def __init__(self, pipeline: Any, concurrency: int,
+                 finished: Callable[[Any, str | None], None]) -> None:
+        if concurrency < 1:
+            raise ValueError(f"async concurrency must be at least 1, not {concurrency}.")
+        self.pipeline, self.concurrency, self.finished = pipeline, concurrency, finished
+        self._slots = threading.Semaphore(concurrency)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._rows: dict[Any, Any] = {}
+
+    def submit(self, row: Any, *, stop: threading.Event | None = None) -> bool:
+        """Start ``row`` once a slot is free; False (not started) if ``stop`` was set while
+        waiting for one."""
+        while not self._slots.acquire(timeout=0.2):
+            if stop is not None and stop.is_set():
+                return False
+        with self._lock:
+            self._rows[row.id] = row
+        started = time.monotonic()
+        try:
+            job = self.pipeline.begin(row, started)
+        except BaseException as exc:
+            failed: concurrent.futures.Future[str] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            self._done(row, failed)
+            return True
+        if isinstance(job, str):  # ended before it ran (lost, failed, cancelled, ...)
+            done: concurrent.futures.Future[str] = concurrent.futures.Future()
+            done.set_result(job)
+            self._done(row, done)
+            return True
+        future = loop_thread().submit(self.pipeline.acomplete(row, job, started))
+        future.add_done_callback(lambda end: self._done(row, end))
+        return True
+
+    def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
+        state: str | None = None
+        try:
+            state = future.result()
+        except BaseException as exc:
+            logger.error("Error while finishing %s; if it was not acked its lease will expire "
+                         "and it will be retried.", row, exc_info=exc)
+        with self._lock:
+            self._rows.pop(row.id, None)
+            self._idle.notify_all()
+        self._slots.release()
+        try:
+            self.finished(row, state)
+        except Exception:
+            logger.exception("Recording the end of %s failed.", row)
+
+    def free(self) -> int:
+        """How many more async jobs may start now."""
+        with self._lock:
+            return self.concurrency - len(self._rows)
+
+    def held(self) -> frozenset[Any]:
+        """Ids of the rows running now (the heartbeat renews their leases)."""
+        with self._lock:
+            return frozenset(self._rows)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    def stop_all(self) -> None:
+        """Cancel every running job's task (the worker stops at once): each goes back to the
+        queue without using an attempt."""
+        for job_run in running():
+            job_run.stop_threadsafe()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until no job runs; False if some still did after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._rows:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left if left is not None else 1.0)
+        return True
