@@ -55,6 +55,7 @@ from django_jobguard.outcome import JobState, Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
+from django_jobguard.worker import timeouts
 from django_jobguard.worker.timeouts import ThreadTimeoutError, time_limit
 
 if TYPE_CHECKING:
@@ -393,9 +394,12 @@ class Pipeline:
 
     async def run_on_loop(self, row: QueuedJob, job: JobLike) -> Any:
         """On the event loop: the job's task under its time limit."""
-        return await aio.run_job(job.context, run_middleware_async(job),
-                                 timeout=job.context.policy.timeout,
-                                 label=f"{row.name} [{row.id}]", hard_limit=self.hard_limits)
+        timeout, label = job.context.policy.timeout, f"{row.name} [{row.id}]"
+        # A jobworker's hard limit: the watchdog kills it if the run outlasts its timeout
+        # (C code holding the GIL runs neither the task's cancellation nor the heartbeat).
+        with timeouts.watched(timeout if self.hard_limits else 0, label):
+            return await aio.run_job(job.context, run_middleware_async(job), timeout=timeout,
+                                     label=label, grace=timeouts.GRACE)
 
     def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""
