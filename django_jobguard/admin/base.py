@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import operations, registry
+
+if TYPE_CHECKING:  # the mixins are used only beside ModelAdmin, whose methods they call
+    _AdminBase = admin.ModelAdmin
+else:
+    _AdminBase = object
+
+#: A label: a string or a lazy translation.
+Label = str | Promise
 
 
 def pretty_error(text: str) -> str:
@@ -67,7 +76,7 @@ def split_search(term: str) -> tuple[list[tuple[str, str]], str]:
     return lookups, " ".join(rest)
 
 
-class JobSearchAdminMixin:
+class JobSearchAdminMixin(_AdminBase):
     """The queued and failed job lists: names shown (and filtered) as operators know them
     (a django.tasks task's own name), the search box taking argument lookups, and bulk
     actions over everything the list matches, confirmed with a count first."""
@@ -89,7 +98,7 @@ class JobSearchAdminMixin:
                     arguments=operations.search.parse_arguments(lookups)).apply(queryset)
             except operations.SearchError as exc:
                 if not getattr(request, "_jobguard_search_error", False):
-                    request._jobguard_search_error = True
+                    setattr(request, "_jobguard_search_error", True)  # noqa: B010
                     self.message_user(request, _("Search: %(error)s") % {"error": exc.message},
                                       messages.ERROR)
                 return queryset.none(), False
@@ -110,8 +119,8 @@ class JobSearchAdminMixin:
                 self.message_user(request, exc.message, messages.WARNING)
         return super().changelist_view(request, extra_context)
 
-    def confirm(self, request: HttpRequest, queryset: Any, *, title: str, question: str,
-                button: str, notes: list[str] | None = None,
+    def confirm(self, request: HttpRequest, queryset: Any, *, title: Label, question: Label,
+                button: Label, notes: list[str] | None = None,
                 count: int | None = None) -> TemplateResponse | None:
         """The confirmation page of a bulk action (None once it was confirmed): how many
         jobs, the search, and the first few of them. With "select all", ``queryset`` is
@@ -137,7 +146,7 @@ class JobSearchAdminMixin:
                                 context)
 
 
-class ReadOnlyDetailMixin:
+class ReadOnlyDetailMixin(_AdminBase):
     """Rows are written by workers, not by hand: no add form, detail pages are read-only
     (object-level change permission is off), while list actions still need change."""
 
@@ -169,6 +178,7 @@ class JobNameFilter(admin.SimpleListFilter):
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request, queryset):
-        if self.value():
-            return queryset.filter(operations.name_q(self.value(), result=self.result))
+        value = self.value()
+        if value:
+            return queryset.filter(operations.name_q(value, result=self.result))
         return queryset

@@ -38,8 +38,9 @@ class ExceptionFilter(admin.SimpleListFilter):
                     "exception_class")]
 
     def queryset(self, request, queryset):
-        if self.value():
-            return queryset.filter(operations.search.exception_q(self.value()))
+        value = self.value()
+        if value:
+            return queryset.filter(operations.search.exception_q(value))
         return queryset
 
 
@@ -51,10 +52,9 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     search_fields = ["id", "name", "exception_class", "message", "reason"]
     date_hierarchy = "failed_at"
     actions = ["retry", "delete_selected"]
-    fields = ["id", "name", "queue", "attempts", "priority", "failed_at", "reason",
-              "exception_class", "message", "traceback_pretty", "last_error_pretty",
-              "payload_pretty"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "id", "name", "queue", "attempts", "priority", "failed_at", "reason", "exception_class",
+        "message", "traceback_pretty", "last_error_pretty", "payload_pretty")
     list_per_page = 50
     change_form_template = "admin/django_jobguard/failedjob/change_form.html"
 
@@ -168,6 +168,6 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
             return HttpResponseRedirect(changelist)
         queued = reverse(f"admin:{self.opts.app_label}_queuedjob_change", args=[job_id],
                          current_app=self.admin_site.name)
-        self.message_user(request, format_html(_('The job is queued again: <a href="{}">{}</a>.'),
-                                               queued, job_id), messages.SUCCESS)
+        done = str(_('The job is queued again: <a href="{}">{}</a>.'))
+        self.message_user(request, format_html(done, queued, job_id), messages.SUCCESS)
         return HttpResponseRedirect(changelist)

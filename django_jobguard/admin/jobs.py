@@ -20,7 +20,7 @@ from django_jobguard.admin.base import (
     pretty_json,
     timestamp_column,
 )
-from django_jobguard.models import JobResult, QueuedJob
+from django_jobguard.models import JobResult, QueuedJob, QueuedJobQuerySet
 from django_jobguard.progress import stored_fraction
 
 
@@ -47,17 +47,18 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     search_fields = ["id", "name"]
     ordering = ["queue", "-priority", "available_at"]
     actions = ["run_now", "requeue", "cancel", "delete_selected"]
-    fields = ["id", "name", "queue", "state_display", "progress_display", "attempts",
-              "exceptions", "priority", "available_at", "reserved_at", "reserved_by",
-              "created_at", "wait_reason", "cancel_requested_at", "last_error_pretty",
-              "payload_pretty"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "id", "name", "queue", "state_display", "progress_display", "attempts", "exceptions",
+        "priority", "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
+        "cancel_requested_at", "last_error_pretty", "payload_pretty")
     list_per_page = 50
 
     available_at_display = timestamp_column("available_at", _("available at"))
 
     def get_queryset(self, request):
-        return super().get_queryset(request).with_state()
+        queryset = super().get_queryset(request)
+        assert isinstance(queryset, QueuedJobQuerySet)  # the model's manager makes them
+        return queryset.with_state()
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
         response = super().changelist_view(request, extra_context)

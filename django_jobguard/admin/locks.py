@@ -87,12 +87,14 @@ class StoreViewAdmin(admin.ModelAdmin):
                       current_app=self.admin_site.name)
         return f"{url}?{urlencode({'store': alias})}"
 
-    def store_view(self, request: HttpRequest) -> HttpResponse:
+    def store_view(self, request: HttpRequest) -> TemplateResponse:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         aliases = operations.usable_stores()
         alias = request.GET.get("store") or (aliases[0] if aliases else "")
-        rows, error, extra = [], "", {}
+        rows: list = []
+        error = ""
+        extra: dict = {}
         try:
             store = operations.store_for(alias)
             rows, extra = self.page(store, request)
@@ -107,7 +109,7 @@ class StoreViewAdmin(admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": self.opts.verbose_name_plural.capitalize(),
+            "title": str(self.opts.verbose_name_plural).capitalize(),
             "stores": aliases,
             "store": alias,
             "rows": rows,
@@ -225,11 +227,13 @@ class ThrottleAdmin(StoreViewAdmin):
             "resets_in": "-" if row.resets_in is None else _duration(row.resets_in),
         } for row in operations.inspect_throttles(store)]
 
-    def store_view(self, request: HttpRequest) -> HttpResponse:
+    def store_view(self, request: HttpRequest) -> TemplateResponse:
         response = super().store_view(request)
-        rows = response.context_data["rows"]
-        response.context_data["windows"] = [r for r in rows if r["kind"] != "circuit"]
-        response.context_data["circuits"] = [r for r in rows if r["kind"] == "circuit"]
+        context = response.context_data
+        assert context is not None  # store_view() always renders with a context
+        rows = context["rows"]
+        context["windows"] = [r for r in rows if r["kind"] != "circuit"]
+        context["circuits"] = [r for r in rows if r["kind"] == "circuit"]
         return response
 
     def act(self, store, key: str, request: HttpRequest) -> bool:

@@ -27,6 +27,7 @@ class PauseQueueForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        assert data is not None  # ModelForm.clean() returns cleaned_data
         name = data.get("queue")
         if name is not None:
             try:

@@ -8,7 +8,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard.admin.base import ReadOnlyDetailMixin
+from django_jobguard.admin.base import Label, ReadOnlyDetailMixin
 from django_jobguard.models import Batch, Chain
 from django_jobguard.workflows import batches
 
@@ -20,8 +20,7 @@ class ChainAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     list_display = ["__str__", "status", "progress", "created_at", "finished_at"]
     list_filter = ["status"]
     search_fields = ["id", "name"]
-    fields = ["id", "name", "status", "link_table", "created_at", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ("id", "name", "status", "link_table", "created_at", "finished_at")
 
     @staticmethod
     def _links(obj: Chain) -> list[dict] | None:
@@ -33,7 +32,7 @@ class ChainAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
         return None
 
     @admin.display(description=_("links done"))
-    def progress(self, obj: Chain) -> str:
+    def progress(self, obj: Chain) -> Label:
         links = self._links(obj)
         if links is None:
             return _("unreadable links")
@@ -63,10 +62,10 @@ class BatchAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     list_filter = [("finished_at", admin.EmptyFieldListFilter),
                    ("cancelled_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "name"]
-    fields = ["id", "name", "status", "progress_bar", "total_jobs", "pending_jobs",
-              "failed_jobs", "failed_job_ids", "allow_failures", "callback_list",
-              "callbacks_queued", "created_at", "cancelled_at", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "id", "name", "status", "progress_bar", "total_jobs", "pending_jobs", "failed_jobs",
+        "failed_job_ids", "allow_failures", "callback_list", "callbacks_queued", "created_at",
+        "cancelled_at", "finished_at")
     actions = ["cancel_batches"]
 
     @admin.display(description=_("status"))

@@ -9,7 +9,8 @@ drf-spectacular is optional: without it ``extend_schema`` does nothing and ``Aut
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from django.http import Http404
 from rest_framework import exceptions, mixins, status
@@ -18,31 +19,48 @@ from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
+from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_jobguard import operations
 from django_jobguard.api import serializers as s
 from django_jobguard.api.permissions import api_permission_classes
 
+if TYPE_CHECKING:
+    from drf_spectacular.openapi import AutoSchema as SpectacularSchema
+    from drf_spectacular.utils import OpenApiParameter as SpectacularParameter
+    from drf_spectacular.utils import OpenApiResponse as SpectacularResponse
+
+    _ViewBase = APIView  # JobGuardAPIView is used only beside an APIView, whose methods it calls
+else:
+    _ViewBase = object
+
+AutoSchema: type[SpectacularSchema] | None
+OpenApiParameter: type[SpectacularParameter] | None
+OpenApiResponse: type[SpectacularResponse] | None
 try:
-    from drf_spectacular.openapi import AutoSchema
-    from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
-    from drf_spectacular.utils import extend_schema as _extend_schema
-
-    def extend_schema(**kwargs: Any):
-        """drf-spectacular's decorator, based on its AutoSchema even when the project's
-        ``REST_FRAMEWORK['DEFAULT_SCHEMA_CLASS']`` is DRF's own."""
-
-        def decorate(method: Any) -> Any:
-            method.schema = AutoSchema
-            return _extend_schema(**kwargs)(method)
-
-        return decorate
+    from drf_spectacular import openapi as _openapi
+    from drf_spectacular import utils as _spectacular
 except ImportError:  # the API works without drf-spectacular; only the schema is missing
     AutoSchema = OpenApiParameter = OpenApiResponse = None
+else:
+    AutoSchema = _openapi.AutoSchema
+    OpenApiParameter = _spectacular.OpenApiParameter
+    OpenApiResponse = _spectacular.OpenApiResponse
 
-    def extend_schema(*args: Any, **kwargs: Any):
+
+def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
+    """drf-spectacular's decorator, based on its AutoSchema even when the project's
+    ``REST_FRAMEWORK['DEFAULT_SCHEMA_CLASS']`` is DRF's own (without drf-spectacular: none)."""
+    schema = AutoSchema
+    if schema is None:
         return lambda view: view
+
+    def decorate(method: Any) -> Any:
+        method.schema = schema
+        return _spectacular.extend_schema(**kwargs)(method)
+
+    return decorate
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -218,7 +236,7 @@ class JSONBodyParser(JSONParser):
         return data
 
 
-class JobGuardAPIView:
+class JobGuardAPIView(_ViewBase):
     """Mixin for every endpoint: permissions from settings, JSON only, one error shape, and
     no input that nothing reads."""
 
@@ -240,15 +258,16 @@ class JobGuardAPIView:
     def get_exception_handler(self):
         return exception_handler
 
-    def get_authenticate_header(self, request: Any) -> str | None:
+    def get_authenticate_header(self, request: Any) -> str:
         """The first challenge any authentication class offers (DRF asks only the first), so
         an anonymous request gets 401 with ``WWW-Authenticate`` under DRF's default Session +
-        Basic authentication, and 403 only when no configured class can challenge."""
+        Basic authentication, and 403 only when no configured class can challenge (``""``:
+        DRF answers 403 to an empty header as to none)."""
         for authenticator in self.get_authenticators():
             header = authenticator.authenticate_header(request)
             if header:
                 return header
-        return None
+        return ""
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
@@ -300,7 +319,7 @@ def _drf_query_params(request: Any) -> list[str]:
     view = (getattr(request, "parser_context", None) or {}).get("view")
     lists = (isinstance(view, mixins.ListModelMixin)
              and getattr(view, "action", "list") == "list")
-    if lists and view.paginator is not None:
+    if lists and view is not None and view.paginator is not None:
         names += [view.paginator.page_query_param, view.paginator.page_size_query_param]
     return [name for name in names if name]
 
@@ -325,9 +344,10 @@ def valid_key(key: str) -> str:
     return serializer.validated_data["key"]
 
 
-STORE_PARAM = [s.StoreQuerySerializer]
-KEY_PARAMS = STORE_PARAM
-if AutoSchema is not None:
+#: The parameters of an endpoint that reads ``?store=`` (and a key in its path).
+STORE_PARAM: list[Any] = [s.StoreQuerySerializer]
+KEY_PARAMS: list[Any] = STORE_PARAM
+if OpenApiParameter is not None:
     KEY_PARAMS = [s.StoreQuerySerializer, OpenApiParameter(
         "key", str, OpenApiParameter.PATH, required=True, pattern=s.KEY_PATTERN,
         description="The lock or throttle key, e.g. jobguard:overlap:demo.jobs.Charge:7.")]
