@@ -7,8 +7,9 @@ own interpreter.
   and ``bench.oban_app.Stamp`` by importing this module.
 - Producers: ``python -m bench.oban_app fill N`` inserts N no-op jobs with
   ``Oban.enqueue_many`` in one transaction (all visible at once, as the other tools' fills);
-  ``python -m bench.oban_app steady RATE SECONDS`` enqueues one stamp job at a time at RATE
-  per second, each carrying the time just before its ``enqueue``.
+  ``python -m bench.oban_app steady RATE SECONDS [TASKS]`` enqueues stamp jobs one by one at
+  RATE per second from TASKS concurrent tasks, each job carrying the time just before its
+  ``enqueue``.
 """
 
 from __future__ import annotations
@@ -64,17 +65,21 @@ async def _fill(n: int, dsn: str, chunk: int = 5_000) -> None:
         await pool.close()
 
 
-async def _steady(rate: float, seconds: float, dsn: str) -> None:
-    pool = await Oban.create_pool(dsn, min_size=1, max_size=1)
+async def _steady(rate: float, seconds: float, dsn: str, tasks: int) -> None:
+    pool = await Oban.create_pool(dsn, min_size=tasks, max_size=tasks)
     oban = Oban(pool=pool)
-    try:
-        count = int(rate * seconds)
-        t0 = time.perf_counter()
-        for i in range(count):
+    count = max(int(rate * seconds), 1)
+    t0 = time.perf_counter() + 0.05
+
+    async def loop(first: int) -> None:
+        for i in range(first, count, tasks):
             pause = t0 + i / rate - time.perf_counter()
             if pause > 0:
                 await asyncio.sleep(pause)
             await oban.enqueue(Stamp.new({"sent": time.time()}))
+
+    try:
+        await asyncio.gather(*(loop(k) for k in range(tasks)))
         print(f"sent {count} in {time.perf_counter() - t0:.3f}", flush=True)
     finally:
         await pool.close()
@@ -93,8 +98,9 @@ if __name__ == "__main__":
     steady = sub.add_parser("steady")
     steady.add_argument("rate", type=float)
     steady.add_argument("seconds", type=float)
+    steady.add_argument("tasks", type=int, nargs="?", default=1, help="concurrent producers")
     args = parser.parse_args()
     if args.command == "fill":
         asyncio.run(app._fill(args.jobs, args.dsn))
     else:
-        asyncio.run(app._steady(args.rate, args.seconds, args.dsn))
+        asyncio.run(app._steady(args.rate, args.seconds, args.dsn, args.tasks))

@@ -1,5 +1,7 @@
 """Run the benchmarks and print their tables:
-``python bench/run.py [--smoke] [--only X,Y] [--database URL]``.
+``python bench/run.py [--smoke] [--only X,Y] [--database URL]``; the sizes of the peers'
+burn-down and of the steady-rate scenario with ``--burn-jobs``, ``--rounds``,
+``--processes``, ``--rates`` and ``--steady-seconds`` (see docs/benchmarks.md).
 
 Each scenario is a module of ``bench/`` with ``run(*, smoke) -> Report``; results go to
 ``bench/results/<scenario>[-smoke].json`` together with a description of the machine
