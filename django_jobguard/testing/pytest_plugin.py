@@ -6,7 +6,10 @@
 - ``jobguard_clock``: a running test clock (``jobguard_clock.advance(minutes=5)``).
 
 They need the database like any other test (``@pytest.mark.django_db`` or the ``db`` fixture).
-Nothing from Django is imported until a fixture is used.
+
+Every test also undoes, when it ends, what its process wrote to jobguard's Redis stores (locks,
+rate windows, circuits): Redis is not rolled back with the test's transaction (see
+:mod:`django_jobguard.stores.journal`). Django's settings are not read until a fixture is used.
 """
 
 from __future__ import annotations
@@ -15,6 +18,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _jobguard_undo_store_writes() -> Iterator[None]:
+    """Delete the Redis keys (locks, windows, circuits) this process wrote during the test."""
+    from django_jobguard.stores.journal import recording
+
+    with recording():
+        yield
 
 
 @pytest.fixture
