@@ -38,6 +38,8 @@ Ids:
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
   server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``
   run it.
+- jobguard.W020 jobguard's migrations are not (all) applied to the queue's database: run
+  ``manage.py migrate``. Tagged ``database`` (a warning, so that ``migrate`` itself runs).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -502,6 +505,24 @@ def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: 
                 id="jobguard.E020",
             ))
     return errors
+@register(Tags.database)
+def check_migrated(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """jobguard.W020 when the queue's database (if checked) lacks jobguard's migrations."""
+    from django_jobguard import queue
+
+    if sys.argv[1:2] == ["migrate"]:  # what it would say is being done
+        return []
+    alias = jobguard_settings.DATABASE
+    if (not isinstance(alias, str) or alias not in (databases or ())
+            or alias not in settings.DATABASES):
+        return []
+    missing = queue.unapplied_migrations(alias)
+    if not missing:
+        return []
+    return [Warning(queue.migrate_message(missing, alias), id="jobguard.W020",
+                    hint="Workers refuse to start and dispatch() fails until it has run.")]
+
+
 @register(Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list:
     """jobguard.E060–E064, W050, W051: periodic schedules (``SCHEDULE`` and ``@periodic``)."""

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_jobguard import logs
 from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings, queue_database
+from django_jobguard.queue import migrate_message, unapplied_migrations
 from django_jobguard.worker.loop import WorkerOptions, make_worker, run_worker_process
 from django_jobguard.worker.queue_selection import parse_queues
 
@@ -116,6 +117,9 @@ class Command(BaseCommand):
         database = queue_database(opts["database"])
         for error in check_skip_locked(databases=[database]):
             raise CommandError(f"{error.msg} ({error.id})")
+        missing = unapplied_migrations(database)
+        if missing:
+            raise CommandError(migrate_message(missing, database))
         options = WorkerOptions(
             queues=[entry.name for entry in entries], sleep=opts["sleep"], tries=opts["tries"],
             timeout=opts["timeout"],
