@@ -43,6 +43,21 @@ def is_known_queue(name: str, *, using: str | None = None) -> bool:
                Worker.objects.using(using).values_list("queues", flat=True))
 
 
+def known_queues(*, using: str | None = None, limit: int = 1000) -> set[str]:
+    """The queues :func:`is_known_queue` knows (up to ``limit`` from each table), to suggest
+    one for a mistyped name."""
+    using = queue_database(using)
+    names = {jobguard_settings.DEFAULT_QUEUE}
+    names.update(q for job in registry.all_jobs().values()
+                 if isinstance(q := getattr(job, "queue", None), str))
+    for model in (QueuedJob, FailedJob):
+        names.update(model.objects.using(using).order_by().values_list(
+            "queue", flat=True).distinct()[:limit])
+    for row in Worker.objects.using(using).values_list("queues", flat=True)[:limit]:
+        names.update(row.split(","))
+    return names
+
+
 def pause(name: str, *, force: bool = False, actor: str = "",
           using: str | None = None) -> bool:
     """Stop workers claiming from queue ``name`` (running jobs finish); False if it was
