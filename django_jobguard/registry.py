@@ -57,21 +57,32 @@ def get(name: str) -> type[JobLike]:
 
 
 def similar(name: str) -> list[str]:
-    """Registered names that look like ``name``: the same class name in another module (a
-    move), or a close spelling (a rename)."""
-    leaf = name.rpartition(".")[2]
-    same_leaf = sorted(n for n in _registry if leaf and n.rpartition(".")[2] == leaf)
-    close = difflib.get_close_matches(name, list(_registry), n=3, cutoff=0.75)
-    return list(dict.fromkeys([*same_leaf, *close]))[:3]
+    """Up to two registered names that look like ``name``: the same class name in another
+    module (a move), else a close spelling of the class name (a rename)."""
+    module, _, leaf = name.rpartition(".")
+    scored = []
+    for other in _registry:
+        other_module, _, other_leaf = other.rpartition(".")
+        if other_leaf == leaf:
+            score = 1.0
+        else:
+            score = difflib.SequenceMatcher(None, leaf.lower(), other_leaf.lower()).ratio()
+            score -= 0.0 if other_module == module else 0.1
+        if score >= 0.8:
+            scored.append((-score, other))
+    moved = [other for score, other in scored if score == -1.0]
+    return sorted(moved)[:2] if moved else [other for _, other in sorted(scored)[:2]]
 
 
-def did_you_mean(name: str) -> str:
-    """`` Did you mean 'x'? ...`` for an unknown job ``name``, with how to keep rows queued
-    under the old name working (a ``name`` alias); ``""`` when nothing looks like it."""
+def did_you_mean(name: str, *, rows: bool = True) -> str:
+    """`` Did you mean 'x'?`` for an unknown job ``name``, with (``rows``) how to keep rows
+    queued under the old name working (a ``name`` alias); ``""`` when nothing looks like it."""
     found = similar(name)
     if not found:
         return ""
     shown = " or ".join(repr(n) for n in found)
+    if not rows:
+        return f" Did you mean {shown}?"
     return (f" Did you mean {shown}? If the class was renamed or moved, rows queued under "
             f"the old name run once the class says `name = {name!r}`.")
 

@@ -126,7 +126,16 @@ class RedisStore(Store):
             return [Error(f"JOBGUARD['STORES'][{alias!r}]['PREFIX'] must be a string, not "
                           f"{type(prefix).__name__}.", hint='For example "test:".',
                           id="jobguard.E004")]
-        backend = settings.CACHES.get(cache, {}).get("BACKEND", "")
+        if cache not in settings.CACHES:
+            return [Error(
+                f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not in CACHES "
+                f"(CACHES has: {', '.join(map(repr, sorted(settings.CACHES))) or 'nothing'}).",
+                hint=f"Add CACHES[{cache!r}] with BACKEND 'django_redis.cache.RedisCache', or "
+                     f"set JOBGUARD['STORES'][{alias!r}]['CACHE'] to a django-redis cache "
+                     f"alias you have.",
+                id="jobguard.E004",
+            )]
+        backend = settings.CACHES[cache].get("BACKEND", "")
         if not backend.startswith("django_redis."):
             return [Error(
                 f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not a "

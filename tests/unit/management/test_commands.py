@@ -187,3 +187,20 @@ def test_jobworker_warns_about_a_queue_never_seen_and_suggests_a_known_one():
 def test_jobworker_at_verbosity_zero_says_nothing():
     assert call("jobworker", "--queue", "biling", "--stop-when-empty", "--memory", "0",
                 "-v", "0") == ""
+
+
+def test_read_only_commands_show_a_settings_error_instead_of_stopping():
+    """Issue 30 item 5: a store mistake must not hide the failed jobs from whoever fixes it."""
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    failed()
+    with override_settings(JOBGUARD={"STORE": "memcached"}):
+        err = StringIO()
+        out = StringIO()
+        call_command("jobs_failed", skip_checks=False, stdout=out, stderr=err)
+        assert "RuntimeError: boom" in out.getvalue()
+        assert "jobguard.E004" in err.getvalue()
+        call_command("jobs_monitor", skip_checks=False, stdout=StringIO(), stderr=StringIO())
+        with pytest.raises(SystemCheckError):  # a command that changes things still stops
+            call_command("jobs_retry", "all", skip_checks=False, stdout=StringIO())
