@@ -524,8 +524,9 @@ class Pipeline:
         delay = _seconds(outcome.due)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=outcome.reason, exception=exception)
+        said = outcome.detail if outcome.kind is Kind.RELEASED and outcome.detail else None
         return self._log(row, outcome.state, started,
-                         f"{outcome.reason}, retry in {rounded(delay)} s")
+                         f"{said or outcome.reason}, retry in {rounded(delay)} s")
 
     def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
               started: float) -> str:
@@ -554,9 +555,12 @@ class Pipeline:
                 logger.exception("%s.failed() raised.", row.name)
         signals.job_failed.send(sender=type(job) if job else None, job=job, job_id=str(row.id),
                                 exception=exc)
-        logger.error("%s [%s] failed: %s", _shown(row), row.id, queue.describe(exc),
-                     exc_info=(type(exc), exc, exc.__traceback__))
-        return self._log(row, JobState.FAILED, started, queue.describe(exc))
+        # An error jobguard made up (unknown job, attempts used up) has no traceback: printing
+        # one would only repeat the message. The job line keeps its first sentence.
+        described = queue.describe(exc)
+        logger.error("%s [%s] failed: %s", _shown(row), row.id, described,
+                     exc_info=(type(exc), exc, exc.__traceback__) if exc.__traceback__ else None)
+        return self._log(row, JobState.FAILED, started, brief(described))
 
     def _lost(self, row: QueuedJob, started: float) -> str:
         return self._log(row, JobState.LOST, started, "lease expired; another worker has it")
@@ -606,6 +610,16 @@ def _shown(row: QueuedJob) -> str:
 def rounded(seconds: float) -> str:
     """Seconds for a log line: whole from 10 s on (``63``), else to a tenth (``2.5``, ``0``)."""
     return f"{round(seconds)}" if seconds >= 10 else f"{round(seconds, 1):g}"
+
+
+def brief(text: str, limit: int = 200) -> str:
+    """The first sentence of ``text`` (at most ``limit`` characters) for a job line: the
+    whole message is in the ``failed`` record and the failed job."""
+    line = text.partition("\n")[0]
+    end = line.find(". ", 40)
+    if 0 < end < limit:
+        line = line[:end + 1]
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def short_error(text: str) -> str:

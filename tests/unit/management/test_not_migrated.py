@@ -5,15 +5,12 @@ project with its own SQLite file, in subprocesses, as a new user would."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from django_jobguard import queue
-from tests.support.throwaway import SETTINGS
+from tests.support.throwaway import make_project, run_in
 
 JOBS = """
 from django_jobguard import Job
@@ -28,25 +25,16 @@ class SyncStock(Job):
 """
 
 
-def _run(where, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(where), "DJANGO_SETTINGS_MODULE": "throwaway_settings"}
-    return subprocess.run([sys.executable, *args], cwd=where, env=env, capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_a_database_without_migrations_says_run_migrate_and_migrate_fixes_it(tmp_path):
-    (tmp_path / "shop").mkdir()
-    (tmp_path / "shop" / "__init__.py").write_text("")
-    (tmp_path / "shop" / "jobs.py").write_text(textwrap.dedent(JOBS))
-    (tmp_path / "throwaway_settings.py").write_text(SETTINGS)
+    make_project(tmp_path, textwrap.dedent(JOBS))
 
-    check = _run(tmp_path, "-m", "django", "check", "--database", "default")
+    check = run_in(tmp_path, "-m", "django", "check", "--database", "default")
     assert check.returncode == 0, check.stderr  # a warning: migrate itself must still run
     assert "jobguard.W020" in check.stderr
     assert "of jobguard's migrations are not applied to database 'default'" in check.stderr
     assert "run `python manage.py migrate`" in check.stderr
 
-    worker = _run(tmp_path, "-m", "django", "jobworker", "--stop-when-empty")
+    worker = run_in(tmp_path, "-m", "django", "jobworker", "--stop-when-empty")
     assert worker.returncode == 1
     assert "Traceback" not in worker.stderr, worker.stderr
     last = worker.stderr.strip().splitlines()[-1]  # after the settings' own warnings
@@ -54,7 +42,7 @@ def test_a_database_without_migrations_says_run_migrate_and_migrate_fixes_it(tmp
     assert " of jobguard's migrations are not applied to database 'default'" in last
     assert last.endswith("run `python manage.py migrate`."), last
 
-    dispatch = _run(tmp_path, "-c", "import django; django.setup(); "
+    dispatch = run_in(tmp_path, "-c", "import django; django.setup(); "
                     "from shop.jobs import SyncStock; SyncStock(1).dispatch()")
     assert dispatch.returncode == 1
     last = dispatch.stderr.strip().splitlines()[-1]
@@ -62,14 +50,14 @@ def test_a_database_without_migrations_says_run_migrate_and_migrate_fixes_it(tmp
         in last, dispatch.stderr
     assert "The above exception was the direct cause" not in dispatch.stderr
 
-    migrate = _run(tmp_path, "-m", "django", "migrate")
+    migrate = run_in(tmp_path, "-m", "django", "migrate")
     assert migrate.returncode == 0, migrate.stderr
     assert "jobguard.W020" not in migrate.stderr  # not while it does what it would ask
-    check = _run(tmp_path, "-m", "django", "check", "--database", "default")
+    check = run_in(tmp_path, "-m", "django", "check", "--database", "default")
     assert "jobguard.W020" not in check.stderr, check.stderr
-    assert _run(tmp_path, "-c", "import django; django.setup(); "
+    assert run_in(tmp_path, "-c", "import django; django.setup(); "
                 "from shop.jobs import SyncStock; SyncStock(1).dispatch()").returncode == 0
-    worker = _run(tmp_path, "-m", "django", "jobworker", "--stop-when-empty")
+    worker = run_in(tmp_path, "-m", "django", "jobworker", "--stop-when-empty")
     assert worker.returncode == 0, worker.stderr
 
 
