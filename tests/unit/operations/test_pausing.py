@@ -179,3 +179,14 @@ def test_the_audit_log_still_reaches_a_project_handler(caplog):
     with caplog.at_level(logging.WARNING, logger="django_jobguard.operations"):
         operations.pause("default", actor="ann")
     assert [r.getMessage() for r in caplog.records] == ["Paused queue 'default' by ann."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_test_projects_console_leaves_the_audit_log_out():
+    """The demo and the commands run with testproject's LOGGING (django_jobguard on the
+    console): its console handler drops the audit records."""
+    from tests.support import run_command
+
+    done = run_command("jobs_pause", "default")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Paused queue 'default'.\n" and "by manage.py" not in done.stderr
