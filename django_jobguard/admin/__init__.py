@@ -470,6 +470,15 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     def reason_short(self, obj: FailedJob) -> str:
         return Truncator(obj.reason).chars(50)
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The last error only when it is not the traceback shown above it (a job failed
+        by a limit, such as its attempts, keeps the error an earlier run raised)."""
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and (not obj.last_error or (
+                obj.traceback.strip() and obj.traceback.strip() in obj.last_error)):
+            fields.remove("last_error_pretty")
+        return fields
+
     @admin.display(description=_("last error"))
     def last_error_pretty(self, obj: FailedJob) -> str:
         return _pretty_error(obj.last_error)
