@@ -29,9 +29,18 @@ def _jobguard_undo_store_writes() -> Iterator[None]:
         yield
 
 
+def _needs_pytest_django(request: pytest.FixtureRequest) -> None:
+    """Fail the test with what to install when pytest-django is not there (it sets Django up
+    and gives tests the database the fixtures use)."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        pytest.fail("jobguard's pytest fixtures need pytest-django: pip install pytest-django, "
+                    "and set DJANGO_SETTINGS_MODULE (or pass --ds).", pytrace=False)
+
+
 @pytest.fixture
-def jobguard_capture() -> Iterator[Any]:
+def jobguard_capture(request: pytest.FixtureRequest) -> Iterator[Any]:
     """Record the jobs the test dispatches (``jobguard_capture.assert_dispatched(...)``)."""
+    _needs_pytest_django(request)
     from django_jobguard.testing.recording import capture
 
     with capture() as jobs:
@@ -39,16 +48,18 @@ def jobguard_capture() -> Iterator[Any]:
 
 
 @pytest.fixture
-def jobguard_drain() -> Callable[..., Any]:
+def jobguard_drain(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``jobguard_drain(queue=None, recursive=True, delayed=False)`` runs the queued jobs."""
+    _needs_pytest_django(request)
     from django_jobguard.testing.draining import drain
 
     return drain
 
 
 @pytest.fixture
-def jobguard_inline() -> Iterator[None]:
+def jobguard_inline(request: pytest.FixtureRequest) -> Iterator[None]:
     """Run every job the test dispatches at once (``JOBGUARD["TEST_MODE"] = "inline"``)."""
+    _needs_pytest_django(request)
     from django_jobguard.testing.inline_mode import inline
 
     with inline():
@@ -56,8 +67,9 @@ def jobguard_inline() -> Iterator[None]:
 
 
 @pytest.fixture
-def jobguard_clock() -> Iterator[Any]:
+def jobguard_clock(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A running test clock: ``jobguard_clock.advance(minutes=5)`` moves jobguard's now."""
+    _needs_pytest_django(request)
     from django_jobguard.testing.time_travel import clock
 
     with clock() as test_clock:
