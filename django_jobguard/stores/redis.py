@@ -168,7 +168,7 @@ class RedisStore(Store):
         stored = self.prefix + key
         token = self._script(_ACQUIRE)(keys=[stored, f"{stored}:fence"],
                                        args=[owner, _ms(check_ttl(ttl)), job_id])
-        if journal.scopes:
+        if token and journal.scopes:  # a lock someone else holds is not the test's to undo
             journal.note(self, stored, f"{stored}:fence")
         return int(token) if token else None
 
@@ -305,7 +305,7 @@ class RedisStore(Store):
             args += list(merged[key])
         stored = [self.prefix + key for key in keys]
         reply = self._counter(_RATE_HIT, stored, args)
-        if journal.scopes:
+        if reply[0] == "1" and journal.scopes:  # refused: nothing was written
             journal.note(self, *stored)
         return RateDecision(allowed=reply[0] == "1", now=counters.from_us(reply[1]),
                             retry_after=int(reply[2]) / 1_000_000,
@@ -314,12 +314,13 @@ class RedisStore(Store):
     @_reachable
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
-        if journal.scopes:
-            journal.note(self, self.prefix + key)
         reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay),
             counters.us(probe_lease)])
-        return _circuit_decision(key, reply)
+        decision = _circuit_decision(key, reply)
+        if decision.probe and journal.scopes:  # it wrote the half-open state
+            journal.note(self, self.prefix + key)
+        return decision
 
     @_reachable
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,

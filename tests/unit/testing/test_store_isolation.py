@@ -174,3 +174,14 @@ def test_a_prefix_that_is_not_a_string_is_a_check_error():
     assert [e.id for e in errors] == ["jobguard.E004"]
     assert "PREFIX'] must be a string, not int" in errors[0].msg
 
+
+
+def test_a_lock_someone_else_holds_is_not_undone(redis_store):
+    other = RedisStore(alias="other", cache=redis_store.cache_alias)
+    assert other.acquire("jobguard:unit-isolation:theirs", "a-worker", ttl=60)
+    try:
+        with recording():
+            assert redis_store.acquire("jobguard:unit-isolation:theirs", "the-test") is None
+        assert redis_store.get_lock("jobguard:unit-isolation:theirs").owner == "a-worker"
+    finally:
+        _forget(other.client, "jobguard:unit-isolation:theirs*")
