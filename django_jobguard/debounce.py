@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Least
+from django.utils import timezone
 
 from django_jobguard import clock, durations, keys
 from django_jobguard import queue as job_queue
@@ -127,6 +128,7 @@ def describe(row: QueuedJob) -> str:
     if not row.debounce_key:
         return ""
     folds = row.debounce_folds
-    return (f"debounced: runs at {row.available_at:%Y-%m-%d %H:%M:%S} (at the latest "
-            f"{row.debounce_deadline:%H:%M:%S}), {folds} dispatch{'es' if folds != 1 else ''} "
-            f"folded")
+    at = timezone.localtime(row.available_at).strftime("%Y-%m-%d %H:%M:%S")
+    latest = (f" (at the latest {timezone.localtime(row.debounce_deadline):%H:%M:%S})"
+              if row.debounce_deadline else "")
+    return f"debounced: runs at {at}{latest}, {folds} dispatch{'es' if folds != 1 else ''} folded"

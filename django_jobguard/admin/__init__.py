@@ -29,7 +29,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard import operations, registry, schedules
+from django_jobguard import debounce, operations, registry, schedules
 from django_jobguard.admin.dashboard import DashboardAdmin
 from django_jobguard.models import (
     Batch,
@@ -285,6 +285,8 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
                                stale, stale) if stale else ""
             return format_html("reserved by <code>{}</code> since {}{}{}{}", obj.reserved_by,
                                since, cancel, flag, progress)
+        if obj.debounce_key and obj.reserved_at is None:  # dispatches still fold into it
+            return debounce.describe(obj)
         if state == "delayed":
             until = timezone.localtime(obj.available_at).strftime("%Y-%m-%d %H:%M:%S")
             if obj.wait_reason:

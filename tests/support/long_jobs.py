@@ -10,7 +10,7 @@ import time
 from demo.models import JobRun
 from django.utils import timezone
 
-from django_jobguard import Job
+from django_jobguard import Job, job
 
 
 class DebouncedRecord(Job):
@@ -50,3 +50,9 @@ class Sleeper(Job):
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
         return self.value
+
+
+@job(debounce=(1, 60), debounce_key=lambda user_id, text: user_id)
+def debounced_note(user_id: int, text: str) -> str:
+    """A debounced function job, per user."""
+    return text

@@ -8,6 +8,7 @@ import datetime
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 from django_jobguard import Job, ShouldBeUnique, debounce, dispatch_many
 from django_jobguard import queue as job_queue
@@ -150,3 +151,29 @@ def test_debounce_with_a_delay_or_on_a_unique_job_is_refused():
     with pytest.raises(TypeError, match="both unique and debounced"):
         UniqueDebounced().dispatch()
     assert not QueuedJob.objects.exists()
+
+
+def test_the_admin_shows_when_a_debounced_job_runs_and_how_many_dispatches_folded(
+        admin_client):
+    for value in ("1", "2", "3"):
+        job_id = DebouncedRecord("admin", value).dispatch().id
+    row = QueuedJob.objects.get()
+    runs_at = timezone.localtime(row.available_at).strftime("%Y-%m-%d %H:%M:%S")
+    for url in ("/admin/django_jobguard/queuedjob/",
+                f"/admin/django_jobguard/queuedjob/{job_id}/change/"):
+        body = admin_client.get(url).content.decode()
+        assert f"debounced: runs at {runs_at}" in body
+        assert "2 dispatches folded" in body
+
+
+def test_a_function_job_is_debounced_per_its_debounce_key():
+    from tests.support.long_jobs import debounced_note
+
+    first = debounced_note.dispatch(7, "a")
+    assert debounced_note.dispatch(7, "b").folded
+    assert not debounced_note.dispatch(8, "c").folded
+    assert args_of(QueuedJob.objects.get(id=first.id)) == [7, "b"]
+    with pytest.raises(TypeError, match="debounce_key"):
+        from django_jobguard import job
+
+        job(debounce=(1, 2), debounce_key="user")
