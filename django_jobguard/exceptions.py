@@ -27,6 +27,16 @@ class JobCancelledError(JobGuardError):
     """An operator cancelled the running job (kept as a kept result's error)."""
 
 
+class JobFailedError(JobGuardError):
+    """``handle.wait()``: the job failed for good; ``exception_class`` and ``traceback``
+    say with what (as its result row keeps them)."""
+
+    def __init__(self, message: str, *, exception_class: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.exception_class = exception_class
+        self.traceback = traceback
+
+
 class WorkerStoppedError(JobGuardError):
     """Raised in a running job when its worker stops at once (a second Ctrl-C): the job goes
     back to the queue without using an attempt and runs again from the start."""

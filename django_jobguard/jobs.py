@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -28,12 +28,14 @@ from django_jobguard import (
 )
 from django_jobguard import debounce as debouncing
 from django_jobguard import queue as job_queue
+from django_jobguard import results as job_results
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Delay
 from django_jobguard.envelope import Envelope, UniqueRef
-from django_jobguard.exceptions import ManuallyFailedError
+from django_jobguard.exceptions import JobFailedError, ManuallyFailedError
 from django_jobguard.middleware.chain import run_middleware, run_middleware_async
+from django_jobguard.models import JobResult
 from django_jobguard.outcome import Outcome
 from django_jobguard.retry import RetryPolicy
 
@@ -50,9 +52,47 @@ class Dispatched:
     skipped: str | None = None
     #: A debounced dispatch that replaced the arguments of the job already waiting (``id``).
     folded: bool = False
+    #: The database alias of the queue the job went to.
+    using: str | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return self.skipped is None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job has finished and return what ``handle()`` returned (as its
+        result row keeps it: JSON); :class:`~django_jobguard.exceptions.JobFailedError` if
+        it failed for good, ``TimeoutError`` after ``timeout`` seconds (the job goes on).
+        Only for jobs with ``keep_result = True``. Woken by NOTIFY on PostgreSQL, polling
+        elsewhere (docs/long-jobs.md#awaiting-a-result)."""
+        if self.id is None:
+            raise ValueError(f"This dispatch of {self.job_name} was skipped ({self.skipped}): "
+                             f"there is no job to wait for.")
+        if not getattr(registry.get(self.job_name), "keep_result", False):
+            raise TypeError(f"{self.job_name} does not keep results: set keep_result = True "
+                            f"on it to wait for one.")
+        return outcome_of(job_results.wait_finished(self.id, timeout=timeout, using=self.using))
+
+    async def await_result(self, timeout: float | None = None) -> Any:
+        """:meth:`wait` for async code: the waiting runs off the event loop."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.wait, thread_sensitive=False)(timeout)
+
+
+def outcome_of(finished: Any) -> Any:
+    """The return value of a finished job's result row, or its failure raised as
+    :class:`~django_jobguard.exceptions.JobFailedError`."""
+    if isinstance(finished, JobResult) and finished.status == job_results.SUCCESSFUL:
+        return finished.return_value
+    if isinstance(finished, JobResult):
+        error = (finished.errors or [{}])[-1]
+        path, trace = error.get("exception_class_path", ""), error.get("traceback", "")
+        last = trace.strip().rsplit("\n", 1)[-1] if trace else "no error was recorded"
+        raise JobFailedError(f"Job {finished.id} failed: {last}", exception_class=path,
+                             traceback=trace)
+    raise JobFailedError(f"Job {finished.id} failed: {finished.exception_class}: "
+                         f"{finished.message}", exception_class=finished.exception_class,
+                         traceback=finished.traceback)
 
 
 class Job:
@@ -317,7 +357,7 @@ def dispatch_many(
     built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
                        queue=queue, priority=priority)
              for job, rule in zip(jobs, debounced, strict=True)]
-    results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue)
+    results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
                for job, (row, _) in zip(jobs, built, strict=True)]
 
     def insert() -> None:
@@ -332,7 +372,7 @@ def dispatch_many(
                                                        using=using)
                 if folded:
                     results[i] = Dispatched(id=job_id, job_name=jobs[i].name, queue=row.queue,
-                                            folded=True)
+                                            folded=True, using=using)
                     signals.job_dispatched.send(sender=type(jobs[i]), job=jobs[i],
                                                 job_id=job_id, queue=row.queue,
                                                 priority=row.priority, delay=rule.seconds,
@@ -343,7 +383,7 @@ def dispatch_many(
         for i, (job, (row, _)) in enumerate(zip(jobs, built, strict=True)):
             if i not in kept and not results[i].folded:
                 results[i] = Dispatched(id=None, job_name=job.name, queue=row.queue,
-                                        skipped="unique")
+                                        skipped="unique", using=using)
                 signals.job_skipped_unique.send(sender=type(job), job=job)
         for i in sorted(kept):
             job, (row, _) = jobs[i], built[i]

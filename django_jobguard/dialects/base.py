@@ -70,6 +70,18 @@ class Listener(ABC):
         """Close the listening connection (never raises)."""
 
 
+class ResultListener(ABC):
+    """A connection that hears which jobs' results were just written."""
+
+    @abstractmethod
+    def wait(self, timeout: float) -> set[str]:
+        """The job ids whose results were written within ``timeout`` seconds (empty: none)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the listening connection (never raises)."""
+
+
 class Dialect(ABC):
     """The primitives one database backend needs, for the connection alias ``using``."""
 
@@ -131,6 +143,16 @@ class Dialect(ABC):
             acked = self.ack(job_id, reserved_by, claims, relaxed=relaxed)
             started = self.start(start_id, reserved_by, start_claims, relaxed=relaxed)
         return acked, started
+
+    def notify_result(self, job_id: Any) -> None:
+        """Wake callers waiting for ``job_id``'s result (after commit); a no-op without
+        NOTIFY (the waiters poll)."""
+        return None
+
+    def listen_results(self, via: str | None = None) -> ResultListener | None:
+        """A :class:`ResultListener` on its own connection, or ``None`` where there is no
+        LISTEN (the waiter polls)."""
+        return None
 
     def listen(self, via: str | None = None) -> Listener | None:
         """A :class:`Listener` on its own connection (to the alias ``via``, default this

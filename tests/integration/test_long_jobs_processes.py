@@ -1,6 +1,6 @@
 """Long jobs across real processes on the real test database (docs/long-jobs.md): a debounce
-storm from 3 processes of 20 threads, and a steady stream of dispatches that max_wait keeps
-from starving."""
+storm from 3 processes of 20 threads, a steady stream of dispatches that max_wait keeps from
+starving, and waiting for a result a worker process writes (woken by NOTIFY on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import time
 import pytest
 from demo.models import JobRun
 
+from django_jobguard.dialects import dialect_for
 from django_jobguard.models import QueuedJob, Worker
-from tests.support import ROOT, start_workers, wait_for, worker_env
-from tests.support.long_jobs import DebouncedRecord
+from tests.support import ROOT, requires_postgres, start_workers, wait_for, worker_env
+from tests.support.long_jobs import DebouncedRecord, Sleeper
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -94,3 +95,30 @@ def test_steady_dispatches_run_at_least_once_per_max_wait(tmp_path):
     runs = dict(JobRun.objects.values_list("job_id", "label"))
     assert runs == last_of  # every row ran once, with the last arguments folded into it
     assert len(runs) >= 2
+
+
+def test_wait_returns_the_result_a_worker_process_wrote():
+    handle = Sleeper("awaited", seconds=0.3, value={"rows": 12}).dispatch()
+    pool = start_workers(1, "--max-jobs", "1", "--sleep", "0.1")
+    try:
+        assert handle.wait(timeout=60) == {"rows": 12}
+    finally:
+        pool.wait(timeout=60)
+
+
+@requires_postgres
+def test_on_postgresql_the_worker_notifies_waiters_when_it_writes_the_result():
+    """The NOTIFY that wakes ``wait()`` is sent by the worker's ack (with the result row, in
+    its transaction): a listener hears the job's id."""
+    listener = dialect_for("default").listen_results()
+    assert listener is not None
+    try:
+        handle = Sleeper("notified", value=1).dispatch()
+        pool = start_workers(1, "--max-jobs", "1", "--sleep", "0.1")
+        heard: set[str] = set()
+        wait_for(lambda: heard.update(listener.wait(0.5)) or handle.id in heard, timeout=60,
+                 what="the result's NOTIFY")
+        pool.wait(timeout=60)
+    finally:
+        listener.close()
+    assert handle.wait(timeout=5) == 1

@@ -56,3 +56,13 @@ class Sleeper(Job):
 def debounced_note(user_id: int, text: str) -> str:
     """A debounced function job, per user."""
     return text
+
+
+class FailsWithResult(Job):
+    """Keeps its result and fails at once."""
+
+    keep_result = True
+    tries = 1
+
+    def handle(self) -> None:
+        raise ValueError("no invoice 7")
