@@ -10,6 +10,7 @@ instead of private attributes.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Self
 
@@ -49,6 +50,9 @@ class JobContext:
     reporter: RunReporter | None = None
     #: Whether the job saw ``job.cancelled`` true (the run then ends as cancelled).
     cancel_seen: bool = False
+    #: Whether the worker running it is stopping gracefully (SIGTERM, ``--max-time``, a
+    #: reload): the worker's probe, never true outside a worker.
+    stopping: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     def cancelled(self) -> bool:
         """Whether an operator asked this run to stop (read at most once a second)."""

@@ -45,6 +45,15 @@ class WorkerStoppedError(JobGuardError):
     detail = "its worker was stopped at once (a second Ctrl-C)"
 
 
+class StopTimeoutError(WorkerStoppedError):
+    """Raised in a job still running ``--stop-timeout`` seconds after its worker began a
+    graceful stop (SIGTERM, ``--max-time``): the job goes back to the queue without using an
+    attempt and runs again from the start (or from its checkpoint)."""
+
+    reason = "stop_timeout"
+    detail = "its worker's --stop-timeout passed during a graceful stop"
+
+
 class WorkerRestartError(WorkerStoppedError):
     """Raised in a job still running a grace period after ``jobworker --reload`` saw a code
     change: the job goes back to the queue without using an attempt and the restarted worker

@@ -211,6 +211,19 @@ class Job:
         API: stored at most once a second, the latest value within a second."""
         self.context.progress(fraction, message)
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the worker is stopping gracefully (SIGTERM, ``--max-time``, a reload):
+        a long job checks it between steps and returns ``self.interrupt()``. Cheap to read."""
+        return self.context.stopping()
+
+    def interrupt(self) -> None:
+        """Put the job back on the queue at once without using an attempt, once ``handle()``
+        returns: it was interrupted, not failed (docs/long-jobs.md)."""
+        self.context.request(Outcome.deferred(
+            durations.NOW, reason="interrupted",
+            detail="it stopped for its worker's graceful stop"))
+
     def release(self, delay: Delay = 0) -> None:
         """Put the job back on the queue to run again after ``delay``; this run is an attempt."""
         self.context.request(Outcome.released(durations.due(delay)))

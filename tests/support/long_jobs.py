@@ -66,3 +66,51 @@ class FailsWithResult(Job):
 
     def handle(self) -> None:
         raise ValueError("no invoice 7")
+
+
+class LongLoop(Job):
+    """Runs ``steps`` steps of 50 ms, recording each run (label ``loop``, its attempt) and,
+    when it ends, ``done``. ``cooperative``: it checks ``self.stopping`` between steps and
+    hands itself back with ``self.interrupt()``; otherwise only ``--stop-timeout`` ends it.
+    Retries are not expected: ``tries = 2`` and a long backoff would show a spent attempt."""
+
+    tries = 2
+    backoff = [600]
+
+    def __init__(self, key: str, steps: int = 10_000, cooperative: bool = True):
+        self.key, self.steps, self.cooperative = key, steps, cooperative
+
+    def handle(self) -> None:
+        run = JobRun.objects.create(label="loop", key=self.key, job_id=self.job_id or "",
+                                    pid=os.getpid(), attempt=self.attempts(),
+                                    started_at=timezone.now())
+        for _ in range(self.steps):
+            if self.cooperative and self.stopping:
+                run.label = "interrupted"
+                run.save(update_fields=["label"])
+                return self.interrupt()
+            time.sleep(0.05)
+        run.label = "done"
+        run.ended_at = timezone.now()
+        run.save(update_fields=["label", "ended_at"])
+        return None
+
+
+class AsyncLongLoop(Job):
+    """:class:`LongLoop` (not cooperative) as an async job."""
+
+    tries = 2
+    backoff = [600]
+
+    def __init__(self, key: str):
+        self.key = key
+
+    async def handle(self) -> None:
+        import asyncio
+
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(JobRun.objects.create)(
+            label="loop", key=self.key, job_id=self.job_id or "", pid=os.getpid(),
+            attempt=self.attempts(), started_at=timezone.now())
+        await asyncio.sleep(3600)

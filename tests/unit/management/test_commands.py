@@ -157,3 +157,8 @@ def test_jobworker_once_runs_one_job():
     out = call("jobworker", "--once", "--memory", "0")
     assert out.count(" DONE ") == 1
     assert QueuedJob.objects.count() == 1
+
+
+def test_jobworker_refuses_a_negative_stop_timeout():
+    with pytest.raises(CommandError, match="--stop-timeout must not be negative"):
+        call("jobworker", "--stop-timeout", "-1")
