@@ -53,6 +53,10 @@ class JobContext:
     #: Whether the worker running it is stopping gracefully (SIGTERM, ``--max-time``, a
     #: reload): the worker's probe, never true outside a worker.
     stopping: Callable[[], bool] = field(default=lambda: False, repr=False)
+    #: The row's claim counter for this run: owner-checked writes of the job's checkpoint.
+    claims: int = 0
+    #: The checkpoint the row had when this run started (iterable jobs), else ``None``.
+    checkpoint: Any = None
 
     def cancelled(self) -> bool:
         """Whether an operator asked this run to stop (read at most once a second)."""

@@ -128,6 +128,10 @@ class QueuedJob(models.Model):
                         default=Value(None), output_field=CharField(max_length=255)),
         output_field=CharField(max_length=255, null=True), db_persist=True, unique=True)
 
+    #: An iterable job's checkpoint, ``{"cursor": ..., "done": n}``: written in the
+    #: transaction of each item's own writes; the next run resumes after it.
+    checkpoint = models.JSONField(_("checkpoint"), null=True, blank=True, editable=False)
+
     objects = QueuedJobQuerySet.as_manager()
 
     # Set on a claimed row, not columns (annotations only: absent until the claim sets them).

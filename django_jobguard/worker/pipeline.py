@@ -316,7 +316,7 @@ class Pipeline:
             policy=RetryPolicy.for_job(job, defaults=self.defaults,
                                        retry_until=envelope.retry_until),
             reporter=RunReporter(str(row.id), worker_id=self.worker_id, using=self.using),
-            stopping=self.stopping,
+            stopping=self.stopping, claims=row.claims, checkpoint=row.checkpoint,
         )
         return job
 

@@ -10,7 +10,7 @@ import time
 from demo.models import JobRun
 from django.utils import timezone
 
-from django_jobguard import Job, job
+from django_jobguard import IterableJob, Job, job
 
 
 class DebouncedRecord(Job):
@@ -114,3 +114,88 @@ class AsyncLongLoop(Job):
             label="loop", key=self.key, job_id=self.job_id or "", pid=os.getpid(),
             attempt=self.attempts(), started_at=timezone.now())
         await asyncio.sleep(3600)
+
+
+class ItemWriter(IterableJob):
+    """Iterates over ``count`` numbered items; each writes one ``JobRun`` (label ``item``,
+    key = its number) in the transaction of its checkpoint. Every run writes a ``run`` row
+    (its attempt) first, and the end a ``finished`` row. ``steal_at``: on that item, the row
+    is claimed away from this run inside the item's transaction (a lost lease)."""
+
+    tries = 0  # killed runs spend attempts; the tests count them
+    timeout = 0
+
+    def __init__(self, key: str, count: int, seconds: float = 0.0, steal_at: int = -1,
+                 max_run_time: float | None = None):
+        self.key, self.count, self.seconds = key, count, seconds
+        self.steal_at, self.max_run_time = steal_at, max_run_time
+
+    def handle(self) -> object:
+        JobRun.objects.create(label="run", key=self.key, job_id=self.job_id or "",
+                              pid=os.getpid(), attempt=self.attempts(),
+                              started_at=timezone.now())
+        return super().handle()
+
+    def items(self, cursor):
+        start = 0 if cursor is None else cursor + 1
+        return ((i, i) for i in range(start, self.count))
+
+    def total(self) -> int:
+        return self.count
+
+    def each(self, item: int) -> None:
+        JobRun.objects.create(label="item", key=f"{self.key}:{item}", job_id=self.job_id or "",
+                              pid=os.getpid(), attempt=self.attempts(),
+                              started_at=timezone.now())
+        if item == self.steal_at:
+            from django.db.models import F
+
+            from django_jobguard.models import QueuedJob
+
+            QueuedJob.objects.filter(id=self.job_id).update(claims=F("claims") + 1)
+        if self.seconds:
+            time.sleep(self.seconds)
+
+    def finished(self) -> str:
+        JobRun.objects.create(label="finished", key=self.key, job_id=self.job_id or "",
+                              pid=os.getpid(), attempt=self.attempts(),
+                              started_at=timezone.now())
+        return "finished"
+
+
+class BadCursor(IterableJob):
+    tries = 1
+
+    def items(self, cursor):
+        yield object(), 1
+
+    def each(self, item) -> None:
+        pass
+
+
+class ThreeSteps(IterableJob):
+    """Three named steps, each writing a ``JobRun`` row (label = the step) and sleeping
+    ``seconds`` inside its transaction: a SIGKILL lands between the statements of a step."""
+
+    steps = ("fetch", "transform", "load")
+    tries = 0
+    timeout = 0
+
+    def __init__(self, key: str, seconds: float = 0.0):
+        self.key, self.seconds = key, seconds
+
+    def _write(self, step: str) -> None:
+        JobRun.objects.create(label=step, key=self.key, job_id=self.job_id or "",
+                              pid=os.getpid(), attempt=self.attempts(),
+                              started_at=timezone.now())
+        time.sleep(self.seconds)
+        JobRun.objects.filter(label=step, key=self.key).update(ended_at=timezone.now())
+
+    def fetch(self) -> None:
+        self._write("fetch")
+
+    def transform(self) -> None:
+        self._write("transform")
+
+    def load(self) -> None:
+        self._write("load")
