@@ -125,6 +125,7 @@ class IterableJob(Job):
             raise TypeError(f"{self.name}: the cursor {cursor!r} is not JSON ({exc}); "
                             f"yield ids or strings as cursors.") from None
         done = checkpoint["done"]
+        assert context.job_id is not None  # handle() ran the items without a row otherwise
         with transaction.atomic(using=context.using):
             self.each(item)
             held = QueuedJob.objects.using(context.using).filter(
