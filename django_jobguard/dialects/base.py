@@ -40,6 +40,8 @@ class NewJob:
 
 #: Where the payload is among the queue table's concrete columns (the order claims read them).
 PAYLOAD_INDEX = [f.name for f in QueuedJob._meta.concrete_fields].index("payload")
+#: Where an iterable job's checkpoint is (JSON the claim decodes, see :func:`job_from_values`).
+CHECKPOINT_INDEX = [f.name for f in QueuedJob._meta.concrete_fields].index("checkpoint")
 
 
 @dataclass(frozen=True)
@@ -372,6 +374,12 @@ def job_from_values(using: str, values: list[Any],
     text = values[PAYLOAD_INDEX]
     if isinstance(text, (str, bytes)):
         values[PAYLOAD_INDEX] = load_payload(text)
+    checkpoint = values[CHECKPOINT_INDEX]
+    if isinstance(checkpoint, (str, bytes)):  # JSON as the driver returns it: decoded here
+        try:
+            values[CHECKPOINT_INDEX] = json.loads(checkpoint)
+        except ValueError:
+            problems = [*problems, "its iterable job's checkpoint is not JSON"]
     for name, index in _COUNTER_INDEXES:
         if values[index] is not None and values[index] >= COUNTER_MAX:
             problems = [*problems, f"{name} reached the counter maximum ({COUNTER_MAX})"]

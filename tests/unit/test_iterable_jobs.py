@@ -99,3 +99,14 @@ def test_after_walks_a_queryset_in_chunks_after_the_cursor():
     walked = [(cursor, run.key) for cursor, run in after(rows, first, chunk_size=2)]
     assert [key for _, key in walked] == ["3", "4", "5", "6"]
     assert [cursor for cursor, _ in walked] == sorted(cursor for cursor, _ in walked)
+
+
+def test_a_worker_claim_reads_the_checkpoint_as_json():
+    """The claim's raw SQL returns the column as the driver gives it (text on PostgreSQL):
+    the row must hold the decoded checkpoint, or a run would start again from the top."""
+    from django_jobguard import queue as job_queue
+
+    handle = ItemWriter("claimed", 3).dispatch()
+    QueuedJob.objects.filter(id=handle.id).update(checkpoint={"cursor": 1, "done": 2})
+    [row] = job_queue.claim(["default"], worker_id="test:1:claim")
+    assert row.checkpoint == {"cursor": 1, "done": 2}
