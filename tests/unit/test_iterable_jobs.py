@@ -110,3 +110,22 @@ def test_a_worker_claim_reads_the_checkpoint_as_json():
     QueuedJob.objects.filter(id=handle.id).update(checkpoint={"cursor": 1, "done": 2})
     [row] = job_queue.claim(["default"], worker_id="test:1:claim")
     assert row.checkpoint == {"cursor": 1, "done": 2}
+
+
+def test_the_demo_invoice_export_writes_each_invoice_once_across_interrupted_runs():
+    from demo.jobs import ExportInvoices
+    from demo.models import Invoice, InvoiceExportLine
+
+    for number in range(7):
+        Invoice.objects.create(number=f"INV-{number}", charged=number * 100)
+    handle = ExportInvoices("2026-05").dispatch()
+    # A first run stopped after three invoices (as SIGTERM would stop it), then resumed.
+    QueuedJob.objects.filter(id=handle.id).update(checkpoint={
+        "cursor": Invoice.objects.order_by("pk")[2].pk, "done": 3})
+    for invoice in Invoice.objects.order_by("pk")[:3]:
+        InvoiceExportLine.objects.create(export="2026-05", invoice=invoice,
+                                         charged=invoice.charged)
+    drain()
+    lines = InvoiceExportLine.objects.filter(export="2026-05")
+    assert sorted(lines.values_list("invoice__number", flat=True)) == [
+        f"INV-{n}" for n in range(7)]
