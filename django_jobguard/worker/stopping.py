@@ -81,10 +81,13 @@ class GracefulStop:
         logger.warning("Worker %s: jobs still running %g s after a graceful stop began "
                        "(--stop-timeout); they go back to the queue without using an "
                        "attempt.", worker.id, timeout)
+        from django_jobguard.worker.executor import ThreadExecutor
+
         worker._async.stop_all()
-        if worker._executor is not None:
-            worker._executor.abort(_StopTimeoutInThread)
-        elif worker.pipeline.interruptible() is not None:
+        executor = worker._executor
+        if isinstance(executor, ThreadExecutor):
+            executor.abort(_StopTimeoutInThread)
+        elif worker.pipeline.interruptible() is not None:  # the solo executor's job
             os.kill(os.getpid(), INTERRUPT)  # raised in the main thread by _on_interrupt
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
