@@ -384,8 +384,9 @@ class ThreadExecutor:
         the rows are put back by their threads, or by :meth:`shutdown` for those that do not
         stop."""
         self._aborted = True
-        logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs go "
-                       "back to the queue.", self.worker.pipeline.worker_id)
+        if error is None:  # --stop-timeout logs its own warning
+            logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs "
+                           "go back to the queue.", self.worker.pipeline.worker_id)
         for slot in list(self._busy):
             if slot.pipeline.interruptible() is not None and slot.thread.ident:
                 timeouts.raise_in_thread(slot.thread.ident, error or _Stopped)
