@@ -479,7 +479,7 @@ class ThreadExecutor:
         try:
             if job is None or job.context.job_id != str(row.id):
                 raise RuntimeError("the stuck thread's job is not known")  # never expected
-            outcome = main._after_exception(row, job, error)
+            outcome = main.after_exception(row, job, error)
             self.worker.job_finished(main.apply(row, job, outcome, running.started), row.queue)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Could not end the attempt of %s (%s); its lease will bring it "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import connections
 from django.db.models.functions import Now
@@ -29,22 +29,43 @@ from django_jobguard import logs, operations, queue, schedules
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import Worker as WorkerRow
 
-if TYPE_CHECKING:
-    from django_jobguard.worker.loop import Worker
-
 logger = logging.getLogger("django_jobguard.worker")
 
 #: Seconds between two housekeeping rounds of one worker.
 HOUSEKEEPING_EVERY = 60.0
 
 
+class Beating(Protocol):
+    """What the heartbeat needs of its worker (:class:`~django_jobguard.worker.loop.Worker`
+    implements it)."""
+
+    id: str
+    jobs_processed: int
+    #: The ids of the jobs running now, as the Worker row shows them.
+    current_job: str
+    #: Set when the worker has stopped: the heartbeat ends.
+    halted: threading.Event
+
+    def held_ids(self) -> frozenset[Any]:
+        """The rows whose leases the worker holds (running, claimed ahead, waiting)."""
+
+    def recent_counts(self) -> tuple[int, int]:
+        """``(done, failed)`` in the last minute."""
+
+    def flush_history(self) -> None:
+        """Write the dashboard's per-minute counts gathered since the last call."""
+
+    def identity(self) -> dict[str, Any]:
+        """The fields of the Worker row that never change."""
+
+
 class Heartbeat:
     """The heartbeat of ``worker`` (see the module docstring): :meth:`start` its thread,
     which beats until the worker's ``halted`` event is set; :meth:`join` it at shutdown."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Beating, using: str) -> None:
         self.worker = worker
-        self.using = worker.options.using
+        self.using = using
         self.interval = max(0.5, min(float(jobguard_settings.RETRY_AFTER) / 3, 15.0))
         self._ticker = schedules.Ticker(self.using)
         self._last_clean = time.monotonic()
@@ -65,7 +86,7 @@ class Heartbeat:
         logs.bind_worker(self.worker.id)
         try:
             self._ticker.run_once()  # due ticks at start-up too, not one interval later
-            while not self.worker._halted.wait(self.interval):
+            while not self.worker.halted.wait(self.interval):
                 try:
                     self.beat()
                 except Exception as exc:
@@ -99,8 +120,8 @@ class Heartbeat:
         """Write the Worker row's ``last_seen_at`` and counts; write the row again if it is
         gone (see :meth:`_register_again`)."""
         worker = self.worker
-        done, failed = worker._recent.counts()
-        beat = {"jobs_processed": worker.jobs_processed, "current_job": worker._current_job,
+        done, failed = worker.recent_counts()
+        beat = {"jobs_processed": worker.jobs_processed, "current_job": worker.current_job,
                 "done_last_minute": done, "failed_last_minute": failed}
         if not WorkerRow.objects.using(self.using).filter(id=worker.id).update(
                 last_seen_at=Now(), **beat):
@@ -108,7 +129,7 @@ class Heartbeat:
 
     def flush_history(self) -> None:
         """Add the jobs finished since the last beat to the dashboard's per-minute counts."""
-        self.worker._per_queue.flush(self.using)
+        self.worker.flush_history()
 
     def tick_schedules(self) -> None:
         """Enqueue the periodic jobs due now (``SCHEDULE``, ``@periodic``)."""
@@ -130,10 +151,10 @@ class Heartbeat:
         those still its own; a row that another worker claimed meanwhile (or an operator
         requeued) is not, and this worker's writes of it are owner-checked and log LOST."""
         worker = self.worker
-        if worker._halted.is_set():
+        if worker.halted.is_set():
             return  # shutting down: the row was deleted by the worker's shutdown
         WorkerRow.objects.using(self.using).update_or_create(
-            id=worker.id, defaults={**worker._identity(), **beat, "last_seen_at": Now()})
+            id=worker.id, defaults={**worker.identity(), **beat, "last_seen_at": Now()})
         logger.warning("Worker %s found its row gone (housekeeping deletes the row of a "
                        "worker silent for %g s, an operator may delete it by hand) and "
                        "registered again. It still holds %s of the %s job(s) it works on%s.",

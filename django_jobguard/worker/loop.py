@@ -180,7 +180,7 @@ class Worker:
             self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
             self._async_finished)
         self._in_job = False
-        self._current_job = ""
+        self.current_job = ""
         self._listener: queue.Listener | None = None
         self._listener_lost_at: float | None = None
         # Rows an executor runs now (see show_running): with the waiting rows and the async
@@ -202,9 +202,9 @@ class Worker:
         #: (replaced, never changed in place: the heartbeat reads it from its thread).
         self._waiting: list[QueuedJob] = []
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
-        self._heartbeat = Heartbeat(self)
+        self._heartbeat = Heartbeat(self, o.using)
         # Set at the very end: the heartbeat renews leases while running jobs finish.
-        self._halted = threading.Event()
+        self.halted = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -405,7 +405,15 @@ class Worker:
         """The rows an executor runs now: their leases are renewed, the Worker row lists
         them."""
         self._held = frozenset(row.id for row in rows)
-        self._current_job = ",".join(str(row.id) for row in rows)
+        self.current_job = ",".join(str(row.id) for row in rows)
+
+    def recent_counts(self) -> tuple[int, int]:
+        """``(done, failed)`` in the last minute, for the Worker row."""
+        return self._recent.counts()
+
+    def flush_history(self) -> None:
+        """Add the jobs finished since the last call to the dashboard's per-minute counts."""
+        self._per_queue.flush(self.options.using)
 
     def held_ids(self) -> frozenset[Any]:
         """Ids of every row this worker holds: running (sync and async), claimed ahead, or
@@ -515,7 +523,7 @@ class Worker:
     def process_claimed(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
         """Run :meth:`process`; a database error leaves the row to lease recovery."""
         self._in_job = True
-        self._current_job = str(row.id)
+        self.current_job = str(row.id)
         try:
             state = self.process(row, then=then)
             self._recent.record(state)
@@ -525,7 +533,7 @@ class Worker:
                 self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
-            self._current_job = ""
+            self.current_job = ""
             with self._finished_lock:
                 self.jobs_processed += 1
             queue.close_broken_connections()
@@ -582,7 +590,7 @@ class Worker:
 
     def _start(self) -> None:
         o = self.options
-        WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self._identity())
+        WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self.identity())
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
         self._heartbeat.start()
@@ -592,14 +600,14 @@ class Worker:
         heartbeat thread's steps about this worker; see :mod:`.heartbeat`)."""
         self._heartbeat.keep_alive()
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         """The fields of this worker's row that never change."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(),
                 "queues": ",".join(self.options.queues)}
 
     def _shutdown(self) -> None:
         self._stop.set()
-        self._halted.set()
+        self.halted.set()
         self._heartbeat.join(timeout=5)
         if self._listener is not None:
             self._listener.close()

@@ -40,7 +40,7 @@ def test_renew_leases_renews_running_and_claimed_ahead_rows_and_no_other():
 
 def test_say_alive_writes_the_counts_of_the_worker_row():
     worker = Worker(WorkerOptions(queues=["default", "mail"], memory=0))
-    WorkerRow.objects.create(id=worker.id, **worker._identity())
+    WorkerRow.objects.create(id=worker.id, **worker.identity())
     worker.job_finished("DONE", "default")
     worker.job_finished("FAILED", "mail")
 
