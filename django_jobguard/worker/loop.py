@@ -204,7 +204,7 @@ class Worker:
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
         # Set at the very end: the heartbeat renews leases while running jobs finish.
-        self.halted = threading.Event()
+        self.halted: threading.Event = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ class GracefulStop:
                          name="jobguard-stop-timeout").start()
 
     def _watch(self, timeout: float) -> None:
-        halted = self.worker.halted
+        halted: threading.Event = self.worker.halted
         while not self.stopping():
             if halted.wait(0.2):
                 return
