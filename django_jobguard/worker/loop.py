@@ -173,7 +173,13 @@ class Worker:
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
             pause=self._stop.wait, event_loop=True)
-        self.graceful = GracefulStop(self)  # job.stopping, --stop-timeout (stopping.py)
+        # Set at the very end: the heartbeat renews leases while running jobs finish.
+        self.halted: threading.Event = threading.Event()
+        # job.stopping and --stop-timeout (stopping.py)
+        self.graceful = GracefulStop(
+            worker_id=self.id, stop=self._stop, halted=self.halted, max_time=o.max_time,
+            stop_timeout=o.stop_timeout, interrupt_running=self.interrupt_running,
+            interrupt_here=self.interrupt_job)
         self.pipeline.stopping = self.graceful.stopping
         # Async jobs: on this process's event loop, many at once (sync jobs never go there).
         self._async = AsyncExecutor(
@@ -203,8 +209,6 @@ class Worker:
         self._waiting: list[QueuedJob] = []
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
-        # Set at the very end: the heartbeat renews leases while running jobs finish.
-        self.halted: threading.Event = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -580,6 +584,16 @@ class Worker:
         the queue with its attempt unused; nothing when no job can be interrupted."""
         if self.pipeline.interruptible() is not None:
             raise error
+
+    def interrupt_running(self, error: type[WorkerStoppedError]) -> bool:
+        """Interrupt the jobs running on the event loop and on threads (``error`` raised in
+        each; ``--stop-timeout``): each goes back to the queue, its attempt unused. True
+        when a job runs in the main thread, which only a signal handler can interrupt."""
+        self._async.stop_all()
+        if isinstance(self._executor, ThreadExecutor):
+            self._executor.abort(error)
+            return False
+        return self.pipeline.interruptible() is not None
 
     def _stop_at_once(self) -> None:
         self._stop.set()

@@ -16,12 +16,10 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from django_jobguard.exceptions import StopTimeoutError
-
-if TYPE_CHECKING:
-    from django_jobguard.worker.loop import Worker
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -37,18 +35,29 @@ class _StopTimeoutInThread(StopTimeoutError):
 
 
 class GracefulStop:
-    """When ``worker`` is stopping gracefully, and ``--stop-timeout`` enforced after it."""
+    """When a worker is stopping gracefully, and ``--stop-timeout`` enforced after it.
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    It knows its worker only through what it is given: the worker's ``stop`` flag (set: stop
+    claiming) and ``halted`` event (set: the worker has ended), ``--max-time`` and
+    ``--stop-timeout``, and two callbacks: ``interrupt_running(error_class)`` interrupts the
+    jobs running on threads and the event loop and says whether a job runs in the main
+    thread, which ``interrupt_here(error)`` (a signal handler) then raises into."""
+
+    def __init__(self, *, worker_id: str, stop: threading.Event, halted: threading.Event,
+                 max_time: float, stop_timeout: float | None,
+                 interrupt_running: Callable[[type[StopTimeoutError]], bool],
+                 interrupt_here: Callable[[StopTimeoutError], None]) -> None:
+        self.worker_id, self.stop, self.halted = worker_id, stop, halted
+        self.max_time, self.stop_timeout = max_time, stop_timeout
+        self._interrupt_running, self._interrupt_here = interrupt_running, interrupt_here
         self.started: float | None = None
         self.began_at: float | None = None  # monotonic time the graceful stop was seen
 
     def stopping(self) -> bool:
         """Whether the worker is stopping: a stop was asked for, or ``--max-time`` passed."""
-        if self.worker._stop.is_set():
+        if self.stop.is_set():
             return True
-        max_time = self.worker.options.max_time
+        max_time = self.max_time
         return bool(max_time and self.started is not None
                     and time.monotonic() - self.started >= max_time)
 
@@ -56,7 +65,7 @@ class GracefulStop:
         """The worker starts running: from now ``--max-time`` counts, and ``--stop-timeout``
         (when set) is watched by a thread of its own."""
         self.started = time.monotonic()
-        timeout = self.worker.options.stop_timeout
+        timeout = self.stop_timeout
         if not timeout:
             return
         if threading.current_thread() is threading.main_thread():
@@ -65,11 +74,11 @@ class GracefulStop:
                          name="jobguard-stop-timeout").start()
 
     def _watch(self, timeout: float) -> None:
-        halted: threading.Event = self.worker.halted
+        halted = self.halted
         while not self.stopping():
             if halted.wait(0.2):
                 return
-        self.worker._stop.set()  # --max-time passed in a job: stop claiming as well
+        self.stop.set()  # --max-time passed in a job: stop claiming as well
         self.began_at = time.monotonic()
         if halted.wait(timeout):
             return
@@ -77,18 +86,11 @@ class GracefulStop:
 
     def interrupt_running(self, timeout: float) -> None:
         """Interrupt every job still running: each goes back to the queue, attempt unused."""
-        worker = self.worker
         logger.warning("Worker %s: jobs still running %g s after a graceful stop began "
                        "(--stop-timeout); they go back to the queue without using an "
-                       "attempt.", worker.id, timeout)
-        from django_jobguard.worker.executor import ThreadExecutor
-
-        worker._async.stop_all()
-        executor = worker._executor
-        if isinstance(executor, ThreadExecutor):
-            executor.abort(_StopTimeoutInThread)
-        elif worker.pipeline.interruptible() is not None:  # the solo executor's job
+                       "attempt.", self.worker_id, timeout)
+        if self._interrupt_running(_StopTimeoutInThread):  # a job in the main thread
             os.kill(os.getpid(), INTERRUPT)  # raised in the main thread by _on_interrupt
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
-        self.worker.interrupt_job(StopTimeoutError(StopTimeoutError.detail))
+        self._interrupt_here(StopTimeoutError(StopTimeoutError.detail))
