@@ -80,6 +80,17 @@ def _pretty_json(value: Any) -> str:
                        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
 
 
+def _context_pretty(self: Any, obj: Any) -> str:
+    """The context the job was dispatched in (carriers: language, correlation id, tenant...),
+    one ``name: value`` line each; "-" when it carries none."""
+    context = obj.payload.get("context") if isinstance(obj.payload, dict) else None
+    if not isinstance(context, dict) or not context:
+        return "-"
+    lines = (f"{name}: {value if isinstance(value, str) else json.dumps(value)}"
+             for name, value in sorted(context.items()))
+    return format_html('<pre class="jobguard-context">{}</pre>', "\n".join(lines))
+
+
 def _timestamp(field: str, label: Any) -> Any:
     """A list column showing ``field`` to the second, in the current time zone (Django's
     default format leaves seconds out, and jobs move by the second)."""
@@ -249,7 +260,7 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     fields = ["id", "name", "queue", "state_display", "progress_display", "attempts",
               "exceptions", "priority", "available_at", "reserved_at", "reserved_by",
               "created_at", "wait_reason", "cancel_requested_at", "last_error_pretty",
-              "payload_pretty"]
+              "context_pretty", "payload_pretty"]
     readonly_fields = fields
     list_per_page = 50
 
@@ -311,6 +322,8 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: QueuedJob) -> str:
         return _pretty_json(obj.payload)
+
+    context_pretty = admin.display(description=_("context"))(_context_pretty)
 
     @admin.action(description=_("Cancel selected jobs (running ones are asked to stop)"),
                   permissions=["change"])
@@ -451,7 +464,7 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     actions = ["retry", "delete_selected"]
     fields = ["id", "name", "queue", "attempts", "priority", "failed_at", "reason",
               "exception_class", "message", "traceback_pretty", "last_error_pretty",
-              "payload_pretty"]
+              "context_pretty", "payload_pretty"]
     readonly_fields = fields
     list_per_page = 50
     change_form_template = "admin/django_jobguard/failedjob/change_form.html"
@@ -481,6 +494,8 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: FailedJob) -> str:
         return _pretty_json(obj.payload)
+
+    context_pretty = admin.display(description=_("context"))(_context_pretty)
 
     @admin.action(description=_("Retry selected failed jobs"), permissions=["change"])
     def retry(self, request: HttpRequest, queryset):
