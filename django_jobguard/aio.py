@@ -6,10 +6,10 @@ first async job): sync jobs never run on it, and many async jobs await on it at 
 ``handle()`` as a task with its time limit: a ``timeout`` cancels the task (the job sees
 ``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
 read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
-on after :data:`~django_jobguard.worker.timeouts.GRACE` seconds (logged; its task is left to end
-on its own). In a jobworker each run also arms the watchdog's hard limit
-(:func:`~django_jobguard.worker.timeouts.watched`): a job that blocks the loop past it is ended with
-its process, as a sync job is.
+on after a grace period (logged; its task is left to end on its own). In a jobworker the
+pipeline also arms the watchdog's hard limit around each run
+(:func:`~django_jobguard.worker.timeouts.watched`): a job that blocks the loop past it is
+ended with its process, as a sync job is.
 
 A job that blocks the loop (``time.sleep()``, a sync ORM call through ``sync_to_async`` missing,
 CPU work) stops every other async job of the worker. A probe thread asks the loop to answer
@@ -167,14 +167,18 @@ def closing_broken(func: Callable[..., T]) -> Callable[..., T]:
 TIMEOUT = "timeout"
 CANCELLED = "cancelled"
 STOPPED = "stopped"
+#: Seconds a cancelled task (its timeout, an operator's cancel) is waited for before it is
+#: given up on; a worker passes its own grace period (``worker.timeouts.GRACE``).
+GIVE_UP_AFTER = 5.0
 
 
 class JobRun:
     """One async job's task, and why it was cancelled (``timeout``, ``cancelled``,
     ``stopped``; ``None`` while nobody did)."""
 
-    def __init__(self, task: asyncio.Task[Any], context: JobContext, label: str) -> None:
-        self.task, self.context, self.label = task, context, label
+    def __init__(self, task: asyncio.Task[Any], context: JobContext, label: str,
+                 grace: float = GIVE_UP_AFTER) -> None:
+        self.task, self.context, self.label, self.grace = task, context, label, grace
         self.reason: str | None = None
         self.given_up = asyncio.Event()
         self._grace: asyncio.TimerHandle | None = None
@@ -185,9 +189,8 @@ class JobRun:
             return
         self.reason = reason
         self.task.cancel(f"jobguard: {reason}")
-        from django_jobguard.worker.timeouts import GRACE
-
-        self._grace = asyncio.get_running_loop().call_later(GRACE, self._give_up, GRACE)
+        self._grace = asyncio.get_running_loop().call_later(self.grace, self._give_up,
+                                                            self.grace)
 
     def stop_threadsafe(self) -> None:
         """From another thread: cancel the task because the worker stops at once."""
@@ -230,26 +233,18 @@ def running() -> list[JobRun]:
 
 
 async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout: float,
-                  label: str, hard_limit: bool = False) -> T:
+                  label: str, grace: float = GIVE_UP_AFTER) -> T:
     """Run ``coro`` (a job's middleware and ``handle()``) as a task named after ``label``.
 
     Returns its result, or raises what it raised; :class:`JobTimeoutError` when ``timeout``
     cancelled it (or it swallowed that cancellation), :class:`JobCancelledError` when an
     operator's cancel did (``context.cancel_seen`` is then set), :class:`WorkerStoppedError`
-    when the worker stopped at once. With ``hard_limit`` (a jobworker) the watchdog process
-    kills the worker if the run has not ended at the timeout's hard limit: a job that blocks
-    the loop (C code holding the GIL) runs neither its cancellation nor the heartbeat."""
-    from django_jobguard.worker import timeouts
-
-    with timeouts.watched(timeout if hard_limit else 0, label):
-        return await _run_task(context, coro, timeout=timeout, label=label)
-
-
-async def _run_task(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout: float,
-                    label: str) -> T:
+    when the worker stopped at once. A task that swallows its cancellation is given up on
+    after ``grace`` seconds. (A jobworker also arms the watchdog's hard limit around this:
+    a job that blocks the loop runs neither its cancellation nor the heartbeat.)"""
     loop = asyncio.get_running_loop()
     task = loop.create_task(coro, name=label)
-    run = JobRun(task, context, label)
+    run = JobRun(task, context, label, grace)
     with _runs_lock:
         _runs[task] = run
     timer = loop.call_later(timeout, run.time_up, timeout) if timeout else None

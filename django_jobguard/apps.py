@@ -23,9 +23,10 @@ class JobGuardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_jobguard import checks, registry, signals  # noqa: F401  (registers the checks)
+        from django_jobguard import checks, models, registry, signals  # noqa: F401  (checks)
 
         signals.jobs_inserted.connect(_run_inline, dispatch_uid="jobguard.inline_mode")
+        models.display_name = registry.display_name  # str() of rows names a task's own path
         registry.autodiscover()
         from django.conf import settings
 

@@ -1,9 +1,9 @@
 """The ``JOBGUARD`` setting: one dict, reloaded when tests override it.
 
 Each key is declared once in :data:`SETTINGS` (default, accepted types and range, a doc line);
-:data:`DEFAULTS` and the type and range check (``jobguard.E002`` in checks.py) derive from it.
-Modelled on DRF's ``api_settings``: ``jobguard_settings.RETRY_AFTER`` reads the user's value or
-the default, and ``override_settings(JOBGUARD=...)`` takes effect at once.
+:data:`DEFAULTS` and the type and range check (``jobguard.E002`` in checks/settings.py) derive
+from it. Modelled on DRF's ``api_settings``: ``jobguard_settings.RETRY_AFTER`` reads the user's
+value or the default, and ``override_settings(JOBGUARD=...)`` takes effect at once.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Self
 
 from django_jobguard.conf import queue_database
+from django_jobguard.durations import Delay
 from django_jobguard.envelope import Envelope
 from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.progress import RunReporter, check_fraction
@@ -93,6 +94,10 @@ class JobLike(Protocol):
     delete_when_missing_models: ClassVar[bool]
     #: Seconds a run may take (``None``: the worker's default).
     timeout: ClassVar[int | float | None]
+    #: The fencing token of the ``WithoutOverlapping`` lock this run holds, if any.
+    lock_token: int | None
+    #: When ``RateLimited`` admitted this run (the database clock), if it did.
+    rate_limit_admitted_at: datetime.datetime | None
 
     @property
     def job_id(self) -> str | None: ...
@@ -102,6 +107,8 @@ class JobLike(Protocol):
     def middleware(self) -> list[Any]: ...
 
     def failed(self, exception: BaseException) -> None: ...
+
+    def defer(self, delay: Delay = 0, *, reason: str = "deferred", detail: str = "") -> None: ...
 
     def retry_until(self) -> datetime.datetime | None: ...
 

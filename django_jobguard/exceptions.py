@@ -1,6 +1,12 @@
-"""Exceptions that end up in failed jobs as the reason a job stopped."""
+"""Exceptions that end up in failed jobs as the reason a job stopped, and how any exception
+a job raises is written down: one line for logs (:func:`describe`), the row's ``last_error``
+(:func:`error_text`), a failed job's or a kept result's class path and traceback
+(:func:`class_path`, :func:`traceback_text`), and a stored error shortened for a failure's
+reason (:func:`short_error`)."""
 
 from __future__ import annotations
+
+import traceback
 
 
 class JobGuardError(Exception):
@@ -71,3 +77,38 @@ class StoreUnavailableError(JobGuardError):
 
     def __str__(self) -> str:
         return f"store {self.store!r} is unavailable: {self.error}"
+
+
+# -- how a job's exception is written down ---------------------------------------------------
+
+#: How much of a traceback a failed job and a kept result keep (the end of it).
+TRACEBACK_LIMIT = 50_000
+
+
+def class_path(exception: BaseException) -> str:
+    """``module.Class`` of an exception."""
+    return f"{type(exception).__module__}.{type(exception).__qualname__}"
+
+
+def traceback_text(exception: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
+    """The formatted traceback of an exception (its last ``limit`` characters)."""
+    return "".join(traceback.format_exception(type(exception), exception,
+                                              exception.__traceback__))[-limit:]
+
+
+def describe(exception: BaseException) -> str:
+    """``module.Class: message`` of an exception (one line for logs and lists)."""
+    return f"{class_path(exception)}: {exception}"[:2000]
+
+
+def error_text(exception: BaseException) -> str:
+    """What ``last_error`` keeps of a job's exception: :func:`describe`'s line, then the
+    traceback (the end of it, when it is very long)."""
+    return f"{describe(exception)}\n\n{traceback_text(exception, 20_000)}"
+
+
+def short_error(text: str) -> str:
+    """``Class: message`` from a stored error (``module.Class: message`` and a traceback)."""
+    line = text.partition("\n")[0]
+    path, sep, message = line.partition(": ")
+    return f"{path.rsplit('.', 1)[-1]}{sep}{message}" if sep else line

@@ -23,7 +23,7 @@ from django_jobguard import keys
 from django_jobguard.exceptions import JobGuardError
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
 __all__ = ["Limit", "RateLimiterRegistry", "UnknownLimiterError", "rate_limiter"]
 
@@ -114,7 +114,7 @@ class Limit:
         return f"{self.max_attempts}/{per}" + (f" by {self.key}" if self.key else "")
 
 
-Limiter = Callable[["Job"], "Limit | str | Iterable[Limit | str]"]
+Limiter = Callable[["JobLike"], "Limit | str | Iterable[Limit | str]"]
 #: What :meth:`RateLimiterRegistry.define` takes, and gives back unchanged.
 Defined = TypeVar("Defined", bound="Limiter | Limit | str")
 
@@ -169,7 +169,7 @@ class RateLimiterRegistry:
                 f"that is imported at start-up, such as <app>/jobs.py."
             ) from None
 
-    def limits_for(self, name: str, job: Job) -> list[Limit]:
+    def limits_for(self, name: str, job: JobLike) -> list[Limit]:
         """The limits limiter ``name`` gives ``job``, unlimited ones left out."""
         value: Any = self.get(name)(job)  # checked below: a user's function may return anything
         items = [value] if isinstance(value, (Limit, str)) else value

@@ -7,6 +7,8 @@ feature. All times that decide visibility or expiry are written with the databas
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from django.db import models
 from django.db.models import Case, CharField, Count, Q, Value, When
@@ -14,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from django_jobguard import clock, registry
+from django_jobguard import clock
 
 #: The states of a queued job. *waiting*: due now; *delayed*: due later; *reserved*: a worker
 #: holds it (its lease, ``available_at``, has not run out). Judged by the database clock.
@@ -27,6 +29,16 @@ COUNTER_MAX = 2**31 - 1
 
 #: The annotation :meth:`QueuedJobQuerySet.with_state` adds.
 STATE_ANNOTATION = "jobguard_state"
+
+
+def _plain_name(name: str, payload: Any, *, result: bool = False) -> str:
+    return name
+
+
+#: How a row's job name is shown (a django.tasks task's dotted path, not its adapter's):
+#: :func:`django_jobguard.registry.display_name`, set by ``apps.ready()`` so that the models,
+#: the lowest layer, import nothing above them.
+display_name: Callable[..., str] = _plain_name
 
 
 def _state_condition(state: str) -> Q:
@@ -138,7 +150,7 @@ class QueuedJob(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{registry.display_name(self.name, self.payload)} [{self.id}]"
+        return f"{display_name(self.name, self.payload)} [{self.id}]"
 
     @property
     def state(self) -> str:
@@ -179,7 +191,7 @@ class FailedJob(models.Model):
         indexes = [models.Index(fields=["failed_at"], name="jobguard_failed_at_idx")]
 
     def __str__(self) -> str:
-        shown = registry.display_name(self.name, self.payload)
+        shown = display_name(self.name, self.payload)
         return f"{shown} [{self.id}]: {self.exception_class}"
 
 
@@ -318,7 +330,7 @@ class JobResult(models.Model):
         indexes = [models.Index(fields=["finished_at"], name="jobguard_result_finished_idx")]
 
     def __str__(self) -> str:
-        shown = registry.display_name(self.name, self.payload, result=True)
+        shown = display_name(self.name, self.payload, result=True)
         return f"{shown} [{self.id}]: {self.status}"
 
 

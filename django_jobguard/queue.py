@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import itertools
 import re
-import traceback as tb_module
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from django_jobguard import clock, pooling, queue_caps
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import Listener, ListenUnavailable, NewJob, dialect_for
 from django_jobguard.durations import NOW, Due
+from django_jobguard.exceptions import class_path, error_text, traceback_text
 from django_jobguard.models import FailedJob, PausedQueue, QueuedJob
 
 
@@ -408,19 +408,6 @@ def _at(due: Due) -> Any:
     return now + Value(datetime.timedelta(seconds=due.delay)) if due.delay else now
 
 
-def describe(exception: BaseException) -> str:
-    """``module.Class: message`` of an exception (one line for logs and lists)."""
-    return f"{type(exception).__module__}.{type(exception).__qualname__}: {exception}"[:2000]
-
-
-def error_text(exception: BaseException) -> str:
-    """What ``last_error`` keeps of a job's exception: :func:`describe`'s line, then the
-    traceback (the end of it, when it is very long)."""
-    formatted = "".join(tb_module.format_exception(type(exception), exception,
-                                                   exception.__traceback__))
-    return f"{describe(exception)}\n\n{formatted[-20_000:]}"
-
-
 def fail(
     row: QueuedJob,
     exception: BaseException,
@@ -435,8 +422,6 @@ def fail(
     raised (default: the one its row kept from an earlier run).
     """
     using = queue_database(using)
-    exc_type = type(exception)
-    formatted = "".join(tb_module.format_exception(exc_type, exception, exception.__traceback__))
     with transaction.atomic(using=using):
         if not _held(row, using)._raw_delete(using):
             return None
@@ -448,9 +433,9 @@ def fail(
             payload=Value(None, JSONField()) if row.payload is None else row.payload,
             attempts=row.attempts,
             priority=row.priority,
-            exception_class=f"{exc_type.__module__}.{exc_type.__qualname__}",
+            exception_class=class_path(exception),
             message=str(exception)[:10_000],
-            traceback=formatted[-50_000:],
+            traceback=traceback_text(exception),
             reason=reason[:500],
             last_error=row.last_error if last_error is None else last_error,
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import traceback
 from typing import Any
 
 from django.db import transaction
@@ -18,6 +17,7 @@ from django.utils import timezone
 
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.envelope import encoded_size
+from django_jobguard.exceptions import class_path, traceback_text
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 
 READY, RUNNING, SUCCESSFUL, FAILED = "READY", "RUNNING", "SUCCESSFUL", "FAILED"
@@ -28,11 +28,8 @@ logger = logging.getLogger("django_jobguard.worker")
 
 def error_entry(exception: BaseException) -> dict[str, str]:
     """An error as django.tasks' ``TaskError`` stores it: class path and traceback."""
-    cls = type(exception)
-    return {
-        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "traceback": "".join(traceback.format_exception(exception))[-50_000:],
-    }
+    return {"exception_class_path": class_path(exception),
+            "traceback": traceback_text(exception)}
 
 
 def _jsonable(value: Any, job_id: Any = None) -> Any:

@@ -197,7 +197,7 @@ def all_schedules() -> dict[str, Schedule]:
 
 
 def problems() -> list[tuple[str, str]]:
-    """``(check id, message)`` for every schedule that cannot run (for ``checks.py``)."""
+    """``(check id, message)`` for every schedule that cannot run (for ``checks/settings.py``)."""
     found, errors = _from_settings()
     result = [(exc.check_id, str(exc)) for exc in errors]
     for name in sorted(set(found) & set(_declared)):

@@ -64,9 +64,13 @@ def tracer() -> Any:
         _unset_until = now + 1.0
         return None
     if _cached[0] is not provider:
-        from django_jobguard import __version__
+        from importlib.metadata import PackageNotFoundError, version
 
-        _cached = (provider, provider.get_tracer("django_jobguard", __version__))
+        try:
+            installed = version("django-jobguard")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            installed = None
+        _cached = (provider, provider.get_tracer("django_jobguard", installed))
     return _cached[1]
 
 

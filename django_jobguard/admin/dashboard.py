@@ -7,9 +7,9 @@ held locks and open circuits per store with links to their pages. Everything com
 :func:`django_jobguard.operations.monitoring.overview`, which ``GET stats/history/`` serves
 too.
 
-Registered on the :class:`~django_jobguard.models.Dashboard` proxy model (``admin.py``) to get
-its place at the top of the app's section. Seeing it needs the queued jobs' view permission;
-pausing and resuming need ``change_pausedqueue``, as on the paused queues page.
+Registered on the :class:`~django_jobguard.models.Dashboard` proxy model to get its place at
+the top of the app's section. Seeing it needs the queued jobs' view permission; pausing and
+resuming need ``change_pausedqueue``, as on the paused queues page.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import operations
+from django_jobguard.models import Dashboard
 from django_jobguard.operations import monitoring
 
 VIEW_PERMISSION = "django_jobguard.view_queuedjob"
@@ -79,6 +80,7 @@ def chart(title: str, done: list[float], failed: list[float], *, span: str) -> S
         top=f"{top:.3g}", done=_points(done, top), failed=_points(failed, top), span=span)
 
 
+@admin.register(Dashboard)
 class DashboardAdmin(admin.ModelAdmin):
     """The dashboard page and its Pause / Resume actions (no model rows of its own)."""
 

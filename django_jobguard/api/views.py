@@ -19,329 +19,35 @@ from django.http import Http404
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import GenericAPIView, ListAPIView
-from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_jobguard import operations, registry, schedules, serialization
 from django_jobguard.api import serializers as s
-from django_jobguard.api.permissions import api_permission_classes
+from django_jobguard.api.base import (
+    KEY_PARAMS,
+    ONE_ERRORS,
+    READ_ERRORS,
+    STORE_PARAM,
+    AutoSchema,
+    Conflict,
+    JobGuardAPIView,
+    NotSupported,
+    OpenApiResponse,
+    error_responses,
+    extend_schema,
+    read_query,
+    request_store,
+    store_named,
+    valid_key,
+)
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
 from django_jobguard.models import Batch, FailedJob, QueuedJob
 from django_jobguard.operations import monitoring
 from django_jobguard.workflows import batches
-
-try:
-    from drf_spectacular.openapi import AutoSchema
-    from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
-    from drf_spectacular.utils import extend_schema as _extend_schema
-
-    def extend_schema(**kwargs: Any):
-        """drf-spectacular's decorator, based on its AutoSchema even when the project's
-        ``REST_FRAMEWORK['DEFAULT_SCHEMA_CLASS']`` is DRF's own."""
-
-        def decorate(method: Any) -> Any:
-            method.schema = AutoSchema
-            return _extend_schema(**kwargs)(method)
-
-        return decorate
-except ImportError:  # the API works without drf-spectacular; only the schema is missing
-    AutoSchema = None
-
-    def extend_schema(*args: Any, **kwargs: Any):
-        return lambda view: view
-
-
-# -- errors ------------------------------------------------------------------------------
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The request conflicts with the current state."
-    default_code = "conflict"
-
-
-class NotSupported(exceptions.APIException):
-    status_code = status.HTTP_501_NOT_IMPLEMENTED
-    default_detail = "The store does not support this operation."
-    default_code = "not_supported"
-
-
-def _code(exc: Exception) -> str:
-    if isinstance(exc, Http404):
-        return "not_found"
-    if isinstance(exc, exceptions.APIException):
-        codes = exc.get_codes()
-        return codes if isinstance(codes, str) else exc.default_code
-    return "permission_denied"
-
-
-#: How many unknown fields ``detail`` names (``errors`` has them all).
-UNKNOWN_IN_DETAIL = 10
-
-
-def exception_handler(exc: Exception, context: dict) -> Response | None:
-    """DRF's handler, reshaped so every error has ``detail`` and ``code``, and validation
-    errors list their fields under ``errors``. Unknown fields keep their own code,
-    ``unknown_field``, with the messages (and their "did you mean" hints) as ``detail``."""
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
-    if isinstance(exc, exceptions.ValidationError):
-        errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        flat = _flatten(errors)
-        if _only_unknown_fields(exc):
-            response.data = {"detail": _unknown_detail(flat), "code": s.UNKNOWN_FIELD,
-                             "errors": flat}
-        else:
-            response.data = {"detail": "Invalid input.", "code": "invalid", "errors": flat}
-    else:
-        detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
-        response.data = {"detail": str(detail or response.status_text), "code": _code(exc)}
-    return response
-
-
-def _only_unknown_fields(exc: exceptions.ValidationError) -> bool:
-    """Whether every error of ``exc`` is an unknown field (``StrictSerializer`` checks
-    those first and alone, so they never come mixed with other errors)."""
-    codes = exc.get_codes()
-    return (isinstance(codes, dict) and bool(codes)
-            and all(isinstance(c, list) and c and set(c) == {s.UNKNOWN_FIELD}
-                    for c in codes.values()))
-
-
-def _unknown_detail(errors: dict[str, list[str]]) -> str:
-    """``unknown field 'dealy' (did you mean 'delay'?); unknown field 'x'``, at most
-    ``UNKNOWN_IN_DETAIL`` of them, so a body of a thousand keys gets a short answer."""
-    messages = [message for field_messages in errors.values() for message in field_messages]
-    shown = "; ".join(messages[:UNKNOWN_IN_DETAIL])
-    more = len(messages) - UNKNOWN_IN_DETAIL
-    return f"{shown}; and {more} more" if more > 0 else shown
-
-
-def _flatten(errors: dict) -> dict[str, list[str]]:
-    """Nested serializer errors as ``{"field": ["message", ...]}`` with dotted field paths."""
-    out: dict[str, list[str]] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
-        elif isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
-            for index, item in enumerate(value):
-                walk(f"{prefix}.{index}", item)
-        else:
-            out.setdefault(prefix, []).extend(str(v) for v in (value if isinstance(value, list)
-                                                               else [value]))
-
-    walk("", errors)
-    return out
-
-
-def _errors(*codes: int) -> dict[int, Any]:
-    """Error responses to document; 400 is on every operation (a malformed ``Host`` header
-    is refused by Django before the view runs)."""
-    return {code: s.ErrorSerializer for code in sorted({400, *codes})}
-
-
-READ_ERRORS = (400, 401, 403)
-ONE_ERRORS = (400, 401, 403, 404)
-
-
-# -- the shared base ---------------------------------------------------------------------
-
-
-class Pagination(PageNumberPagination):
-    """``?page=N&page_size=M`` (1 to 500, default 50); a bad ``page_size`` is a 400."""
-
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
-
-    def get_page_size(self, request: Any) -> int:
-        raw = request.query_params.get(self.page_size_query_param)
-        if raw is None:
-            return self.page_size
-        try:
-            size = int(raw)
-        except ValueError:
-            size = 0
-        if not 1 <= size <= self.max_page_size:
-            raise exceptions.ValidationError({self.page_size_query_param: [
-                f"A whole number from 1 to {self.max_page_size} is required."]})
-        return size
-
-    def get_page_number(self, request: Any, paginator: Any) -> Any:
-        number = request.query_params.get(self.page_query_param)
-        if number == "":
-            raise exceptions.NotFound("Invalid page: a page number is required.")
-        return super().get_page_number(request, paginator)
-
-    def get_schema_operation_parameters(self, view: Any) -> list[dict]:
-        parameters = super().get_schema_operation_parameters(view)
-        for parameter in parameters:
-            if parameter["name"] == self.page_size_query_param:
-                parameter["schema"].update(minimum=1, maximum=self.max_page_size)
-            if parameter["name"] == self.page_query_param:
-                parameter["schema"].update(minimum=1)
-        return parameters
-
-
-#: How deep a request body may nest. Python's decoder gives up somewhere past ~1,000 levels
-#: on 3.11/3.12 and much later on 3.13; a fixed limit makes the answer the same everywhere.
-MAX_BODY_DEPTH = 200
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether a decoded body nests deeper than ``limit`` (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list):
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in item)
-    return False
-
-
-class JSONBodyParser(JSONParser):
-    """DRF's JSON parser, with a body nested deeper than ``MAX_BODY_DEPTH`` (or too deep for
-    Python's decoder, a ``RecursionError``) refused as a 400 like any other malformed JSON."""
-
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
-        try:
-            data = super().parse(stream, media_type, parser_context)
-        except RecursionError:
-            data = None
-            too_deep = True
-        else:
-            too_deep = _too_deep(data, MAX_BODY_DEPTH)
-        if too_deep:
-            raise exceptions.ParseError("JSON parse error - the body is nested too deeply.",
-                                        code="parse_error")
-        return data
-
-
-class JobGuardAPIView:
-    """Mixin for every endpoint: permissions from settings, JSON only, one error shape, and
-    no input that nothing reads."""
-
-    renderer_classes = [JSONRenderer]
-    parser_classes = [JSONBodyParser]
-    pagination_class = Pagination
-    if AutoSchema is not None:
-        schema = AutoSchema()
-    model_permissions: dict[str, list[str]] = {}
-    #: Handlers (viewset actions, or the HTTP methods of a plain view) that read a body or
-    #: query parameters, each through a strict serializer. Any other request must come
-    #: without them: a field sent where nothing reads it is a 400, not silently ignored.
-    body_handlers: frozenset[str] = frozenset()
-    query_handlers: frozenset[str] = frozenset()
-
-    def get_permissions(self) -> list:
-        return [permission() for permission in api_permission_classes()]
-
-    def get_exception_handler(self):
-        return exception_handler
-
-    def get_authenticate_header(self, request: Any) -> str | None:
-        """The first challenge any authentication class offers (DRF asks only the first), so
-        an anonymous request gets 401 with ``WWW-Authenticate`` under DRF's default Session +
-        Basic authentication, and 403 only when no configured class can challenge."""
-        for authenticator in self.get_authenticators():
-            header = authenticator.authenticate_header(request)
-            if header:
-                return header
-        return None
-
-    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        self.refuse_unread_input(request)
-
-    def refuse_unread_input(self, request: Any) -> None:
-        """400 ``unknown_field`` for query parameters or body fields sent to a handler that
-        reads none (after authentication; a method with no handler stays a 405 or 404)."""
-        method = request.method.lower()
-        if method == "options" or getattr(self, method, None) is None:
-            return
-        handler = getattr(self, "action", None) or ("get" if method == "head" else method)
-        if handler not in self.query_handlers:
-            _query(s.NoQuerySerializer, request)
-        if method not in ("get", "head") and handler not in self.body_handlers:
-            form = _form_body(request)
-            if form is None:
-                s.NoBodySerializer(data=request.data).is_valid(raise_exception=True)
-            elif form:  # a form with fields or files where nothing reads a body
-                raise exceptions.UnsupportedMediaType(request.content_type)
-
-
-#: Form bodies that many HTTP clients send with a POST that has no data (Django's test client
-#: an empty ``multipart/form-data``): accepted where an endpoint reads no body, if empty.
-FORM_MEDIA_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-
-
-def _form_body(request: Any) -> bool | None:
-    """``None`` if the body is not a form; else whether the form has any field or file."""
-    if request.content_type.partition(";")[0].strip().lower() not in FORM_MEDIA_TYPES:
-        return None
-    try:
-        return bool(request._request.POST or request._request.FILES)
-    except Exception:  # a malformed form: refused as a body that is not JSON
-        return True
-
-
-def _query(serializer_class: type, request: Any) -> dict:
-    serializer = serializer_class(data=request.query_params,
-                                  context={"also_accepted": _drf_query_params(request)})
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
-def _drf_query_params(request: Any) -> list[str]:
-    """Query parameters DRF reads itself: ``?format=`` and, on a list, the paginator's."""
-    names = [api_settings.URL_FORMAT_OVERRIDE]
-    view = (getattr(request, "parser_context", None) or {}).get("view")
-    lists = (isinstance(view, mixins.ListModelMixin)
-             and getattr(view, "action", "list") == "list")
-    if lists and view.paginator is not None:
-        names += [view.paginator.page_query_param, view.paginator.page_size_query_param]
-    return [name for name in names if name]
-
-
-def _store(request: Any):
-    return _store_named(_query(s.StoreQuerySerializer, request).get("store"))
-
-
-def _store_named(alias: str | None):
-    try:
-        return operations.store_for(alias)
-    except operations.UnknownStoreError as exc:
-        raise exceptions.ValidationError({"store": [str(exc)]})
-
-
-def _key(key: str) -> str:
-    serializer = s.KeySerializer(data={"key": key})
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data["key"]
-
-
-STORE_PARAM = [s.StoreQuerySerializer]
-KEY_PARAMS = STORE_PARAM
-if AutoSchema is not None:
-    KEY_PARAMS = [s.StoreQuerySerializer, OpenApiParameter(
-        "key", str, OpenApiParameter.PATH, required=True, pattern=s.KEY_PATTERN,
-        description="The lock or throttle key, e.g. jobguard:overlap:demo.jobs.Charge:7.")]
-
 
 # -- queued jobs -------------------------------------------------------------------------
 
@@ -361,7 +67,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def get_queryset(self):
         qs = QueuedJob.objects.with_state().order_by("queue", "-priority", "available_at", "id")
         if self.action in self.query_handlers:
-            qs = _query(s.JobFilterSerializer, self.request)["search"].apply(qs)
+            qs = read_query(s.JobFilterSerializer, self.request)["search"].apply(qs)
         return qs
 
     def get_serializer(self, *args, **kwargs):
@@ -372,15 +78,15 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
         return serializer
 
     @extend_schema(parameters=[s.JobFilterSerializer], responses={
-        200: s.QueuedJobSerializer(many=True), **_errors(*READ_ERRORS, 404)})
+        200: s.QueuedJobSerializer(many=True), **error_responses(*READ_ERRORS, 404)})
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
-    @extend_schema(responses={200: s.QueuedJobSerializer, **_errors(*ONE_ERRORS)})
+    @extend_schema(responses={200: s.QueuedJobSerializer, **error_responses(*ONE_ERRORS)})
     def retrieve(self, request, *args, **kwargs):
         return super().retrieve(request, *args, **kwargs)
 
-    @extend_schema(responses={204: None, **_errors(*ONE_ERRORS, 409)})
+    @extend_schema(responses={204: None, **error_responses(*ONE_ERRORS, 409)})
     def destroy(self, request, *args, **kwargs):
         job = self.get_object()
         if operations.cancel([job], actor=request.user.get_username()).reserved:
@@ -390,7 +96,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
 
 
     @extend_schema(request=None, responses={200: s.CancelledSerializer,
-                                            **_errors(*ONE_ERRORS, 409)})
+                                            **error_responses(*ONE_ERRORS, 409)})
     @action(detail=True, methods=["post"])
     def cancel(self, request, *args, **kwargs):
         """Cancel a job: deleted if no worker holds it, else the running job is asked to
@@ -408,7 +114,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
         return Response({"id": job_id, "result": result})
 
     @extend_schema(request=None, responses={200: s.RequeuedSerializer,
-                                            **_errors(*ONE_ERRORS, 409)})
+                                            **error_responses(*ONE_ERRORS, 409)})
     @action(detail=True, methods=["post"])
     def requeue(self, request, *args, **kwargs):
         """Put a job reserved by a worker that is gone back on the queue now (409
@@ -423,12 +129,12 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
 
     @extend_schema(operation_id="jobs_delete_matching", request=None,
                    parameters=[s.JobFilterSerializer],
-                   responses={200: s.BulkDeletedSerializer, **_errors(400, 401, 403)})
+                   responses={200: s.BulkDeletedSerializer, **error_responses(400, 401, 403)})
     @action(detail=False, methods=["post"], url_path="delete", url_name="delete-matching")
     def delete_matching(self, request, *args, **kwargs):
         """Delete every queued job the filters match (no filter: all) that no worker holds,
         freeing unique locks, in batches of 500; reserved ones are counted in ``skipped``."""
-        search = _query(s.JobFilterSerializer, request)["search"]
+        search = read_query(s.JobFilterSerializer, request)["search"]
         result = operations.delete_matching(self.get_queryset(),
                                             actor=request.user.get_username(),
                                             description=search.describe())
@@ -460,19 +166,19 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def get_queryset(self):
         qs = FailedJob.objects.order_by("-failed_at", "id")
         if self.action in self.query_handlers:
-            qs = _query(s.FailedJobFilterSerializer, self.request)["search"].apply(qs)
+            qs = read_query(s.FailedJobFilterSerializer, self.request)["search"].apply(qs)
         return qs
 
     @extend_schema(parameters=[s.FailedJobFilterSerializer], responses={
-        200: s.FailedJobSerializer(many=True), **_errors(*READ_ERRORS, 404)})
+        200: s.FailedJobSerializer(many=True), **error_responses(*READ_ERRORS, 404)})
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
-    @extend_schema(responses={200: s.FailedJobDetailSerializer, **_errors(*ONE_ERRORS)})
+    @extend_schema(responses={200: s.FailedJobDetailSerializer, **error_responses(*ONE_ERRORS)})
     def retrieve(self, request, *args, **kwargs):
         return super().retrieve(request, *args, **kwargs)
 
-    @extend_schema(responses={204: None, **_errors(*ONE_ERRORS)})
+    @extend_schema(responses={204: None, **error_responses(*ONE_ERRORS)})
     def destroy(self, request, *args, **kwargs):
         failed = self.get_object()
         try:
@@ -492,14 +198,14 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
         return Response({"retried": len(ids), "ids": ids})
 
     @extend_schema(request=None, responses={200: s.RetriedSerializer,
-                                            **_errors(*ONE_ERRORS, 409)})
+                                            **error_responses(*ONE_ERRORS, 409)})
     @action(detail=True, methods=["post"])
     def retry(self, request, *args, **kwargs):
         """Queue the failed job again with fresh attempts."""
         return self._retry([self.get_object()])
 
     @extend_schema(request=s.RetryAllSerializer, responses={
-        200: s.RetriedSerializer, **_errors(400, 401, 403, 409, 415)})
+        200: s.RetriedSerializer, **error_responses(400, 401, 403, 409, 415)})
     @action(detail=False, methods=["post"], url_path="retry-all")
     def retry_all(self, request, *args, **kwargs):
         """Queue every failed job (or every one of ``queue``) again."""
@@ -509,12 +215,12 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
 
     @extend_schema(operation_id="failed_jobs_retry_matching", request=None,
                    parameters=[s.FailedJobFilterSerializer],
-                   responses={200: s.BulkRetriedSerializer, **_errors(400, 401, 403)})
+                   responses={200: s.BulkRetriedSerializer, **error_responses(400, 401, 403)})
     @action(detail=False, methods=["post"], url_path="retry", url_name="retry-matching")
     def retry_matching(self, request, *args, **kwargs):
         """Queue again every failed job the filters match (the list's query parameters; no
         filter: all), in batches of 500; ids queued already are counted in ``skipped``."""
-        search = _query(s.FailedJobFilterSerializer, request)["search"]
+        search = read_query(s.FailedJobFilterSerializer, request)["search"]
         result = operations.retry_matching(self.get_queryset(),
                                            actor=request.user.get_username(),
                                            description=search.describe())
@@ -522,12 +228,12 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
 
     @extend_schema(operation_id="failed_jobs_delete_matching", request=None,
                    parameters=[s.FailedJobFilterSerializer],
-                   responses={200: s.BulkForgottenSerializer, **_errors(400, 401, 403)})
+                   responses={200: s.BulkForgottenSerializer, **error_responses(400, 401, 403)})
     @action(detail=False, methods=["post"], url_path="delete", url_name="delete-matching")
     def forget_matching(self, request, *args, **kwargs):
         """Forget (delete) every failed job the filters match (no filter: all), in batches
         of 500."""
-        search = _query(s.FailedJobFilterSerializer, request)["search"]
+        search = read_query(s.FailedJobFilterSerializer, request)["search"]
         result = operations.forget_matching(self.get_queryset(),
                                             actor=request.user.get_username(),
                                             description=search.describe())
@@ -547,16 +253,16 @@ class BatchViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelM
     model_permissions = {"GET": ["view_batch"], "POST": ["change_batch"]}
 
     @extend_schema(responses={200: s.BatchSerializer(many=True),
-                              **_errors(*READ_ERRORS, 404)})
+                              **error_responses(*READ_ERRORS, 404)})
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
-    @extend_schema(responses={200: s.BatchSerializer, **_errors(*ONE_ERRORS)})
+    @extend_schema(responses={200: s.BatchSerializer, **error_responses(*ONE_ERRORS)})
     def retrieve(self, request, *args, **kwargs):
         return super().retrieve(request, *args, **kwargs)
 
     @extend_schema(request=None, responses={200: s.BatchSerializer,
-                                            **_errors(*ONE_ERRORS, 409)})
+                                            **error_responses(*ONE_ERRORS, 409)})
     @action(detail=True, methods=["post"])
     def cancel(self, request, *args, **kwargs):
         """Cancel the batch (409 if it is cancelled or finished already)."""
@@ -581,10 +287,10 @@ class LockListView(JobGuardAPIView, GenericAPIView):
     query_handlers = frozenset({"get"})
 
     @extend_schema(operation_id="locks_list", parameters=[s.LockPageQuerySerializer],
-                   responses={200: s.LockPageSerializer, **_errors(*READ_ERRORS, 404)})
+                   responses={200: s.LockPageSerializer, **error_responses(*READ_ERRORS, 404)})
     def get(self, request, *args, **kwargs):
-        params = _query(s.LockPageQuerySerializer, request)
-        store = _store_named(params.get("store"))
+        params = read_query(s.LockPageQuerySerializer, request)
+        store = store_named(params.get("store"))
         try:
             page = operations.lock_page(store, kind=params.get("kind") or None,
                                         prefix=params.get("prefix", ""),
@@ -612,14 +318,15 @@ class LockDetailView(JobGuardAPIView, GenericAPIView):
         return row
 
     @extend_schema(parameters=KEY_PARAMS, responses={200: s.LockSerializer,
-                                                      **_errors(400, *ONE_ERRORS)})
+                                                      **error_responses(400, *ONE_ERRORS)})
     def get(self, request, key: str):
-        key, store = _key(key), _store(request)
+        key, store = valid_key(key), request_store(request)
         return Response(s.LockSerializer(self._find(store, key)).data)
 
-    @extend_schema(parameters=KEY_PARAMS, responses={204: None, **_errors(400, *ONE_ERRORS)})
+    @extend_schema(parameters=KEY_PARAMS,
+                   responses={204: None, **error_responses(400, *ONE_ERRORS)})
     def delete(self, request, key: str):
-        key, store = _key(key), _store(request)
+        key, store = valid_key(key), request_store(request)
         if not operations.force_release(store, key, actor=request.user.get_username()):
             raise Http404(f"No lock {key!r} is held in store {store.alias!r}.")
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -640,10 +347,10 @@ class ThrottleListView(JobGuardAPIView, ListAPIView):
     query_handlers = frozenset({"get"})
 
     def get_queryset(self):
-        return _throttles(_store(self.request))
+        return _throttles(request_store(self.request))
 
     @extend_schema(parameters=STORE_PARAM, responses={200: s.ThrottleSerializer(many=True),
-                                                      **_errors(*READ_ERRORS, 404, 501)})
+                                                      **error_responses(*READ_ERRORS, 404, 501)})
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -656,18 +363,18 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
     query_handlers = frozenset({"get", "delete"})
 
     @extend_schema(parameters=KEY_PARAMS, responses={200: s.ThrottleSerializer,
-                                                      **_errors(400, *ONE_ERRORS, 501)})
+                                                      **error_responses(400, *ONE_ERRORS, 501)})
     def get(self, request, key: str):
-        key, store = _key(key), _store(request)
+        key, store = valid_key(key), request_store(request)
         for row in _throttles(store):
             if row.key == key:
                 return Response(s.ThrottleSerializer(row).data)
         raise Http404(f"No throttle {key!r} in store {store.alias!r}.")
 
     @extend_schema(parameters=KEY_PARAMS, responses={204: None,
-                                                      **_errors(400, *ONE_ERRORS, 501)})
+                                                      **error_responses(400, *ONE_ERRORS, 501)})
     def delete(self, request, key: str):
-        key, store = _key(key), _store(request)
+        key, store = valid_key(key), request_store(request)
         try:
             reset = operations.reset_throttle(store, key, actor=request.user.get_username())
         except NotImplementedError:
@@ -690,7 +397,7 @@ class PausedQueueListView(JobGuardAPIView, ListAPIView):
         return operations.paused_queues()
 
     @extend_schema(responses={200: s.PausedQueueSerializer(many=True),
-                              **_errors(*READ_ERRORS, 404)})
+                              **error_responses(*READ_ERRORS, 404)})
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -709,7 +416,7 @@ class PauseQueueView(JobGuardAPIView, APIView):
     body_handlers = frozenset({"post"})
 
     @extend_schema(request=s.PauseSerializer, responses={
-        200: s.PausedQueueSerializer, **_errors(400, 401, 403, 409, 415)})
+        200: s.PausedQueueSerializer, **error_responses(400, 401, 403, 409, 415)})
     def post(self, request, queue: str):
         name = _queue_name(queue)
         body = s.PauseSerializer(data=request.data)
@@ -730,7 +437,7 @@ class ResumeQueueView(JobGuardAPIView, APIView):
 
     model_permissions = {"POST": ["change_pausedqueue"]}
 
-    @extend_schema(request=None, responses={204: None, **_errors(*ONE_ERRORS)})
+    @extend_schema(request=None, responses={204: None, **error_responses(*ONE_ERRORS)})
     def post(self, request, queue: str):
         name = _queue_name(queue)
         try:
@@ -748,7 +455,7 @@ class StatsView(JobGuardAPIView, APIView):
 
     model_permissions = {"GET": ["view_queuedjob"]}
 
-    @extend_schema(responses={200: s.StatsSerializer, **_errors(401, 403)})
+    @extend_schema(responses={200: s.StatsSerializer, **error_responses(401, 403)})
     def get(self, request):
         return Response(s.StatsSerializer(operations.stats()).data)
 
@@ -759,7 +466,7 @@ class StatsHistoryView(StatsView):
     unserved flags; live workers; locks and circuits per store; jobs/min done and failed per
     queue over the last hour (per minute) and the last 24 clock hours (per hour)."""
 
-    @extend_schema(responses={200: s.StatsHistorySerializer, **_errors(401, 403)})
+    @extend_schema(responses={200: s.StatsHistorySerializer, **error_responses(401, 403)})
     def get(self, request):
         return Response(s.StatsHistorySerializer(monitoring.overview()).data)
 
@@ -773,7 +480,7 @@ class ScheduleListView(JobGuardAPIView, APIView):
     model_permissions = {"GET": ["view_scheduletick"]}
     pagination_class = None  # schedules come from settings: a short list, not paginated
 
-    @extend_schema(responses={200: s.ScheduleSerializer(many=True), **_errors(401, 403)})
+    @extend_schema(responses={200: s.ScheduleSerializer(many=True), **error_responses(401, 403)})
     def get(self, request):
         return Response(s.ScheduleSerializer(schedules.schedule_status(), many=True).data)
 
@@ -851,7 +558,7 @@ class DispatchView(JobGuardAPIView, APIView):
         201: s.DispatchedSerializer,
         200: OpenApiResponse(s.SkippedSerializer, description="A unique job's copy is queued.")
         if AutoSchema else s.SkippedSerializer,
-        **_errors(400, 401, 403, 415)})
+        **error_responses(400, 401, 403, 415)})
     def post(self, request):
         body = s.DispatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
-Next = Callable[["Job"], Any]
+Next = Callable[["JobLike"], Any]
 
 
 class JobMiddleware:
     """Base class for middleware; the default passes straight through."""
 
-    def handle(self, job: Job, next: Next) -> Any:
+    def handle(self, job: JobLike, next: Next) -> Any:
         return next(job)

@@ -19,7 +19,7 @@ from django_jobguard.stores import get_store
 from django_jobguard.stores.base import RateWindow
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
 logger = logging.getLogger("django_jobguard.limits")
 
@@ -51,14 +51,14 @@ class RateLimited(JobMiddleware):
     def __repr__(self) -> str:
         return f"RateLimited({self.name!r})"
 
-    def handle(self, job: Job, next: Next) -> Any:
+    def handle(self, job: JobLike, next: Next) -> Any:
         return next(job) if self.admit(job) else None
 
-    async def ahandle(self, job: Job, next: Next) -> Any:
+    async def ahandle(self, job: JobLike, next: Next) -> Any:
         """``handle()`` for an async job (the counters are hit off the loop)."""
         return await next(job) if await aio.call_sync(self.admit, job) else None
 
-    def admit(self, job: Job) -> bool:
+    def admit(self, job: JobLike) -> bool:
         """Count the start against the limiter; False after deferring or dropping the job."""
         limits = rate_limiter.limits_for(self.name, job)  # UnknownLimiterError if undefined
         if not limits:

@@ -10,7 +10,7 @@ from django_jobguard import aio
 from django_jobguard.middleware import JobMiddleware, Next
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
 Condition = bool | Callable[..., Any]
 
@@ -38,7 +38,7 @@ class Skip(JobMiddleware):
     def __repr__(self) -> str:
         return f"Skip.{'when' if self.skip_if else 'unless'}({self.condition!r})"
 
-    def evaluate(self, job: Job) -> bool:
+    def evaluate(self, job: JobLike) -> bool:
         condition = self.condition
         if not callable(condition):
             return bool(condition)
@@ -48,12 +48,12 @@ class Skip(JobMiddleware):
             takes_job = True
         return bool(condition(job) if takes_job else condition())
 
-    def handle(self, job: Job, next: Next) -> Any:
+    def handle(self, job: JobLike, next: Next) -> Any:
         if self.evaluate(job) == self.skip_if:
             return None
         return next(job)
 
-    async def ahandle(self, job: Job, next: Next) -> Any:
+    async def ahandle(self, job: JobLike, next: Next) -> Any:
         """``handle()`` for an async job (the condition is evaluated off the loop)."""
         if await aio.call_sync(self.evaluate, job) == self.skip_if:
             return None

@@ -27,7 +27,7 @@ from django_jobguard.outcome import Outcome
 from django_jobguard.stores import counters, get_store
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
 logger = logging.getLogger("django_jobguard.limits")
 
@@ -64,7 +64,7 @@ class ThrottlesExceptions(JobMiddleware):
     """
 
     def __init__(self, max_attempts: int = 10, decay_seconds: float = 600, backoff: float = 0,
-                 *, by: str | Callable[[Job], Any] | None = None, by_job: bool = False,
+                 *, by: str | Callable[[JobLike], Any] | None = None, by_job: bool = False,
                  when: ExceptionFilter | None = None,
                  delete_when: ExceptionFilter | None = None,
                  report: bool | Callable[[BaseException], Any] | None = None,
@@ -91,7 +91,7 @@ class ThrottlesExceptions(JobMiddleware):
         self.report = report
         self.store = store
 
-    def by(self, key: str | Callable[[Job], Any]) -> ThrottlesExceptions:
+    def by(self, key: str | Callable[[JobLike], Any]) -> ThrottlesExceptions:
         """Share one circuit under ``key`` across every job that uses it (chainable)."""
         if self.by_job:
             raise ValueError("ThrottlesExceptions takes by= or by_job=True, not both.")
@@ -102,19 +102,19 @@ class ThrottlesExceptions(JobMiddleware):
         return (f"ThrottlesExceptions({self.max_attempts}, {self.decay_seconds:g}"
                 + (f", by={self.key!r}" if self.key is not None else "") + ")")
 
-    def circuit_key(self, job: Job) -> str:
+    def circuit_key(self, job: JobLike) -> str:
         if self.key is not None:
             return keys.circuit(self.key(job) if callable(self.key) else self.key)
         if self.by_job:
             return keys.circuit(job.name, job.job_id or id(job))
         return keys.circuit(job.name)
 
-    def probe_lease(self, job: Job) -> float:
+    def probe_lease(self, job: JobLike) -> float:
         """How long the probe holds the half-open circuit before another job may probe: the
         decay, or the run's timeout if longer (a slow probe is not doubled)."""
         return max(self.decay_seconds, job.context.policy.timeout)
 
-    def handle(self, job: Job, next: Next) -> Any:
+    def handle(self, job: JobLike, next: Next) -> Any:
         circuit = self.enter(job)
         if circuit is None:
             return None
@@ -126,7 +126,7 @@ class ThrottlesExceptions(JobMiddleware):
         self.succeeded(job, circuit)
         return result
 
-    async def ahandle(self, job: Job, next: Next) -> Any:
+    async def ahandle(self, job: JobLike, next: Next) -> Any:
         """``handle()`` for an async job (the circuit is read and written off the loop)."""
         circuit = await aio.call_sync(self.enter, job)
         if circuit is None:
@@ -139,7 +139,7 @@ class ThrottlesExceptions(JobMiddleware):
         await aio.call_sync(self.succeeded, job, circuit)
         return result
 
-    def enter(self, job: Job) -> dict[str, Any] | None:
+    def enter(self, job: JobLike) -> dict[str, Any] | None:
         """Enter the circuit; ``None`` after deferring the job (the circuit is open)."""
         store = get_store(self.store)
         key = self.circuit_key(job)
@@ -154,7 +154,7 @@ class ThrottlesExceptions(JobMiddleware):
             return None
         return {"store": store, "key": key, "owner": owner, "settings": settings}
 
-    def failed(self, job: Job, circuit: dict[str, Any], exc: Exception) -> None:
+    def failed(self, job: JobLike, circuit: dict[str, Any], exc: Exception) -> None:
         """Record ``exc`` in the circuit; raises it again unless it was handled here (the
         job then goes back, or is dropped)."""
         store, key, owner, settings = (circuit["store"], circuit["key"], circuit["owner"],
@@ -184,7 +184,7 @@ class ThrottlesExceptions(JobMiddleware):
             durations.due(self.backoff), reason="released", exception=exc,
             counts_exception=False))
 
-    def succeeded(self, job: Job, circuit: dict[str, Any]) -> None:
+    def succeeded(self, job: JobLike, circuit: dict[str, Any]) -> None:
         """Record the end of a run that raised nothing (only a real success closes it)."""
         outcome = counters.SUCCESS if job.context.really_succeeded else counters.NEUTRAL
         try:
@@ -211,7 +211,7 @@ class ThrottlesExceptions(JobMiddleware):
             wait = min(wait, max(0.5, self.decay_seconds / 10))
         return wait + random.uniform(0, min(1.0, self.decay_seconds / 10))
 
-    def _report(self, job: Job, exc: BaseException) -> None:
+    def _report(self, job: JobLike, exc: BaseException) -> None:
         if not self.report:
             return
         if callable(self.report) and not isinstance(self.report, bool):

@@ -35,7 +35,7 @@ from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import Store, get_store
 
 if TYPE_CHECKING:
-    from django_jobguard.jobs import Job
+    from django_jobguard.context import JobLike
 
 logger = logging.getLogger("django_jobguard.overlap")
 
@@ -81,11 +81,11 @@ class WithoutOverlapping(JobMiddleware):
                 f"expire_after={self.expire_after:g}, dont_release={self.dont_release}, "
                 f"shared={self.shared}, renew={self.renew})")
 
-    def lock_key(self, job: Job) -> str:
+    def lock_key(self, job: JobLike) -> str:
         """``jobguard:overlap:<job name>:<key>``, or ``jobguard:overlap:<key>`` when shared."""
         return keys.overlap(job.name, self.key, shared=self.shared)
 
-    def handle(self, job: Job, next: Next) -> Any:
+    def handle(self, job: JobLike, next: Next) -> Any:
         held = self.enter(job)
         if held is None:
             return None
@@ -94,7 +94,7 @@ class WithoutOverlapping(JobMiddleware):
         finally:
             held.leave()
 
-    async def ahandle(self, job: Job, next: Next) -> Any:
+    async def ahandle(self, job: JobLike, next: Next) -> Any:
         """``handle()`` for an async job: the lock is taken and released off the loop, and
         renewed (``renew=True``) by the same thread as for a sync job while the job awaits."""
         held = await aio.call_sync(self.enter, job)
@@ -105,7 +105,7 @@ class WithoutOverlapping(JobMiddleware):
         finally:
             await asyncio.shield(aio.call_sync(held.leave))
 
-    def enter(self, job: Job) -> _Held | None:
+    def enter(self, job: JobLike) -> _Held | None:
         """Take the lock for ``job``; ``None`` after deferring or dropping it (held)."""
         store = get_store(self.store)
         key = self.lock_key(job)

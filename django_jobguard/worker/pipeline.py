@@ -47,6 +47,9 @@ from django_jobguard.exceptions import (
     PoisonRowError,
     StoreUnavailableError,
     WorkerStoppedError,
+    describe,
+    error_text,
+    short_error,
 )
 from django_jobguard.logs import text_line
 from django_jobguard.middleware.chain import run_middleware, run_middleware_async
@@ -55,6 +58,7 @@ from django_jobguard.outcome import JobState, Kind, Outcome
 from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
+from django_jobguard.worker import timeouts
 from django_jobguard.worker.timeouts import ThreadTimeoutError, time_limit
 
 if TYPE_CHECKING:
@@ -197,18 +201,18 @@ class Pipeline:
         """Fail ``row`` with ``exc`` if it is still ours (nothing was applied yet); otherwise
         the error came after its outcome was written (a signal receiver) and is raised."""
         logger.error("%s [%s] could not be processed: %s", _shown(row), row.id,
-                     queue.describe(exc), exc_info=(type(exc), exc, exc.__traceback__))
+                     describe(exc), exc_info=(type(exc), exc, exc.__traceback__))
         try:
             with transaction.atomic(using=self.using):
                 failed = queue.fail(row, exc, reason="the worker could not process this row: "
-                                    + queue.describe(exc), using=self.using)
+                                    + describe(exc), using=self.using)
         except (DatabaseError, InterfaceError):
             failed = None
         if failed is None:
             raise exc
         unique_jobs.release(unique_ref(row.payload))
         signals.job_failed.send(sender=None, job=None, job_id=str(row.id), exception=exc)
-        return self._log(row, JobState.FAILED, started, queue.describe(exc))
+        return self._log(row, JobState.FAILED, started, describe(exc))
 
     def _prepare(self, row: QueuedJob, started: float,
                  then: QueuedJob | None) -> str | JobLike:
@@ -393,9 +397,12 @@ class Pipeline:
 
     async def run_on_loop(self, row: QueuedJob, job: JobLike) -> Any:
         """On the event loop: the job's task under its time limit."""
-        return await aio.run_job(job.context, run_middleware_async(job),
-                                 timeout=job.context.policy.timeout,
-                                 label=f"{row.name} [{row.id}]", hard_limit=self.hard_limits)
+        timeout, label = job.context.policy.timeout, f"{row.name} [{row.id}]"
+        # A jobworker's hard limit: the watchdog kills it if the run outlasts its timeout
+        # (C code holding the GIL runs neither the task's cancellation nor the heartbeat).
+        with timeouts.watched(timeout if self.hard_limits else 0, label):
+            return await aio.run_job(job.context, run_middleware_async(job), timeout=timeout,
+                                     label=label, grace=timeouts.GRACE)
 
     def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""
@@ -516,7 +523,7 @@ class Pipeline:
         keep = job is None or job.keep_result  # no job: a result row may exist (django.tasks)
         with transaction.atomic(using=self.using):
             if queue.fail(row, exc, reason=outcome.detail,
-                          last_error=queue.error_text(exc) if own else None,
+                          last_error=error_text(exc) if own else None,
                           using=self.using) is None:
                 return self._lost(row, started)
             if keep:
@@ -533,9 +540,9 @@ class Pipeline:
                 logger.exception("%s.failed() raised.", row.name)
         signals.job_failed.send(sender=type(job) if job else None, job=job, job_id=str(row.id),
                                 exception=exc)
-        logger.error("%s [%s] failed: %s", _shown(row), row.id, queue.describe(exc),
+        logger.error("%s [%s] failed: %s", _shown(row), row.id, describe(exc),
                      exc_info=(type(exc), exc, exc.__traceback__))
-        return self._log(row, JobState.FAILED, started, queue.describe(exc))
+        return self._log(row, JobState.FAILED, started, describe(exc))
 
     def _lost(self, row: QueuedJob, started: float) -> str:
         return self._log(row, JobState.LOST, started, "lease expired; another worker has it")
@@ -585,13 +592,6 @@ def _shown(row: QueuedJob) -> str:
 def rounded(seconds: float) -> str:
     """Seconds for a log line: whole from 10 s on (``63``), else to a tenth (``2.5``, ``0``)."""
     return f"{round(seconds)}" if seconds >= 10 else f"{round(seconds, 1):g}"
-
-
-def short_error(text: str) -> str:
-    """``Class: message`` from a stored error (``module.Class: message`` and a traceback)."""
-    line = text.partition("\n")[0]
-    path, sep, message = line.partition(": ")
-    return f"{path.rsplit('.', 1)[-1]}{sep}{message}" if sep else line
 
 
 def _unbuildable(exc: BaseException) -> str:

@@ -65,6 +65,29 @@ def test_index_lists_every_jobguard_page(admin_client):
         assert f'href="{url}"' in body
 
 
+def test_every_model_but_the_internal_counters_has_an_admin_page(admin_client):
+    """The admin package registers each area's module (admin/jobs.py, failed.py, locks.py,
+    ...) when Django's autodiscover imports it: every page is there and renders."""
+    from django.apps import apps
+    from django.contrib import admin
+    from django.urls import reverse
+
+    internal = {"queuegate", "queueminute"}  # counters the workers keep; no page of their own
+    models = apps.get_app_config("django_jobguard").get_models()
+    paged = [model for model in models if model._meta.model_name not in internal]
+    assert {model._meta.model_name for model in paged} == {
+        "queuedjob", "failedjob", "lock", "throttle", "worker", "pausedqueue", "jobresult",
+        "scheduletick", "chain", "batch", "dashboard"}
+    body = admin_client.get("/admin/").content.decode()
+    for model in paged:
+        assert admin.site.is_registered(model), model
+        url = reverse(f"admin:django_jobguard_{model._meta.model_name}_changelist")
+        assert f'href="{url}"' in body, url
+        assert admin_client.get(url).status_code == 200, url
+    for name in internal:
+        assert not admin.site.is_registered(apps.get_model("django_jobguard", name))
+
+
 def test_worker_and_result_pages_render(admin_client):
     reserved(worker_id="host:9:feed")
     body = admin_client.get("/admin/django_jobguard/worker/").content.decode()

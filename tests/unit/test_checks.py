@@ -16,6 +16,28 @@ def test_default_settings_pass():
     assert check_settings() == []
 
 
+def test_every_check_is_registered_when_the_app_loads():
+    """apps.py imports the checks package, which imports each of its modules (settings.py,
+    sources.py, databases.py): every check runs in ``manage.py check``."""
+    from django.core.checks import Tags, registry
+
+    from django_jobguard import checks
+
+    registered = set(registry.registry.get_checks())
+    assert {checks.check_settings, checks.check_schedules, checks.check_overlap_expiry,
+            checks.check_sqlite_mode, checks.check_skip_locked} <= registered
+    assert Tags.database in checks.check_skip_locked.tags
+
+
+def test_manage_py_check_runs_the_settings_checks():
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    with override_settings(JOBGUARD={"RETRY_AFTR": 5}), \
+            pytest.raises(SystemCheckError, match=r"jobguard\.E001.*RETRY_AFTR"):
+        call_command("check")
+
+
 def test_not_a_dict():
     with override_settings(JOBGUARD=["nope"]):
         assert ids(check_settings()) == ["jobguard.E001"]

@@ -1,6 +1,6 @@
 """django_jobguard.queue, through its functions, on the database under test: push, claim,
-start, ack, release, fail, the lease, the cancel flag, paused queues, when rows are due and
-the text kept of a job's exception.
+start, ack, release, fail, the lease, the cancel flag, paused queues and when rows are due
+(the text kept of a job's exception: tests/unit/test_exceptions.py).
 
 Each write of a claimed row is owner-checked; here that is asserted for a row whose lease ran
 out and another worker claimed. Covered elsewhere, not repeated here: each dialect's
@@ -412,39 +412,3 @@ def test_seconds_until_due_and_next_due_of_the_earliest_row():
     assert seconds <= (earliest.available_at - before + MS).total_seconds()
     assert queue.seconds_until_due(["other"]) <= 0
     assert queue.seconds_until_due(["default", "other"]) <= 0
-
-
-# -- the text kept of a job's exception -----------------------------------------------------------
-
-
-def test_describe_is_one_line_with_the_exceptions_full_name():
-    assert queue.describe(ValueError("bad")) == "builtins.ValueError: bad"
-    assert queue.describe(ServiceDown("503")) == f"{__name__}.ServiceDown: 503"
-    assert len(queue.describe(ValueError("x" * 5000))) == 2000
-
-
-def test_error_text_is_the_description_then_the_traceback():
-    def send_sms():
-        raise ServiceDown("Twilio: 503")
-
-    try:
-        send_sms()
-    except ServiceDown as error:
-        text = queue.error_text(error)
-    line, traceback = text.split("\n\n", 1)
-    assert line == f"{__name__}.ServiceDown: Twilio: 503"
-    assert traceback.startswith("Traceback (most recent call last)")
-    assert "in send_sms" in traceback
-    assert traceback.rstrip().endswith("ServiceDown: Twilio: 503")
-
-
-def test_error_text_keeps_the_end_of_a_very_long_traceback():
-    error = _raised(ServiceDown("x" * 30_000 + "THE END"))
-    text = queue.error_text(error)
-    assert len(text) == 2000 + 2 + 20_000
-    assert text.rstrip().endswith("THE END")
-
-
-def test_error_text_of_an_exception_that_was_never_raised():
-    assert queue.error_text(ValueError("bad")) == "builtins.ValueError: bad\n\nValueError: bad\n"
-

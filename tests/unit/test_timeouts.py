@@ -5,12 +5,13 @@ loop (issue 27 item 2)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
-from django_jobguard import aio
 from django_jobguard.context import JobContext
 from django_jobguard.worker import timeouts, watchdog
+from django_jobguard.worker.pipeline import Pipeline
 
 
 class FakeDog:
@@ -48,16 +49,27 @@ def test_the_watchdog_is_armed_for_the_earliest_hard_limit_of_the_jobs_running(d
 
 
 def test_an_async_run_of_a_worker_arms_the_hard_limit_and_drain_does_not(dog):
+    """A worker's pipeline (``hard_limits``, a jobworker's main thread) arms the watchdog
+    around an async job's run; one without (``drain()``, inline mode) does not."""
     seen: list[str | None] = []
 
-    async def job() -> str:
-        seen.append(dog.armed)
-        return "done"
+    class Job:  # what run_on_loop needs of a job: its context, middleware and handle()
+        def __init__(self) -> None:
+            self.context = JobContext(job_id="1")
+            self.context.policy = SimpleNamespace(timeout=3)
 
-    def run(hard_limit: bool) -> str:
-        context = JobContext(job_id="1")
-        return asyncio.run(aio.run_job(context, job(), timeout=3, label="tests.Async [1]",
-                                       hard_limit=hard_limit))
+        def middleware(self) -> list:
+            return []
+
+        async def handle(self) -> str:
+            seen.append(dog.armed)
+            return "done"
+
+    def run(hard_limits: bool) -> str:
+        pipeline = Pipeline(worker_id="w")
+        pipeline.hard_limits = hard_limits
+        row = SimpleNamespace(name="tests.Async", id=1)
+        return asyncio.run(pipeline.run_on_loop(row, Job()))
 
     assert run(True) == "done" and run(False) == "done"
     assert seen == ["tests.Async [1]", None]

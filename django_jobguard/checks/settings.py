@@ -1,55 +1,10 @@
-"""System checks for ``JOBGUARD`` and the databases jobguard uses (``manage.py check``).
-
-Ids:
-- jobguard.E001 ``JOBGUARD`` is not a dict, or has an unknown key.
-- jobguard.E002 a setting has the wrong type or range (as ``conf.SETTINGS`` declares it).
-- jobguard.E003 ``RETRY_AFTER`` is not larger than a job's (or the default) ``timeout``.
-- jobguard.W003 ``RETRY_AFTER`` is not larger than a timeout's hard limit (timeout + 6 s): a
-  job stuck in C code past its timeout could be given to a second worker before the watchdog
-  ends it.
-- jobguard.E004 ``STORE`` names no entry in ``STORES``, or a store's ``BACKEND`` cannot load.
-- jobguard.E005 ``API_DISPATCHABLE_JOBS`` names a job that is not registered.
-- jobguard.E006 ``API_PERMISSION_CLASSES`` names a class that cannot be imported (checked when
-  djangorestframework is installed).
-- jobguard.E007 a job's ``middleware()`` uses ``RateLimited("name")`` for an undefined limiter.
-- jobguard.E120 ``DATABASE`` names an alias that is not in ``DATABASES``.
-- jobguard.E121 ``DATABASE`` is not ``"default"`` but the routers do not send the queue's models
-  there (reads, writes and migrations): ``JobGuardRouter`` is missing from ``DATABASE_ROUTERS``
-  or a router before it sends them elsewhere.
-- jobguard.E040 ``UNKNOWN_JOB_GRACE`` is not a number of seconds >= 0.
-- jobguard.E070 ``TEST_MODE`` is not ``""`` or ``"inline"``.
-- jobguard.E060–E064 a periodic schedule cannot run: E060 bad cron expression, E061 unknown
-  job, E062 unknown time zone, E063 bad ``catch_up``, E064 malformed entry or arguments.
-- jobguard.W050 a schedule is declared both with ``@periodic`` and in ``SCHEDULE``.
-- jobguard.W001 SQLite without ``"transaction_mode": "IMMEDIATE"``: concurrent workers may
-  fail with "database is locked".
-- jobguard.W002 a job uses ``WithoutOverlapping`` without ``expire_after``: a killed worker
-  keeps the lock until it is force-released. Seen statically: ``@without_overlapping``
-  options, and literal ``WithoutOverlapping(...)`` calls in a job's ``middleware()`` source.
-- jobguard.E110 ``LISTEN_DATABASE`` is not a ``DATABASES`` alias; E111 it is not PostgreSQL.
-- jobguard.E112 ``PGBOUNCER`` names an unknown or non-PostgreSQL alias, or ``LISTEN_DATABASE``.
-- jobguard.W110 an alias behind PgBouncer without ``DISABLE_SERVER_SIDE_CURSORS``.
-- jobguard.W111 an alias behind PgBouncer with ``OPTIONS["prepare_threshold"]`` (psycopg's
-  server-side prepared statements break on PgBouncer < 1.21).
-- jobguard.E100–E102 ``QUEUES`` is not a dict of queue names to known keys, or a
-  ``global_concurrency`` is not a whole number >= 1.
-- jobguard.E130 ``METRICS_TOKEN`` is shorter than 16 characters.
-- jobguard.E140–E142, W140 a Redis store's topology (Cluster URLs, client-side sharding, a
-  Sentinel cache set up half-way, fewer than 3 sentinels): ``stores/redis.py``,
-  docs/scale-out.md.
-- jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
-  MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
-  server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``
-  run it.
-"""
+"""The checks of the ``JOBGUARD`` setting (``check_settings``: E001, E002, and then E003/W003,
+E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, and each
+store's own: the Redis store's E140-E142, W140) and of the periodic schedules
+(``check_schedules``: E060-E064, W050)."""
 
 from __future__ import annotations
 
-import ast
-import inspect
-import re
-import textwrap
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -57,6 +12,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from django_jobguard.checks.sources import limiter_errors
 from django_jobguard.conf import DEFAULTS, SETTINGS, jobguard_settings
 from django_jobguard.worker.timeouts import hard_limit
 
@@ -79,7 +35,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     if errors:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
-            + _check_api_permissions() + _check_limiters() + _check_reliability()
+            + _check_api_permissions() + limiter_errors() + _check_reliability()
             + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer()
             + _check_metrics_token() + _check_database()
             + _check_queues())
@@ -327,24 +283,6 @@ def _check_dispatchable() -> list:
     ]
 
 
-def _check_limiters() -> list:
-    """jobguard.E007: a registered job uses ``RateLimited("name")`` for an undefined limiter."""
-    from django_jobguard import registry
-    from django_jobguard.limits import rate_limiter
-
-    errors = []
-    for job_name, job_class in sorted(registry.all_jobs().items()):
-        for name in sorted(referenced_limiters(job_class) - set(rate_limiter.names())):
-            errors.append(Error(
-                f"Job {job_name!r} uses RateLimited({name!r}), but no limiter {name!r} is "
-                f"defined.",
-                hint=f"Define it with @rate_limiter({name!r}) in <app>/jobs.py or a module in "
-                     f"JOBGUARD['JOB_MODULES'], or fix the name.",
-                id="jobguard.E007",
-            ))
-    return errors
-
-
 def _check_api_permissions() -> list:
     from importlib.util import find_spec
 
@@ -362,149 +300,6 @@ def _check_api_permissions() -> list:
     return errors
 
 
-@register(Tags.compatibility)
-def check_sqlite_mode(app_configs: Any = None, **kwargs: Any) -> list:
-    warnings = []
-    for alias in connections:
-        conn = connections[alias]
-        if conn.vendor != "sqlite":
-            continue
-        mode = (conn.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
-        if mode != "IMMEDIATE":
-            warnings.append(Warning(
-                f"Database {alias!r} is SQLite without transaction_mode IMMEDIATE; several "
-                f"workers at once may fail with 'database is locked'.",
-                hint="DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', "
-                     "'timeout': 20}",
-                id="jobguard.W001",
-            ))
-    return warnings
-
-
-@register(Tags.compatibility)
-def check_overlap_expiry(app_configs: Any = None, **kwargs: Any) -> list:
-    from django_jobguard import registry
-
-    return [
-        Warning(
-            f"{name} uses WithoutOverlapping without expire_after: if a worker is killed while "
-            f"running it (timeout, OOM, deploy), the lock stays until someone force-releases "
-            f"it and every later {name} job on that key is deferred forever.",
-            hint="Pass expire_after a little above the job's timeout, or expire_after with "
-                 "renew=True; a stuck lock is released with manage.py jobs_locks --release KEY.",
-            obj=job_class,
-            id="jobguard.W002",
-        )
-        for name, job_class in sorted(registry.all_jobs().items())
-        if has_unbounded_overlap(job_class)
-    ]
-
-
-# -- reading middleware from source (E007, W002) ----------------------------------------------
-# Only calls written literally in a job's ``middleware()`` (or a ``@job`` middleware factory)
-# are seen; anything built at run time is given the benefit of the doubt.
-
-
-@dataclass(frozen=True)
-class LiteralCall:
-    """A call ``Callee(...)`` found in source: its first argument when that is a string
-    literal, and its keyword arguments (``None`` when they cannot be known: ``**options``,
-    or source that does not parse on its own, such as a lambda inside a decorator line)."""
-
-    first: str | None
-    keywords: dict[str | None, ast.expr] | None
-
-
-_calls_cache: dict[tuple[Any, str], list[LiteralCall]] = {}
-
-
-def literal_calls(function: Any, callee: str) -> list[LiteralCall]:
-    """Calls of ``callee`` (a name or an attribute) in ``function``'s source."""
-    cache_key = (function, callee)
-    if cache_key not in _calls_cache:
-        _calls_cache[cache_key] = _scan(function, callee)
-    return _calls_cache[cache_key]
-
-
-def _scan(function: Any, callee: str) -> list[LiteralCall]:
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-    except (OSError, TypeError):
-        return []
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:  # e.g. a lambda inside a decorator line: its first string only
-        pattern = re.compile(rf"""\b{re.escape(callee)}\(\s*(["'])([^"']+)\1""")
-        return [LiteralCall(first=m.group(2), keywords=None) for m in pattern.finditer(source)]
-    found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-        if name != callee:
-            continue
-        first = node.args[0] if node.args else None
-        keywords = {kw.arg: kw.value for kw in node.keywords}
-        found.append(LiteralCall(
-            first=first.value if isinstance(first, ast.Constant)
-            and isinstance(first.value, str) else None,
-            keywords=None if None in keywords else keywords))
-    return found
-
-
-def _middleware_sources(job_class: type) -> list[Any]:
-    """The functions whose source may build a job's middleware."""
-    from django_jobguard.decorators import FunctionJob
-    from django_jobguard.jobs import Job
-
-    method = getattr(job_class, "middleware", None)
-    function = getattr(method, "__func__", method)
-    own = [] if function in (Job.middleware, FunctionJob.middleware, None) else [function]
-    return own + list(getattr(job_class, "middleware_factories", None) or ())
-
-
-def referenced_limiters(job_class: type) -> set[str]:
-    """Limiter names a job passes to ``RateLimited("…")`` as string literals."""
-    return {call.first for source in _middleware_sources(job_class)
-            for call in literal_calls(source, "RateLimited") if call.first}
-
-
-def has_unbounded_overlap(job_class: type) -> bool:
-    """True when ``job_class`` (as far as can be told without running it) uses
-    ``WithoutOverlapping`` with no ``expire_after`` (or a literal 0)."""
-    from django_jobguard.decorators import OverlapFactory
-
-    for source in _middleware_sources(job_class):
-        if isinstance(source, OverlapFactory):
-            if not source.expire_after:
-                return True
-            continue
-        for call in literal_calls(source, "WithoutOverlapping"):
-            if call.keywords is None:
-                continue
-            value = call.keywords.get("expire_after")
-            if value is None or (isinstance(value, ast.Constant) and not value.value):
-                return True
-    return False
-
-
-@register(Tags.database)
-def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
-    """jobguard.E020 for each of ``databases`` that cannot claim with SKIP LOCKED."""
-    from django_jobguard.dialects.mysql import missing_skip_locked
-
-    errors = []
-    for alias in databases or ():
-        problem = missing_skip_locked(connections[alias])
-        if problem:
-            errors.append(Error(
-                f"Database {alias!r}: {problem}; concurrent workers would block on each "
-                f"other's claims.",
-                hint="Upgrade the server (MariaDB 10.6+, MySQL 8.0.1+), or keep the queue on "
-                     "PostgreSQL or SQLite.",
-                id="jobguard.E020",
-            ))
-    return errors
 @register(Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list:
     """jobguard.E060–E064, W050, W051: periodic schedules (``SCHEDULE`` and ``@periodic``)."""

@@ -1,0 +1,195 @@
+"""What the admin's pages share: list columns (timestamps to the second, dotted names that
+wrap, stored errors and payloads), the job lists' search box and bulk confirmation page,
+read-only detail pages, and the job name filter."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.functional import Promise
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from django.utils.translation import gettext_lazy as _
+
+from django_jobguard import operations, registry
+
+if TYPE_CHECKING:  # the mixins are used only beside ModelAdmin, whose methods they call
+    _AdminBase = admin.ModelAdmin
+else:
+    _AdminBase = object
+
+#: A label: a string or a lazy translation.
+Label = str | Promise
+
+
+def pretty_error(text: str) -> str:
+    """A stored error: its ``Class: message`` line and traceback, as preformatted text."""
+    return format_html('<pre class="jobguard-traceback">{}</pre>', text) if text else "-"
+
+
+def pretty_json(value: Any) -> str:
+    """A JSON value (a payload), indented, as preformatted text."""
+    return format_html('<pre class="jobguard-json">{}</pre>',
+                       json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def pretty_context(payload: Any) -> str:
+    """The context a job was dispatched in (what the carriers captured: language, correlation
+    id, tenant...), one ``name: value`` line each; "-" when it carries none."""
+    context = payload.get("context") if isinstance(payload, dict) else None
+    if not isinstance(context, dict) or not context:
+        return "-"
+    lines = (f"{name}: {value if isinstance(value, str) else json.dumps(value)}"
+             for name, value in sorted(context.items()))
+    return format_html('<pre class="jobguard-context">{}</pre>', "\n".join(lines))
+
+
+def timestamp_column(field: str, label: Any) -> Any:
+    """A list column showing ``field`` to the second, in the current time zone (Django's
+    default format leaves seconds out, and jobs move by the second)."""
+
+    @admin.display(description=label, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        value = getattr(obj, field)
+        return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+    return column
+
+
+def breakable(name: str) -> str:
+    """A dotted name that may wrap after each dot (long job paths in a narrow column)."""
+    return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in name.split(".")))
+
+
+#: Rows named on a confirmation page (the count covers them all).
+CONFIRM_SAMPLE = 10
+
+#: The search box also takes argument lookups: ``kwargs__invoice_id=7 args__0="abc"``.
+_SEARCH_TOKEN = re.compile(r'(?:[^\s"]+|"(?:\\.|[^"\\])*")+')
+
+
+def split_search(term: str) -> tuple[list[tuple[str, str]], str]:
+    """``(argument lookups, the rest of the search)`` from the search box's text."""
+    lookups, rest = [], []
+    for token in _SEARCH_TOKEN.findall(term or ""):
+        name, sep, value = token.partition("=")
+        if sep and operations.search.is_argument_param(name):
+            lookups.append((name, value))
+        else:
+            rest.append(token)
+    return lookups, " ".join(rest)
+
+
+class JobSearchAdminMixin(_AdminBase):
+    """The queued and failed job lists: names shown (and filtered) as operators know them
+    (a django.tasks task's own name), the search box taking argument lookups, and bulk
+    actions over everything the list matches, confirmed with a count first."""
+
+    search_help_text = _('Ids, names, or arguments as JSON: kwargs__invoice_id=7 args__0="abc"')
+
+    class Media:
+        css = {"all": ["django_jobguard/admin-lists.css"]}
+
+    @admin.display(description=_("job name"), ordering="name")
+    def name_display(self, obj: Any) -> str:
+        return breakable(registry.display_name(obj.name, obj.payload))
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str):
+        lookups, rest = split_search(search_term)
+        if lookups:
+            try:
+                queryset = operations.JobSearch(
+                    arguments=operations.search.parse_arguments(lookups)).apply(queryset)
+            except operations.SearchError as exc:
+                if not getattr(request, "_jobguard_search_error", False):
+                    setattr(request, "_jobguard_search_error", True)  # noqa: B010
+                    self.message_user(request, _("Search: %(error)s") % {"error": exc.message},
+                                      messages.ERROR)
+                return queryset.none(), False
+        narrowed = queryset  # the list's filters (and argument lookups) applied
+        queryset, duplicates = super().get_search_results(request, queryset, rest)
+        if rest:  # the names operators see: a django.tasks task's own dotted name
+            for adapter, keys in registry.display_paths().items():
+                queryset |= narrowed.filter(name=adapter, **{
+                    "payload__" + "__".join(keys) + "__icontains": rest})
+        return queryset, duplicates
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        queue = request.GET.get("queue")
+        if queue and request.method == "GET":  # a typo must not look like an empty queue
+            try:
+                operations.search.check_queue(queue)
+            except operations.SearchError as exc:
+                self.message_user(request, exc.message, messages.WARNING)
+        return super().changelist_view(request, extra_context)
+
+    def confirm(self, request: HttpRequest, queryset: Any, *, title: Label, question: Label,
+                button: Label, notes: list[str] | None = None,
+                count: int | None = None) -> TemplateResponse | None:
+        """The confirmation page of a bulk action (None once it was confirmed): how many
+        jobs, the search, and the first few of them. With "select all", ``queryset`` is
+        everything the list matches; nothing is loaded but the count and the sample."""
+        if request.POST.get("post") == "yes":
+            return None
+        if count is None:
+            count = queryset.count()
+        sample = [f"{registry.display_name(row.name, row.payload)} [{row.id}]"
+                  for row in queryset.order_by("id")[:CONFIRM_SAMPLE]]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts, "title": title, "question": question, "button": button,
+            "notes": notes or [], "count": count, "sample": sample,
+            "search": request.GET.get("q", "") or "",
+            "action": request.POST.get("action", ""),
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across") in ("1", "True", "true"),
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_jobguard/bulk_confirmation.html",
+                                context)
+
+
+class ReadOnlyDetailMixin(_AdminBase):
+    """Rows are written by workers, not by hand: no add form, detail pages are read-only
+    (object-level change permission is off), while list actions still need change."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+
+class JobNameFilter(admin.SimpleListFilter):
+    """Job names as operators know them: a django.tasks task by its own dotted name."""
+
+    title = _("job name")
+    parameter_name = "name"
+    result = False
+
+    def lookups(self, request, model_admin):
+        rows = model_admin.model._default_manager.using(model_admin.get_queryset(request).db)
+        paths = registry.display_paths(result=self.result)
+        names = set(rows.exclude(name__in=list(paths)).values_list("name", flat=True)
+                    .distinct().order_by())
+        for adapter, keys in paths.items():
+            names.update(value for value in rows.filter(name=adapter).values_list(
+                "payload__" + "__".join(keys), flat=True).distinct().order_by()
+                if isinstance(value, str))
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value:
+            return queryset.filter(operations.name_q(value, result=self.result))
+        return queryset
