@@ -97,8 +97,9 @@ def _user_settings() -> dict:
 
 def _flush_redis() -> None:
     client = stores.get_store("redis").client
-    for key in client.scan_iter(match="jobguard:*", count=1000):
-        client.delete(key)
+    for pattern in ("jobguard:*", "{jobguard:*"):  # keys, and the fencing counters of locks
+        for key in client.scan_iter(match=pattern, count=1000):
+            client.delete(key)
 
 
 @pytest.fixture

@@ -234,3 +234,30 @@ def test_fewer_than_three_sentinels_is_w140():
     cache = _sentinel(SENTINELS=[("s1", 26379)])
     errors = _check({"s": {"BACKEND": STORE, "CACHE": "sentinel"}}, {"sentinel": cache})
     assert [e.id for e in errors] == ["jobguard.W140"] and "1 sentinel(s)" in errors[0].msg
+
+
+@pytest.mark.slow
+@requires_redis_server
+def test_a_cluster_master_down_is_a_store_outage_not_a_crash():
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from tests.support.redis_topology import Cluster
+
+    cluster = Cluster().start()  # its own: this test stops one of its masters
+    try:
+        store = RedisStore(alias="own-cluster", cluster=cluster.url, cluster_options={
+            "socket_connect_timeout": 1, "socket_timeout": 2, "retry": Retry(NoBackoff(), 1)})
+        keys = [f"jobguard:overlap:tests.Down:{i}" for i in range(30)]
+        assert all(store.acquire(key, "w1", ttl=60) for key in keys)
+        victim = cluster.ports[1]
+        on_victim = next(k for k in keys if store.client.get_node_from_key(k).port == victim)
+        cluster.procs[1].terminate()
+        cluster.procs[1].wait()
+        # Its slots first refuse connections, then the others answer CLUSTERDOWN: both are
+        # outages (the worker puts the job back without using an attempt).
+        for key in (on_victim, next(k for k in keys if k != on_victim)):
+            with pytest.raises(StoreUnavailableError, match="own-cluster"):
+                store.get_lock(key)
+    finally:
+        cluster.stop()
