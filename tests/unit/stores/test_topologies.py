@@ -261,3 +261,16 @@ def test_a_cluster_master_down_is_a_store_outage_not_a_crash():
                 store.get_lock(key)
     finally:
         cluster.stop()
+
+
+@requires_redis_server
+def test_a_store_with_only_a_warning_is_still_listed_for_operators(redis_sentinel):
+    from django_jobguard.operations import usable_stores
+
+    stores, caches = topology_stores(None, redis_sentinel)  # one sentinel: W140
+    bad = {"BACKEND": STORE, "CLUSTER": "n1:7000"}  # E140
+    with override_settings(JOBGUARD={"STORES": {**stores, "bad": bad}},
+                           CACHES={**django_settings.CACHES, **caches}):
+        assert [e.id for e in RedisStore.check_config("redis-sentinel", stores[
+            "redis-sentinel"])] == ["jobguard.W140"]
+        assert "redis-sentinel" in usable_stores() and "bad" not in usable_stores()
