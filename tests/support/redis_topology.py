@@ -136,10 +136,14 @@ class Sentinel(_Servers):
 
     def start(self) -> Sentinel:
         try:
+            # No 5 s wait before a diskless full sync (the default delay): either server may
+            # be the master after a failover, so both start without it.
+            fast_sync = ["--repl-diskless-sync-delay", "0"]
             self.spawn("master", ["--port", str(self.master_port), "--dir", str(self.dir),
-                                  *_COMMON])
+                                  *_COMMON, *fast_sync])
             self.spawn("replica", ["--port", str(self.replica_port), "--dir", str(self.dir),
-                                   *_COMMON, "--replicaof", "127.0.0.1", str(self.master_port)])
+                                   *_COMMON, *fast_sync, "--replicaof", "127.0.0.1",
+                                   str(self.master_port)])
             self.wait("master and replica answer",
                       lambda: _answers(self.master_port) and _answers(self.replica_port))
             self.wait("the replica is in sync", lambda: "master_link_status:up" in self.cli(
