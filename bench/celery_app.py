@@ -35,3 +35,13 @@ def sleep() -> None:
     if _client is None:
         _client = redis.Redis.from_url(BROKER)
     _client.incr(DONE_KEY)
+
+
+@app.task(name="bench.stamp")
+def stamp(sent: float) -> None:
+    """Records in Redis how long after its dispatch it started (bench/steady.py)."""
+    global _client
+    started = time.time()
+    if _client is None:
+        _client = redis.Redis.from_url(BROKER)
+    _client.rpush("jgbench:latency", started - sent)  # bench.common.LATENCY_KEY

@@ -24,6 +24,9 @@ from tests.support.waiting import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 APP_NAME = "jgbench"  # application_name of every worker connection (PGAPPNAME)
+#: Redis list (JOBGUARD_BENCH_REDIS_URL) where steady-rate jobs append ``started - sent``;
+#: the peers' apps (bench/*_app.py, bench/jobs.py) spell it out, as they import no common.
+LATENCY_KEY = "jgbench:latency"
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -81,6 +84,38 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value and base else None
 
 
+# -- knobs -----------------------------------------------------------------------------------
+
+
+def knob(name: str, default: int | float) -> int | float:
+    """A size set by ``bench/run.py``'s options or ``JOBGUARD_BENCH_<NAME>`` (e.g.
+    ``JOBGUARD_BENCH_BURN_JOBS=100000``), else ``default``; a bad value is an error naming it."""
+    raw = os.environ.get(f"JOBGUARD_BENCH_{name}", "").strip()
+    if not raw:
+        return default
+    try:
+        value = type(default)(raw)
+    except ValueError:
+        raise SystemExit(f"JOBGUARD_BENCH_{name}={raw!r}: expected a {type(default).__name__}")
+    if value <= 0:
+        raise SystemExit(f"JOBGUARD_BENCH_{name}={raw!r}: must be positive")
+    return value
+
+
+def knob_list(name: str, default: Sequence[float]) -> list[float]:
+    """A comma-separated list of positive numbers, as :func:`knob`."""
+    raw = os.environ.get(f"JOBGUARD_BENCH_{name}", "").strip()
+    if not raw:
+        return list(default)
+    try:
+        values = [float(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"JOBGUARD_BENCH_{name}={raw!r}: expected numbers separated by commas")
+    if not values or min(values) <= 0:
+        raise SystemExit(f"JOBGUARD_BENCH_{name}={raw!r}: expected positive numbers")
+    return values
+
+
 # -- Django and the database -----------------------------------------------------------------
 
 
@@ -103,6 +138,21 @@ def conninfo(dbname: str | None = None) -> str:
     parts = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"],
              "password": db["PASSWORD"], "dbname": dbname or db["NAME"]}
     return " ".join(f"{k}={v}" for k, v in parts.items() if v)
+
+
+def dsn() -> str:
+    """The bench database as a ``postgresql://`` URL (asyncpg and Oban's ``--dsn`` take one)."""
+    from urllib.parse import quote
+
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    host = db["HOST"] or "127.0.0.1"
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgresql://{auth}{'@' if auth else ''}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
 def raw_connect(*, autocommit: bool = True) -> Any:
@@ -196,7 +246,7 @@ def machine() -> dict[str, Any]:
         pass
     versions = {}
     for dist in ("django-jobguard", "django-tasks", "django-tasks-db", "procrastinate",
-                 "celery", "psycopg", "redis"):
+                 "celery", "pgqueuer", "asyncpg", "psycopg", "redis"):
         try:
             from importlib.metadata import version
 
@@ -328,18 +378,123 @@ class Poller:
             self.conn.close()
 
 
+class CpuMeter:
+    """CPU time (utime + stime, psutil) used over a measurement by the worker processes (each
+    spawned process and its children, e.g. jobguard's watchdog, celery's pool) and by the
+    PostgreSQL backends serving them (``application_name`` :data:`APP_NAME`), plus any
+    ``extra_pids`` (celery's Redis server), counted as the queue store's.
+
+    Processes are sampled a few times a second, so a backend or child that starts during the
+    measurement counts from its start; one that exits loses at most the last interval.
+    Reading another user's ``/proc/<pid>/stat`` (PostgreSQL's backends) needs the same user
+    or root: without access, :meth:`result` gives ``None`` for the store.
+    """
+
+    INTERVAL = 0.25
+
+    def __init__(self, procs: Sequence[subprocess.Popen], *,
+                 extra_pids: Sequence[int] = ()) -> None:
+        self.procs, self.extra_pids = list(procs), list(extra_pids)
+        self.conn = raw_connect() if postgresql() else None
+        # pid -> [cpu seconds at the start (0 if it started later), latest cpu seconds]
+        self.workers: dict[int, list[float]] = {}
+        self.store: dict[int, list[float]] = {}
+        self.denied = False
+        self.last = 0.0
+
+    @staticmethod
+    def _cpu(pid: int) -> float | None:
+        import psutil
+
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return None
+        return times.user + times.system
+
+    def _worker_pids(self) -> list[int]:
+        import psutil
+
+        pids = []
+        for proc in self.procs:
+            try:
+                parent = psutil.Process(proc.pid)
+                pids += [parent.pid, *(c.pid for c in parent.children(recursive=True))]
+            except psutil.NoSuchProcess:
+                continue
+        return pids
+
+    def _store_pids(self) -> list[int]:
+        pids = list(self.extra_pids)
+        if self.conn is not None:
+            pids += [r[0] for r in self.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                "AND datname = current_database()", [APP_NAME]).fetchall()]
+        return pids
+
+    def _record(self, seen: dict[int, list[float]], pids: list[int], first: bool) -> None:
+        import psutil
+
+        for pid in pids:
+            try:
+                cpu = self._cpu(pid)
+            except psutil.AccessDenied:
+                self.denied = True
+                continue
+            if cpu is None:
+                continue
+            if pid in seen:
+                seen[pid][1] = cpu
+            else:
+                seen[pid] = [cpu if first else 0.0, cpu]
+
+    def sample(self, *, first: bool = False, force: bool = False) -> None:
+        """Record every process's CPU time (at most every :attr:`INTERVAL` unless forced)."""
+        now = time.monotonic()
+        if not force and now - self.last < self.INTERVAL:
+            return
+        self.last = now
+        self._record(self.workers, self._worker_pids(), first)
+        self._record(self.store, self._store_pids(), first)
+
+    def begin(self) -> None:
+        self.sample(first=True, force=True)
+
+    def result(self) -> tuple[float, float | None]:
+        """(worker CPU seconds, queue store CPU seconds or None) since :meth:`begin`."""
+        self.sample(force=True)
+        workers = sum(last - start for start, last in self.workers.values())
+        store = sum(last - start for start, last in self.store.values())
+        return workers, (None if self.denied else store)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
 @dataclass
 class Run:
-    """One processing measurement: ``jobs`` drained by ``processes`` workers in ``seconds``."""
+    """One processing measurement: ``jobs`` drained by ``processes`` workers in ``seconds``;
+    with a :class:`CpuMeter`, the CPU seconds the workers and the queue store used."""
 
     tool: str
     processes: int
     jobs: int
     seconds: float
+    worker_cpu: float | None = None
+    store_cpu: float | None = None
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds
+
+    @property
+    def worker_ms_per_job(self) -> float | None:
+        return None if self.worker_cpu is None else self.worker_cpu * 1000 / self.jobs
+
+    @property
+    def store_ms_per_job(self) -> float | None:
+        return None if self.store_cpu is None else self.store_cpu * 1000 / self.jobs
 
 
 def measure_processing(*, tool: str, processes: int, jobs: int,
@@ -347,26 +502,43 @@ def measure_processing(*, tool: str, processes: int, jobs: int,
                        ready: Callable[[list[subprocess.Popen]], None],
                        fill: Callable[[int], None], remaining_sql: str = "",
                        remaining: Callable[[], int] | None = None,
-                       timeout: float = 600) -> Run:
+                       timeout: float = 600, cpu: bool = False,
+                       store_pids: Sequence[int] = ()) -> Run:
     """Start idle workers, make ``jobs`` jobs visible at once (``fill`` commits them in one
-    transaction), and time until ``remaining_sql`` (or ``remaining()``) counts 0."""
+    transaction), and time until ``remaining_sql`` (or ``remaining()``) counts 0. With
+    ``cpu``, also the CPU the workers and their PostgreSQL backends (and ``store_pids``) used
+    from just before the fill to the end (:class:`CpuMeter`)."""
     procs = start()
     poller = Poller(remaining_sql) if remaining_sql else None
     left = poller.value if poller else remaining
     assert left is not None, "give remaining_sql or remaining"
+    meter: CpuMeter | None = None
     try:
         ready(procs)
+        if cpu:
+            meter = CpuMeter(procs, extra_pids=store_pids)
+            meter.begin()
+
+        def done() -> bool:
+            if meter is not None:
+                meter.sample()
+            return left() == 0
+
         fill(jobs)
         t0 = time.perf_counter()
-        wait_for(lambda: left() == 0, timeout=timeout, interval=0.01, what=f"{tool} done")
+        wait_for(done, timeout=timeout, interval=0.01, what=f"{tool} done")
         t1 = time.perf_counter()
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{tool} worker exited early with {proc.returncode}")
-        return Run(tool=tool, processes=processes, jobs=jobs, seconds=t1 - t0)
+        worker_cpu, store_cpu = meter.result() if meter else (None, None)
+        return Run(tool=tool, processes=processes, jobs=jobs, seconds=t1 - t0,
+                   worker_cpu=worker_cpu, store_cpu=store_cpu)
     finally:
         if poller:
             poller.close()
+        if meter:
+            meter.close()
         stop(procs)
 
 

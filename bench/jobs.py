@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import redis
+from django.conf import settings
 from django.db import connection
 
 from django_jobguard import Job
@@ -58,3 +60,38 @@ class AsyncSleep(Job):
 
     async def handle(self) -> None:
         await asyncio.sleep(IO_SECONDS)
+
+
+_redis: redis.Redis | None = None
+
+
+def record_latency(sent: float) -> None:
+    """Append ``now - sent`` (seconds) to the Redis list bench/steady.py reads (one RPUSH,
+    off the database)."""
+    global _redis
+    started = time.time()
+    if _redis is None:
+        _redis = redis.Redis.from_url(settings.REDIS_URL)
+    _redis.rpush("jgbench:latency", started - sent)  # bench.common.LATENCY_KEY
+
+
+class LatencyStamp(Job):
+    """Records in Redis how long after its dispatch it started (bench/steady.py)."""
+
+    name = "bench.LatencyStamp"
+    queue = "bench"
+
+    def __init__(self, sent: float):
+        self.sent = sent
+
+    def handle(self) -> None:
+        record_latency(self.sent)
+
+
+class AsyncLatencyStamp(LatencyStamp):
+    """The same as an ``async def`` job (``--async-concurrency``)."""
+
+    name = "bench.AsyncLatencyStamp"
+
+    async def handle(self) -> None:
+        record_latency(self.sent)

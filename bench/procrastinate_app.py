@@ -2,8 +2,10 @@
 
 import asyncio
 import os
+import time
 
 import procrastinate
+import redis
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(
     conninfo=os.environ.get("JOBGUARD_BENCH_CONNINFO", "")))
@@ -23,3 +25,17 @@ async def anoop() -> None:
 async def asleep() -> None:
     """Waits 50 ms like an HTTP call with an async client (bench/io_bound.py)."""
     await asyncio.sleep(0.05)
+
+
+_client: redis.Redis | None = None
+
+
+@app.task(name="bench.astamp", queue="jgbench")
+async def astamp(sent: float) -> None:
+    """Records in Redis how long after its dispatch it started (bench/steady.py)."""
+    global _client
+    started = time.time()
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ.get("JOBGUARD_BENCH_REDIS_URL",
+                                                      "redis://127.0.0.1:6379/0"))
+    _client.rpush("jgbench:latency", started - sent)  # bench.common.LATENCY_KEY

@@ -1,5 +1,7 @@
 """Run the benchmarks and print their tables:
-``python bench/run.py [--smoke] [--only X,Y] [--database URL]``.
+``python bench/run.py [--smoke] [--only X,Y] [--database URL]``; the sizes of the peers'
+burn-down and of the steady-rate scenario with ``--burn-jobs``, ``--rounds``,
+``--processes``, ``--rates`` and ``--steady-seconds`` (see docs/benchmarks.md).
 
 Each scenario is a module of ``bench/`` with ``run(*, smoke) -> Report``; results go to
 ``bench/results/<scenario>[-smoke].json`` together with a description of the machine
@@ -27,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 
-SCENARIOS = ["throughput", "peers", "latency", "backlog", "locks", "lock_pages", "batches",
-             "dashboard", "io_bound", "memory"]
+SCENARIOS = ["throughput", "peers", "latency", "steady", "backlog", "locks", "lock_pages",
+             "batches", "dashboard", "io_bound", "memory"]
 #: The scenarios that run on MariaDB too (throughput without its PostgreSQL floor columns).
 ANY_DATABASE = ["throughput", "locks"]
 
@@ -43,7 +45,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="postgres://... or mysql://... (MariaDB); default "
                              "JOBGUARD_BENCH_DATABASE_URL or postgres://127.0.0.1:5432/"
                              "jobguard_bench. Worker processes get it too.")
+    sizing = parser.add_argument_group(
+        "sizes of the peers and steady scenarios (also JOBGUARD_BENCH_<NAME> variables; "
+        "--smoke uses its own small sizes)")
+    sizing.add_argument("--burn-jobs", type=int, metavar="N",
+                        help="peers: no-op jobs per burn-down (default 50000)")
+    sizing.add_argument("--rounds", type=int, metavar="N",
+                        help="peers: rounds per tool, the median is reported (default 3)")
+    sizing.add_argument("--processes", metavar="1,2",
+                        help="peers: worker process counts (default 1,2)")
+    sizing.add_argument("--rates", metavar="R,R",
+                        help="steady: offered jobs/s (default 200,1000)")
+    sizing.add_argument("--steady-seconds", type=float, metavar="S",
+                        help="steady: seconds each rate is offered (default 20)")
     args = parser.parse_args(argv)
+    for option, name in (("burn_jobs", "BURN_JOBS"), ("rounds", "ROUNDS"),
+                         ("processes", "PROCESSES"), ("rates", "RATES"),
+                         ("steady_seconds", "STEADY_SECONDS")):
+        value = getattr(args, option)
+        if value is not None:
+            os.environ[f"JOBGUARD_BENCH_{name}"] = str(value)  # the scenarios read these
     if args.database:
         if not args.database.startswith(("postgres://", "postgresql://", "mysql://",
                                           "mariadb://")):

@@ -114,9 +114,11 @@ def jobguard_fill(n: int) -> None:
 
 
 def jobguard_processing(processes: int, n: int, *, batch: int | None = None,
-                        extra: tuple[str, ...] = (), synchronous_acks: bool = False) -> Run:
+                        extra: tuple[str, ...] = (), synchronous_acks: bool = False,
+                        cpu: bool = False) -> Run:
     """``processes`` workers through ``n`` no-op jobs; ``batch=None`` is the default
-    (adaptive) claim; ``synchronous_acks``: each ack waits for the WAL flush."""
+    (adaptive) claim; ``synchronous_acks``: each ack waits for the WAL flush; ``cpu``: also
+    the CPU of the workers and their PostgreSQL backends (``common.CpuMeter``)."""
     from django_jobguard.conf import jobguard_settings
 
     env = child_env(JOBGUARD_BENCH_SYNCHRONOUS_ACKS="1" if synchronous_acks else "0")
@@ -138,7 +140,7 @@ def jobguard_processing(processes: int, n: int, *, batch: int | None = None,
     run = measure_processing(
         tool=f"jobguard (batch {batch or 'adaptive'})", processes=processes, jobs=n,
         start=lambda: spawn(argv, count=processes, env=env), ready=ready,
-        fill=jobguard_fill, remaining_sql=REMAINING,
+        fill=jobguard_fill, remaining_sql=REMAINING, cpu=cpu, timeout=max(600, n / 25),
     )
     truncate(*JOBGUARD_TABLES)
     return run

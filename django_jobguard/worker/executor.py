@@ -1,4 +1,7 @@
-"""Running several claimed jobs at once in one worker process: ``jobworker --threads N``.
+"""The executors the worker loop hands claimed rows to: one slot in the loop's own thread
+(:class:`SoloExecutor`, the default) or ``N`` threads (:class:`ThreadExecutor`,
+``jobworker --threads N``). As celery's ``solo`` pool is a pool, one job at a time is an
+executor with one slot, so :class:`~django_jobguard.worker.Worker` has one loop for both.
 
 The worker's main thread stays the coordinator (signals, claims, LISTEN or polling, stop
 conditions, the memory limit; see :meth:`Worker.run <django_jobguard.worker.Worker.run>`);
@@ -7,15 +10,20 @@ own :class:`~django_jobguard.worker.pipeline.Pipeline` and its own database conn
 connections are per thread; closed when the thread ends), so middleware, outcomes and owner
 checks are exactly those of a single-job worker.
 
-The interface the worker loop uses (an async executor implements the same):
+The interface the worker loop uses (:class:`Executor`; the async executor has the same
+``free``/``submit``/``wait`` shape):
 
-- :attr:`~ThreadExecutor.size`, :meth:`~ThreadExecutor.free`, :attr:`~ThreadExecutor.busy`,
-  :meth:`~ThreadExecutor.running_queues`: what may be claimed now;
-- :meth:`~ThreadExecutor.submit`: run a claimed row (attempt counted, lease held);
-- :meth:`~ThreadExecutor.tick`: time limits and stuck threads (call it often, from the
-  coordinator); :meth:`~ThreadExecutor.wait`: until a job ends or ``timeout``;
-- :meth:`~ThreadExecutor.abort` (signal-safe) and :meth:`~ThreadExecutor.shutdown`: a
-  graceful stop finishes the running jobs, an abort hands them back to the queue.
+- :attr:`~Executor.size`, :meth:`~Executor.free`, :attr:`~Executor.busy`,
+  :meth:`~Executor.running_queues`: what may be claimed now; :attr:`~Executor.claims_ahead`:
+  whether a claim takes a batch ahead of the free slots (solo: started one by one, each by
+  the ack of the row before it) or only as many rows as there are free slots;
+- :meth:`~Executor.submit`: run a claimed row (attempt counted, lease held), ``then`` the
+  row claimed ahead that runs next; the solo executor returns when the row is done;
+- :meth:`~Executor.tick`: time limits and stuck threads (call it often, from the
+  coordinator); :meth:`~Executor.wait`: until a job ends or ``timeout``; :meth:`~Executor.wake`
+  ends a wait;
+- :meth:`~Executor.abort` (from a signal handler) and :meth:`~Executor.shutdown`: a graceful
+  stop finishes the running jobs, an abort hands them back to the queue.
 
 What it needs of its worker is :class:`Coordinator`: count finished jobs, and learn which
 rows run now (the heartbeat renews their leases; the Worker row's ``current_job`` lists
@@ -43,10 +51,12 @@ run, the whole process is killed at the job's hard limit, as with one job at a t
 from __future__ import annotations
 
 import logging
+import math
 import queue as stdlib_queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -85,6 +95,114 @@ class Coordinator(Protocol):
     def show_running(self, rows: list[QueuedJob]) -> None:
         """``rows`` are the jobs running now: renew their leases, show them on the Worker
         row (called under the executor's lock)."""
+
+
+class Executor(Protocol):
+    """What the worker loop asks of an executor (see the module docstring)."""
+
+    size: int
+    #: Claims take a batch (adaptive, ``--batch``), the rows after the first started by the
+    #: ack before them; otherwise as many rows as there are free slots, all started.
+    claims_ahead: bool
+
+    def free(self) -> int:
+        """How many more rows may start now."""
+
+    @property
+    def busy(self) -> int:
+        """How many jobs run now."""
+
+    def running_queues(self) -> Counter[str]:
+        """Running jobs per queue name."""
+
+    def submit(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
+        """Run ``row``; ``then`` is the row claimed ahead that its ack starts."""
+
+    def tick(self) -> None:
+        """Enforce what the coordinator enforces (time limits of jobs in other threads)."""
+
+    def seconds_to_next_check(self) -> float:
+        """When :meth:`tick` has something to do next."""
+
+    def wait(self, timeout: float) -> None:
+        """Until a job ends, :meth:`wake`, or ``timeout`` seconds."""
+
+    def wake(self) -> None:
+        """End a :meth:`wait` now."""
+
+    def abort(self) -> None:
+        """Hand the running jobs back to the queue (a second Ctrl-C, in the handler)."""
+
+    def shutdown(self) -> None:
+        """Let the running jobs finish (after :meth:`abort`: hand them back), then stop."""
+
+
+class SoloExecutor:
+    """One slot in the calling thread (the worker's main thread, or an embedded worker's):
+    each row runs to its end inside :meth:`submit`, so ``SIGALRM`` time limits and a second
+    Ctrl-C reach the job directly. celery's ``solo`` pool."""
+
+    size = 1
+    claims_ahead = True
+    busy = 0  # asked only between jobs: submit() returns when the job is done
+
+    def __init__(self, worker: Any, *, finished: Callable[[float], None],
+                 rest: float = 0.0) -> None:
+        self.worker = worker  # a Worker: process_claimed(), pipeline, stop
+        #: Called with each job's duration (the adaptive claim size learns from it).
+        self.finished = finished
+        self.rest = rest
+        self._cond = threading.Condition()
+
+    def free(self) -> int:
+        """One: the slot is free whenever the loop asks."""
+        return 1
+
+    def running_queues(self) -> Counter[str]:
+        """None run between jobs."""
+        return Counter()
+
+    def submit(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
+        """Run ``row`` here and now (``then``: started by its ack), then rest (``--rest``)."""
+        began = time.monotonic()
+        self.worker.show_running([row])
+        try:
+            self.worker.process_claimed(row, then=then)
+        finally:
+            self.worker.show_running([])
+        self.finished(time.monotonic() - began)
+        if self.rest:
+            time.sleep(self.rest)
+
+    def tick(self) -> None:
+        """Nothing: ``SIGALRM`` and the watchdog enforce the limits in this thread."""
+
+    def seconds_to_next_check(self) -> float:
+        """Never: nothing to check from outside the job."""
+        return math.inf
+
+    def wait(self, timeout: float) -> None:
+        """Until :meth:`wake` (an async job ended) or ``timeout`` seconds, at most one (so
+        that a stop is seen)."""
+        with self._cond:
+            self._cond.wait(min(timeout, 1.0))
+
+    def wake(self) -> None:
+        """End a :meth:`wait` now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        """Raise :class:`WorkerStoppedError` into the running job (in the signal handler,
+        which runs in this thread); the job goes back to the queue, its attempt unused."""
+        pipeline = self.worker.pipeline
+        if pipeline.interruptible() is not None:
+            logger.warning("Worker %s got SIGINT again; stopping at once, the job goes back "
+                           "to the queue.", pipeline.worker_id)
+        self.worker.interrupt_job(WorkerStoppedError(WorkerStoppedError.detail))
+
+    def shutdown(self) -> None:
+        """Nothing runs after the loop: the last job ended inside :meth:`submit`."""
 
 
 class AllThreadsStuck(Exception):
@@ -159,6 +277,8 @@ class _Slot:
 class ThreadExecutor:
     """Runs up to ``size`` claimed rows at once on threads (see the module docstring)."""
 
+    claims_ahead = False  # a free slot takes a row at once
+
     def __init__(self, worker: Coordinator, size: int, *, rest: float = 0.0) -> None:
         self.worker = worker
         self.size = size
@@ -206,8 +326,9 @@ class ThreadExecutor:
         with self._cond:
             return Counter(running.row.queue for running in self._busy.values())
 
-    def submit(self, row: QueuedJob) -> None:
-        """Run ``row`` on an idle thread (the caller claimed at most :meth:`free` rows)."""
+    def submit(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
+        """Run ``row`` on an idle thread (the caller claimed at most :meth:`free` rows;
+        nothing is claimed ahead here, so ``then`` is None)."""
         with self._cond:
             slot = self._idle.pop()
             self._busy[slot] = slot.running = _Running(row, time.monotonic())
@@ -260,6 +381,8 @@ class ThreadExecutor:
         rows are put back by their threads, or by :meth:`shutdown` for those that do not
         stop."""
         self._aborted = True
+        logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs go "
+                       "back to the queue.", self.worker.pipeline.worker_id)
         for slot in list(self._busy):
             if slot.pipeline.interruptible() is not None and slot.thread.ident:
                 timeouts.raise_in_thread(slot.thread.ident, _Stopped)
@@ -352,7 +475,7 @@ class ThreadExecutor:
         try:
             if job is None or job.context.job_id != str(row.id):
                 raise RuntimeError("the stuck thread's job is not known")  # never expected
-            outcome = main._after_exception(row, job, error)
+            outcome = main.after_exception(row, job, error)
             self.worker.job_finished(main.apply(row, job, outcome, running.started), row.queue)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Could not end the attempt of %s (%s); its lease will bring it "

@@ -1,18 +1,23 @@
-"""The worker: claim jobs, hand each to the pipeline, keep leases and liveness fresh.
+"""The worker: claim jobs, hand each to an executor, keep leases and liveness fresh.
 
-:class:`Worker` is the loop of ``manage.py jobworker``: claim a batch of due rows
-(:mod:`django_jobguard.queue`), run each through
-:class:`~django_jobguard.worker.pipeline.Pipeline` (rebuild → middleware and ``handle()`` →
-outcome → ack, release or fail), and stop on a signal or a ``queue:work`` stop condition. A
-heartbeat thread renews the leases of the rows the worker holds and does the shared
-housekeeping; idle workers wait on LISTEN/NOTIFY (PostgreSQL) or poll.
+:class:`Worker` is the loop of ``manage.py jobworker`` (:meth:`Worker._loop`, read top to
+bottom): claim due rows (:mod:`django_jobguard.queue`; which queue is
+:class:`~django_jobguard.worker.queue_selection.QueueSelection`'s choice, ``--queue a:3,b:1``),
+hand async ones to the :class:`~django_jobguard.worker.async_executor.AsyncExecutor` and sync
+ones to the worker's :class:`~django_jobguard.worker.executor.Executor`, each of which runs
+them through :class:`~django_jobguard.worker.pipeline.Pipeline`; check the stop conditions;
+wait for a free slot, a NOTIFY (PostgreSQL), a due job or a poll. The
+:class:`~django_jobguard.worker.heartbeat.Heartbeat` thread renews the leases of the rows the
+worker holds and does the shared housekeeping.
 
-With ``--threads N`` (N > 1) the same loop claims up to the free slots of a
-:class:`~django_jobguard.worker.executor.ThreadExecutor` and hands it the rows; the main
-thread stays the coordinator (:meth:`Worker._run_threaded`). A worker without ``--threads``
-becomes one with a single thread once it claims a sync job beside async ones, so that its
-sync jobs do not stop it from claiming for the event loop. Which queue a claim takes from is
-:class:`~django_jobguard.worker.queue_selection.QueueSelection`'s choice (``--queue a:3,b:1``).
+There is one loop whatever the executor (as celery's ``solo`` pool is a pool): without
+``--threads`` it is the :class:`~django_jobguard.worker.executor.SoloExecutor`, one slot in
+this thread (``SIGALRM`` time limits; a claim takes an adaptive batch whose rows after the
+first are claimed ahead and each started by the ack before it); with ``--threads N`` the
+:class:`~django_jobguard.worker.executor.ThreadExecutor` (a claim takes as many rows as there
+are free slots, within each queue's number). A worker without ``--threads`` turns to one
+thread, for good, once it claims a sync job beside async ones, so that its sync jobs do not
+stop it from claiming for the event loop.
 """
 
 from __future__ import annotations
@@ -27,12 +32,11 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
-from django.db.models.functions import Now
+from django.db import DatabaseError, InterfaceError
 
-from django_jobguard import aio, history, logs, operations, queue, registry, schedules
+from django_jobguard import aio, history, logs, queue, registry
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
@@ -41,11 +45,16 @@ from django_jobguard.outcome import JobState
 from django_jobguard.retry import Defaults
 from django_jobguard.worker.async_executor import AsyncExecutor
 from django_jobguard.worker.claiming import ClaimSize
+from django_jobguard.worker.executor import (
+    EXIT_STUCK,
+    AllThreadsStuck,
+    Executor,
+    SoloExecutor,
+    ThreadExecutor,
+)
+from django_jobguard.worker.heartbeat import Heartbeat
 from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
 from django_jobguard.worker.queue_selection import QueueEntry, QueueSelection
-
-if TYPE_CHECKING:
-    from django_jobguard.worker.executor import ThreadExecutor
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -165,27 +174,31 @@ class Worker:
             self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
             self._async_finished)
         self._in_job = False
-        self._current_job = ""
+        self.current_job = ""
         self._listener: queue.Listener | None = None
         self._listener_lost_at: float | None = None
-        # Rows claimed and not yet finished: the only leases the heartbeat renews. A row whose
-        # ack or release failed (database error) drops out, so its lease runs out and another
-        # worker retries it, instead of this worker renewing it for the rest of its life.
+        # Rows an executor runs now (see show_running): with the waiting rows and the async
+        # executor's, the only leases the heartbeat renews. A row whose ack or release failed
+        # (database error) drops out, so its lease runs out and another worker retries it,
+        # instead of this worker renewing it for the rest of its life.
         self._held: frozenset[Any] = frozenset()
-        self._heartbeat: threading.Thread | None = None
         self._recent = RecentOutcomes()
         self._per_queue = history.QueueCounter()  # the dashboard's history, per minute
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         self._pause_checked = 0.0
         self._selection = QueueSelection([QueueEntry(name, o.queue_limits.get(name))
                                           for name in o.queues])
-        self._executor: ThreadExecutor | None = None
+        #: Sync rows run here: one slot in this thread, or ``--threads`` (set by run()).
+        self._executor: Executor = SoloExecutor(self, finished=self._claim_size.finished,
+                                                rest=o.rest)
         self._finished_lock = threading.Lock()
-        #: ``--threads``: claimed rows waiting for a free slot of their kind (sync or async).
+        #: Claimed rows not started yet: claimed ahead, or waiting for a slot of their kind
+        #: (replaced, never changed in place: the heartbeat reads it from its thread).
         self._waiting: list[QueuedJob] = []
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
+        self._heartbeat = Heartbeat(self, o.using)
         # Set at the very end: the heartbeat renews leases while running jobs finish.
-        self._halted = threading.Event()
+        self.halted = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -198,119 +211,42 @@ class Worker:
         # (an embedded worker runs in a thread of its own).
         in_main = threading.current_thread() is threading.main_thread()
         self.pipeline.hard_limits = in_main
-        started = time.monotonic()
+        if self.options.threads > 1:
+            self._executor = self._threads(self.options.threads)
         try:
-            if self.options.threads > 1:
-                return self._run_threaded(started)
-            return self._run_one_by_one(started, mixed=in_main and self._has_async_jobs)
+            return self._loop(time.monotonic(), may_turn=in_main and self._has_async_jobs)
         finally:
             self._async.wait()  # the async jobs running finish (or end by their timeout)
             self._shutdown()
 
-    def _run_one_by_one(self, started: float, *, mixed: bool) -> int:
-        """The loop without ``--threads``: one job at a time, in this thread, the rest of a
-        claimed batch started by the ack before it; async jobs are handed to the event loop
-        as they come. The first claim that brings a sync job beside async ones (``mixed``:
-        some job is async) turns the worker into :meth:`_run_threaded` with one thread, for
-        good: a sync job running in this thread would stop it from claiming for the event
-        loop, and the async jobs of a queue holding both kinds would run one at a time. (An
-        embedded worker never turns: its jobs have no time limits, a thread's would.)"""
-        while not self._stop.is_set():
-            rows = self._claim()
-            if mixed and rows and self._sync_beside_async(rows):
-                return self._run_threaded(started, first=rows)
-            self._held = frozenset(row.id for row in rows)
-            if self._has_async_jobs:
-                self._start_async_ahead(rows)
-            self._pause_checked = time.monotonic()  # the claim excluded paused queues
-            for index, row in enumerate(rows):
-                # Asked to stop, or the batch's queue was paused: give back what we did
-                # not start (a claim returns rows of one queue).
-                if self._stop.is_set() or self._paused_meanwhile(row.queue):
-                    for left in rows[index:]:
-                        queue.release(left, count_attempt=False, using=self.options.using)
-                    self._held = frozenset()
-                    break
-                if self._runs_async(row):  # on the loop; this thread goes on claiming
-                    if not self._async.submit(row, stop=self._stop):
-                        for left in rows[index:]:
-                            queue.release(left, count_attempt=False,
-                                          using=self.options.using)
-                        self._held = frozenset()
-                        break
-                    self._held = self._held - {row.id}
-                    continue
-                then = rows[index + 1] if index + 1 < len(rows) else None
-                if then is not None and self._runs_async(then):
-                    then = None  # started by its own pipeline on the loop
-                began = time.monotonic()
-                self.process_claimed(row, then=then)
-                self._claim_size.finished(time.monotonic() - began)
-                self._held = self._held - {row.id}
-                if self.options.rest:
-                    time.sleep(self.options.rest)
-            code = self._stop_code(found=bool(rows), started=started)
-            if code is not None:
-                return code
-            if not rows:
-                self._wait()
-        return EXIT_OK
+    def _loop(self, started: float, *, may_turn: bool) -> int:
+        """Claim, hand out, stop or wait; again. Each pass enforces the running jobs' time
+        limits (``tick``), starts the rows waiting for a slot, claims (the solo executor a
+        batch ahead, the threads their free slots, within each queue's number), hands the
+        rows out (async ones to the event loop, sync ones to the executor), checks the stop
+        conditions, and waits for a free slot, a NOTIFY or a due job. On a stop condition or
+        signal the running jobs finish (a second Ctrl-C hands them back); the rows claimed
+        and never started go back to the queue, their attempts unused.
 
-    def _sync_beside_async(self, rows: list[QueuedJob]) -> bool:
-        """Whether ``rows`` hold a sync job and async jobs run now or come with it."""
-        kinds = [self._runs_async(row) for row in rows]
-        return not all(kinds) and (any(kinds) or len(self._async) > 0)
-
-    def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
-        """Count in one statement the attempts of the async rows claimed ahead that start on
-        the event loop now (instead of one UPDATE each as they start)."""
-        starting = [row for row in rows if self._runs_async(row)][:self._async.free()]
-        ahead = [row for row in starting if queue.claimed_ahead(row)]
-        if len(ahead) > 1:
-            try:
-                queue.start_many(ahead, using=self.options.using)
-            except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
-                logger.warning("Could not start %s async jobs at once (%s).", len(ahead), exc)
-
-    @staticmethod
-    def _runs_async(row: QueuedJob) -> bool:
+        ``may_turn`` (the main thread, some job async): the first claim that brings a sync
+        job beside async ones turns the solo executor into one thread, for good: a sync job
+        running in this thread would stop it from claiming for the event loop, and the async
+        jobs of a queue holding both kinds would run one at a time. (An embedded worker never
+        turns: its jobs have no time limits, a thread's would.)"""
         try:
-            return aio.is_async(registry.get(row.name))
-        except registry.UnknownJobError:
-            return False  # the pipeline deals with it
-
-    def _async_finished(self, row: QueuedJob, state: str | None) -> None:
-        """An async job ended (called from the loop thread)."""
-        self.job_finished(state or "", row.queue)
-        if self._executor is not None:
-            self._executor.wake()  # the coordinator may claim into the freed slot
-
-    def _run_threaded(self, started: float, first: Sequence[QueuedJob] = ()) -> int:
-        """The loop with ``--threads N`` (or one thread beside async jobs, ``first`` the
-        claimed batch that brought a sync job beside async ones): claim as many rows as there
-        are free slots (within each queue's number), hand them to the executor, and wait for
-        a free slot, a NOTIFY or a due job; every pass also enforces the running jobs' time
-        limits. Rows are started as they are claimed (no claiming ahead: a free slot takes a
-        row at once). On a stop condition or signal the running jobs finish (a second Ctrl-C
-        hands them back)."""
-        from django_jobguard.worker.executor import EXIT_STUCK, AllThreadsStuck, ThreadExecutor
-
-        executor = self._executor = ThreadExecutor(self, self.options.threads,
-                                                   rest=self.options.rest)
-        try:
-            pending = list(first)
-            self._held = frozenset()  # from now on: the executors' rows and the waiting ones
             while not self._stop.is_set():
-                executor.tick()
-                self._hand_out(executor, [])
+                self._executor.tick()
+                self._hand_out([])
                 # Jobs running while claiming may have kept a queue's number (its cap) full,
                 # so an empty claim means an empty queue only if none ran then: otherwise
                 # --stop-when-empty could stop with jobs left that the cap held back.
-                running = executor.busy + len(self._async)
-                rows, pending = pending or (
-                    self._claim_for(executor) if not self._waiting else []), []
+                running = self._executor.busy + len(self._async)
+                rows = [] if self._waiting else self._claim()
+                if may_turn and self._executor.claims_ahead and self._sync_beside_async(rows):
+                    self._executor = self._threads(1)
                 self._start_async_ahead(rows)
-                self._hand_out(executor, rows)
+                self._hand_out(rows)
+                executor = self._executor
                 busy = executor.busy + len(self._async)
                 code = self._stop_code(found=bool(rows) or busy > 0 or running > 0,
                                        started=started,
@@ -330,60 +266,126 @@ class Worker:
                             "takes its place.", self.id, exc, EXIT_STUCK)
             return EXIT_STUCK
         finally:
-            self._give_back_waiting()
-            executor.shutdown()
+            waiting, self._waiting = self._waiting, []
+            self._give_back(waiting)
+            self._executor.shutdown()
 
-    def _hand_out(self, executor: ThreadExecutor, rows: list[QueuedJob]) -> None:
-        """Start the rows waiting for a slot of their kind, then ``rows``: async ones on the
-        event loop, sync ones on a thread; a row whose kind has no free slot waits (claimed,
-        its lease renewed) until one frees."""
-        pending, self._waiting = self._waiting + rows, []
-        for row in pending:
-            if self._runs_async(row):
-                if self._async.free():
-                    self._async.submit(row)
-                    continue
-            elif executor.free():
-                executor.submit(row)
+    def _threads(self, size: int) -> Executor:
+        """The executor of ``--threads`` (``size`` threads)."""
+        return ThreadExecutor(self, size, rest=self.options.rest)
+
+    def _claim(self) -> list[QueuedJob]:
+        """Claim the rows to run next: for the solo executor an adaptive batch whose first
+        row starts now and the rest are claimed ahead, their attempts uncounted until each
+        starts (a worker killed meanwhile has not used their tries); for threads as many
+        rows as there are free slots, started. A failed claim is logged, and retried a
+        second later on a fresh connection."""
+        o = self.options
+        executor = self._executor
+        if executor.claims_ahead:
+            limit = 1 if o.once else self._claim_size.next()
+            if o.max_jobs:
+                limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
+            start = 1
+        else:
+            # Slots for async jobs only where any job is async: a claim cannot tell the kinds
+            # apart, and a sync row claimed for an async slot waits for a thread (its lease
+            # renewed, its attempt counted only when it starts).
+            start = executor.free()
+            limit = start + (self._async.free() if self._has_async_jobs else 0)
+            if o.once or o.max_jobs:
+                limit = min(limit, (1 if o.once else o.max_jobs) - self.jobs_processed
+                            - executor.busy - len(self._async))
+            if limit < 1:
+                return []
+        running = self._selection.running(executor.running_queues()) \
+            if self._selection.weighted else None
+        try:
+            rows = self._selection.claim(
+                lambda names, n: queue.claim(names, worker_id=self.id, limit=n,
+                                             start=min(n, start), named=o.queues,
+                                             using=o.using),
+                free=limit, running=running)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
+            queue.close_broken_connections(all_idle=True)
+            self._stop.wait(1)
+            return []
+        if executor.claims_ahead:
+            self._claim_size.claimed(limit, len(rows))
+        self._pause_checked = time.monotonic()  # the claim excluded paused queues
+        return rows
+
+    def _hand_out(self, rows: list[QueuedJob]) -> None:
+        """Start the rows waiting for a slot of their kind, then ``rows``, in order: async
+        ones on the event loop, sync ones on the executor (the solo executor runs each here,
+        ``then`` the row after it, which its ack starts); a row whose kind has no free slot
+        waits (claimed, its lease renewed) until one frees. Before each row the solo
+        executor, between jobs, sees a stop or a pause of the batch's queue (a claim returns
+        rows of one queue) and gives back the rows it did not start."""
+        self._waiting = waiting = self._waiting + rows
+        solo = self._executor.claims_ahead
+        index = 0
+        while index < len(waiting):
+            row = waiting[index]
+            if solo and (self._stop.is_set() or self._paused_meanwhile(row.queue)):
+                self._waiting = waiting[:index]
+                self._give_back(waiting[index:])
+                return
+            is_async = self._runs_async(row)
+            if not (self._async.free() if is_async else self._executor.free()):
+                index += 1
                 continue
-            self._waiting.append(row)
+            # Started: from now on the executor's (its row's lease is renewed as running).
+            self._waiting = waiting = waiting[:index] + waiting[index + 1:]
+            if is_async:
+                self._async.submit(row)
+                continue
+            then = waiting[index] if solo and index < len(waiting) else None
+            if then is not None and self._runs_async(then):
+                then = None  # started by its own pipeline on the loop
+            self._executor.submit(row, then=then)
 
-    def _give_back_waiting(self) -> None:
-        """Put back the claimed rows that never got a slot, their attempt unused."""
-        waiting, self._waiting = self._waiting, []
-        for row in waiting:
+    def _give_back(self, rows: Sequence[QueuedJob]) -> None:
+        """Put back claimed rows that never started here, their attempt unused."""
+        for row in rows:
             try:
                 queue.release(row, count_attempt=False, using=self.options.using)
             except (DatabaseError, InterfaceError) as exc:
                 logger.warning("Could not put back %s (%s); its lease will bring it back.",
                                row, exc)
 
-    def _claim_for(self, executor: ThreadExecutor) -> list[QueuedJob]:
-        """Claim (and start) up to as many rows as the executor has free slots."""
-        o = self.options
-        # Slots for async jobs only where any job is async: a claim cannot tell the kinds
-        # apart, and a sync row claimed for an async slot waits for a thread (its lease
-        # renewed, its attempt counted only when it starts).
-        sync_free = executor.free()
-        free = sync_free + (self._async.free() if self._has_async_jobs else 0)
-        if o.once or o.max_jobs:
-            free = min(free, (1 if o.once else o.max_jobs) - self.jobs_processed - executor.busy
-                       - len(self._async))
-        if free < 1:
-            return []
-        running = self._selection.running(executor.running_queues()) \
-            if self._selection.weighted else None
+    def _sync_beside_async(self, rows: list[QueuedJob]) -> bool:
+        """Whether ``rows`` hold a sync job and async jobs run now or come with it."""
+        if not rows:
+            return False
+        kinds = [self._runs_async(row) for row in rows]
+        return not all(kinds) and (any(kinds) or len(self._async) > 0)
+
+    def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
+        """Count in one statement the attempts of the async rows claimed ahead that start on
+        the event loop now (instead of one UPDATE each as they start)."""
+        if not self._has_async_jobs:
+            return
+        starting = [row for row in rows if self._runs_async(row)][:self._async.free()]
+        ahead = [row for row in starting if queue.claimed_ahead(row)]
+        if len(ahead) > 1:
+            try:
+                queue.start_many(ahead, using=self.options.using)
+            except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
+                logger.warning("Could not start %s async jobs at once (%s).", len(ahead), exc)
+
+    @staticmethod
+    def _runs_async(row: QueuedJob) -> bool:
         try:
-            return self._selection.claim(
-                lambda names, limit: queue.claim(names, worker_id=self.id, limit=limit,
-                                                 start=min(limit, sync_free), named=o.queues,
-                                                 using=o.using),
-                free=free, running=running)
-        except (DatabaseError, InterfaceError) as exc:
-            logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
-            queue.close_broken_connections(all_idle=True)
-            self._stop.wait(1)
-            return []
+            return aio.is_async(registry.get(row.name))
+        except registry.UnknownJobError:
+            return False  # the pipeline deals with it
+
+    def _async_finished(self, row: QueuedJob, state: str | None) -> None:
+        """An async job ended (called from the loop thread)."""
+        self.job_finished(state or "", row.queue)
+        self._executor.wake()  # the loop may claim into the freed slot
 
     def job_finished(self, state: str, queue: str) -> None:
         """Count a job of ``queue`` an executor thread finished (any thread)."""
@@ -396,7 +398,20 @@ class Worker:
         """The rows an executor runs now: their leases are renewed, the Worker row lists
         them."""
         self._held = frozenset(row.id for row in rows)
-        self._current_job = ",".join(str(row.id) for row in rows)
+        self.current_job = ",".join(str(row.id) for row in rows)
+
+    def recent_counts(self) -> tuple[int, int]:
+        """``(done, failed)`` in the last minute, for the Worker row."""
+        return self._recent.counts()
+
+    def flush_history(self) -> None:
+        """Add the jobs finished since the last call to the dashboard's per-minute counts."""
+        self._per_queue.flush(self.options.using)
+
+    def held_ids(self) -> frozenset[Any]:
+        """Ids of every row this worker holds: running (sync and async), claimed ahead, or
+        waiting for a slot (the heartbeat renews their leases)."""
+        return self._held | self._async.held() | {row.id for row in self._waiting}
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second
@@ -436,29 +451,6 @@ class Worker:
             return False
         self._rss_checked = now
         return _rss_mb() >= limit_mb
-
-    def _claim(self) -> list[QueuedJob]:
-        o = self.options
-        limit = 1 if o.once else self._claim_size.next()
-        if o.max_jobs:
-            limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
-        try:
-            # One job starts now; the rest of a batch is claimed ahead, its attempts uncounted
-            # until each starts (a worker killed meanwhile has not used their tries).
-            if self._selection.weighted:
-                rows = self._selection.claim(
-                    lambda names, n: queue.claim(names, worker_id=self.id, limit=n, start=1,
-                                                 named=o.queues, using=o.using), free=limit)
-            else:
-                rows = queue.claim(o.queues, worker_id=self.id, limit=limit, start=1,
-                                   using=o.using)
-            self._claim_size.claimed(limit, len(rows))
-            return rows
-        except (DatabaseError, InterfaceError) as exc:
-            logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
-            queue.close_broken_connections(all_idle=True)
-            self._stop.wait(1)
-            return []
 
     def _wait(self, cap: float | None = None) -> None:
         """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
@@ -524,7 +516,7 @@ class Worker:
     def process_claimed(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
         """Run :meth:`process`; a database error leaves the row to lease recovery."""
         self._in_job = True
-        self._current_job = str(row.id)
+        self.current_job = str(row.id)
         try:
             state = self.process(row, then=then)
             self._recent.record(state)
@@ -534,7 +526,7 @@ class Worker:
                 self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
-            self._current_job = ""
+            self.current_job = ""
             with self._finished_lock:
                 self.jobs_processed += 1
             queue.close_broken_connections()
@@ -585,98 +577,31 @@ class Worker:
     def _stop_at_once(self) -> None:
         self._stop.set()
         self._async.stop_all()  # each async job goes back to the queue, its attempt unused
-        if self._executor is not None:
-            logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs go "
-                           "back to the queue.", self.id)
-            self._executor.abort()
-            return
-        if self.pipeline.interruptible() is not None:
-            logger.warning("Worker %s got SIGINT again; stopping at once, the job goes back "
-                           "to the queue.", self.id)
-        self.interrupt_job(WorkerStoppedError(WorkerStoppedError.detail))
+        self._executor.abort()  # the solo one raises into the job it runs (this thread's)
 
     # -- start-up, heartbeat, shutdown -----------------------------------------------
 
     def _start(self) -> None:
         o = self.options
-        WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self._identity())
+        WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self.identity())
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
-        self._heartbeat = threading.Thread(target=self._beat, name="jobguard-heartbeat",
-                                           daemon=True)
         self._heartbeat.start()
 
-    def _beat(self) -> None:
-        """Every few seconds: renew the leases this worker holds and say it is alive."""
-        interval = max(0.5, min(float(jobguard_settings.RETRY_AFTER) / 3, 15.0))
-        using = self.options.using
-        logs.bind_worker(self.id)
-        last_clean = time.monotonic()
-        ticker = schedules.Ticker(using)  # periodic jobs: any worker enqueues due ticks, once
-        try:
-            ticker.run_once()  # at start-up too, not one interval later
-            while not self._halted.wait(interval):
-                try:
-                    self.heartbeat()
-                    ticker()
-                    if time.monotonic() - last_clean > 60:
-                        self._clean_up(using)
-                        last_clean = time.monotonic()
-                except Exception as exc:
-                    logger.warning("Heartbeat failed (%s); retrying.", exc)
-                    queue.close_broken_connections(all_idle=True)
-        finally:
-            connections.close_all()
-
     def heartbeat(self) -> None:
-        """Renew this worker's leases and write its liveness and last-minute counts."""
-        using = self.options.using
-        held = self._held | self._async.held() | {row.id for row in self._waiting}
-        renewed = queue.extend_leases(self.id, ids=held, using=using) if held else 0
-        done, failed = self._recent.counts()
-        beat = {"jobs_processed": self.jobs_processed, "current_job": self._current_job,
-                "done_last_minute": done, "failed_last_minute": failed}
-        if not WorkerRow.objects.using(using).filter(id=self.id).update(last_seen_at=Now(),
-                                                                       **beat):
-            self._register_again(beat, held=len(held), renewed=renewed)
-        self._per_queue.flush(using)
+        """Renew this worker's leases and write its liveness and last-minute counts (the
+        heartbeat thread's steps about this worker; see :mod:`.heartbeat`)."""
+        self._heartbeat.keep_alive()
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         """The fields of this worker's row that never change."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(),
                 "queues": ",".join(self.options.queues)}
 
-    def _register_again(self, beat: dict[str, Any], *, held: int, renewed: int) -> None:
-        """The heartbeat found no row of this worker: housekeeping deleted it after a long
-        silence (the process was stopped, SIGSTOP or swapped out, for
-        ``DEAD_WORKER_AFTER_LEASES`` leases) or an operator did. The worker is alive, so it
-        registers again: the admin, the API and ``requeue`` see it, and do not take its
-        running jobs from under it. Of the ``held`` leases, the heartbeat just ``renewed``
-        those still its own; a row that another worker claimed meanwhile (or an operator
-        requeued) is not, and this worker's writes of it are owner-checked and log LOST."""
-        using = self.options.using
-        if self._halted.is_set():
-            return  # shutting down: the row was deleted by _shutdown
-        WorkerRow.objects.using(using).update_or_create(
-            id=self.id, defaults={**self._identity(), **beat, "last_seen_at": Now()})
-        logger.warning("Worker %s found its row gone (housekeeping deletes the row of a "
-                       "worker silent for %g s, an operator may delete it by hand) and "
-                       "registered again. It still holds %s of the %s job(s) it works on%s.",
-                       self.id, operations.DEAD_WORKER_AFTER_LEASES
-                       * float(jobguard_settings.RETRY_AFTER), renewed, held,
-                       "" if renewed == held else
-                       "; the others went back to the queue meanwhile and end as LOST here")
-
-    @staticmethod
-    def _clean_up(using: str) -> None:
-        """Housekeeping any live worker may do: expired locks, workers that stopped beating."""
-        operations.housekeeping(using=using)
-
     def _shutdown(self) -> None:
         self._stop.set()
-        self._halted.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=5)
+        self.halted.set()
+        self._heartbeat.join(timeout=5)
         if self._listener is not None:
             self._listener.close()
         try:

@@ -383,12 +383,12 @@ class Pipeline:
             # flag, never into these): the job failed, the worker goes on.
             logger.warning("%s [%s] raised %r; treated as the job's failure, not a worker "
                            "stop.", _shown(row), row.id, exc)
-            return self._after_exception(row, job, exc)
+            return self.after_exception(row, job, exc)
         if context.cancel_seen:  # it stopped because it was asked to
             return Outcome.cancelled()
         if isinstance(exc, StoreUnavailableError) and not context.handle_started:
             return self._store_outage(row, exc)
-        return self._after_exception(row, job, exc)
+        return self.after_exception(row, job, exc)
 
     def run_async(self, row: QueuedJob, job: JobLike) -> Any:
         """An async job's middleware and ``handle()`` on an event loop, its ``timeout`` (and an
@@ -404,7 +404,7 @@ class Pipeline:
             return await aio.run_job(job.context, run_middleware_async(job), timeout=timeout,
                                      label=label, grace=timeouts.GRACE)
 
-    def _after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
+    def after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
         """Retry with backoff, or fail on the last attempt / too many exceptions."""
         context = job.context
         requested = context.requested

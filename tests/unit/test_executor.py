@@ -94,3 +94,32 @@ def test_writes_of_an_attempt_that_was_ended_do_not_touch_a_later_claim_by_the_s
     row = QueuedJob.objects.get()
     assert row.reserved_by == "w" and row.claims == current.claims
     assert queue.ack(current) and not QueuedJob.objects.exists()
+
+
+
+@pytest.mark.django_db
+def test_without_threads_the_loop_runs_each_job_on_the_solo_executor_in_its_own_thread(
+        monkeypatch):
+    """One loop for every executor: without ``--threads`` it is a one-slot executor that runs
+    each job in the loop's thread (where SIGALRM reaches it), the job's lease and that of the
+    row claimed ahead (``then``, started by its ack) renewed while it runs."""
+    from django_jobguard.worker.executor import SoloExecutor
+
+    handles = [jobs.Noop(n).dispatch() for n in range(4)]
+    w = Worker(WorkerOptions(queues=["default"], stop_when_empty=True, sleep=0, memory=0))
+    assert isinstance(w._executor, SoloExecutor) and w._executor.free() == 1
+    seen = []
+    real = w.process
+
+    def process(row, *, then=None):
+        held = w.held_ids()
+        seen.append((row.id, threading.current_thread(), row.id in held,
+                     then is None or then.id in held))
+        return real(row, then=then)
+
+    monkeypatch.setattr(w, "process", process)
+    assert w.run() == 0
+    assert [str(row_id) for row_id, *_ in seen] == [str(handle.id) for handle in handles]
+    assert {thread for _, thread, _, _ in seen} == {threading.current_thread()}
+    assert all(running and ahead for _, _, running, ahead in seen)
+    assert not QueuedJob.objects.exists()

@@ -459,6 +459,6 @@ def test_a_heartbeat_that_finds_its_row_gone_registers_again(caplog):
     assert "registered again" in caplog.text and "still holds 1 of the 1" in caplog.text
 
     WorkerRow.objects.filter(id=worker.id).delete()
-    worker._halted.set()  # shutting down: its row was deleted on purpose
+    worker.halted.set()  # shutting down: its row was deleted on purpose
     worker.heartbeat()
     assert not WorkerRow.objects.filter(id=worker.id).exists()
