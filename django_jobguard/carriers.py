@@ -27,7 +27,8 @@ from django.utils.module_loading import import_string
 from django_jobguard.conf import jobguard_settings
 
 __all__ = ["Carrier", "CorrelationId", "CorrelationIdMiddleware", "Language", "Tenant",
-           "capture", "carriers", "correlation_id", "restored", "set_correlation_id"]
+           "capture", "carriers", "correlation", "correlation_id", "restored",
+           "set_correlation_id"]
 
 
 @runtime_checkable
@@ -83,6 +84,17 @@ def set_correlation_id(value: str | None) -> contextvars.Token[str | None]:
     return _correlation.set(value)
 
 
+@contextlib.contextmanager
+def correlation(value: str) -> Iterator[None]:
+    """The correlation id ``value`` inside the ``with`` block (a management command's, a
+    consumer's): jobs dispatched there carry it."""
+    token = set_correlation_id(value)
+    try:
+        yield
+    finally:
+        _correlation.reset(token)
+
+
 class CorrelationId:
     """The correlation id (:func:`correlation_id`): a job runs with the id of the request
     (or job) that dispatched it, and the jobs it dispatches carry it on."""
@@ -92,13 +104,8 @@ class CorrelationId:
     def capture(self) -> str | None:
         return _correlation.get()
 
-    @contextlib.contextmanager
-    def restore(self, value: Any) -> Iterator[None]:
-        token = set_correlation_id(str(value))
-        try:
-            yield
-        finally:
-            _correlation.reset(token)
+    def restore(self, value: Any) -> AbstractContextManager[None]:
+        return correlation(str(value))
 
 
 class CorrelationIdMiddleware:

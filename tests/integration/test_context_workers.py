@@ -17,20 +17,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_jobs_run_in_the_context_they_were_dispatched_in(workers):
-    token = carriers.set_correlation_id("req-fr")
-    try:
-        with translation.override("fr"):
-            ContextProbe("fr", children=2).dispatch()
-            AsyncContextProbe("fr-async").dispatch()
-    finally:
-        carriers._correlation.reset(token)
-    token = carriers.set_correlation_id("req-de")
-    try:
-        with translation.override("de"):
-            ContextProbe("de").dispatch()
-            AsyncContextProbe("de-async").dispatch()
-    finally:
-        carriers._correlation.reset(token)
+    with carriers.correlation("req-fr"), translation.override("fr"):
+        ContextProbe("fr", children=2).dispatch()
+        AsyncContextProbe("fr-async").dispatch()
+    with carriers.correlation("req-de"), translation.override("de"):
+        ContextProbe("de").dispatch()
+        AsyncContextProbe("de-async").dispatch()
     ContextProbe("none").dispatch()
     output = "".join(workers(1, "--async-concurrency", "4", "--sleep", "0.05",
                              "--stop-when-empty", "--max-time", "120").wait(120))

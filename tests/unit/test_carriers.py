@@ -38,12 +38,8 @@ def _context() -> dict:
 
 
 def test_language_and_correlation_id_follow_a_job_and_its_children():
-    token = carriers.set_correlation_id("req-42")
-    try:
-        with translation.override("fr"):
-            ContextProbe("parent", children=1).dispatch()
-    finally:
-        carriers._correlation.reset(token)
+    with carriers.correlation("req-42"), translation.override("fr"):
+        ContextProbe("parent", children=1).dispatch()
     assert _context() == {"language": "fr", "correlation_id": "req-42"}
     assert translation.get_language() != "fr" and carriers.correlation_id() is None
     assert work() == ["DONE", "DONE"]
@@ -61,12 +57,8 @@ def test_nothing_is_carried_when_there_is_nothing_to_carry():
 
 
 def test_an_async_job_gets_the_context_in_its_own_task():
-    token = carriers.set_correlation_id("req-async")
-    try:
-        with translation.override("de"):
-            AsyncContextProbe("async").dispatch()
-    finally:
-        carriers._correlation.reset(token)
+    with carriers.correlation("req-async"), translation.override("de"):
+        AsyncContextProbe("async").dispatch()
     assert drain().states == ["DONE"]  # on a loop of its own in this thread (as tests do)
     assert _seen("async") == "de|req-async"
     assert carriers.correlation_id() is None
@@ -220,13 +212,9 @@ def test_the_correlation_middleware_takes_the_request_id_or_makes_one():
 def test_the_admin_job_details_show_the_context(admin_client):
     from tests.support.jobs import FailMe
 
-    token = carriers.set_correlation_id("req-<7>")
-    try:
-        with translation.override("fr"):
-            queued = ContextProbe("shown").dispatch()
-            FailMe().dispatch()
-    finally:
-        carriers._correlation.reset(token)
+    with carriers.correlation("req-<7>"), translation.override("fr"):
+        queued = ContextProbe("shown").dispatch()
+        FailMe().dispatch()
     body = admin_client.get(f"/admin/django_jobguard/queuedjob/{queued.id}/change/").content
     assert ('<pre class="jobguard-context">correlation_id: req-&lt;7&gt;\nlanguage: fr</pre>'
             in body.decode())
