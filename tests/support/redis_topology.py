@@ -8,6 +8,7 @@ that started them and are stopped (by their process ids) when it ends.
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import socket
 import subprocess
@@ -34,6 +35,7 @@ class _Servers:
     def __init__(self, prefix: str) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.procs: list[subprocess.Popen] = []
+        atexit.register(self.stop)  # also when the session ends without its finalizers
 
     def spawn(self, name: str, args: Sequence[str]) -> None:
         log = self.dir / f"{name}.log"
@@ -63,6 +65,8 @@ class _Servers:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        """Stop this topology's servers (by their process ids) and remove its files; again
+        is a no-op."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
