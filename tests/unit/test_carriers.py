@@ -228,3 +228,16 @@ def test_the_admin_job_details_show_the_context(admin_client):
     plain = ContextProbe("plain").dispatch()
     body = admin_client.get(f"/admin/django_jobguard/queuedjob/{plain.id}/change/").content
     assert "jobguard-context" not in body.decode()
+
+
+def test_chain_links_and_batch_callbacks_carry_the_context_of_their_dispatch():
+    from django_jobguard import batch, chain
+
+    with carriers.correlation("req-flow"), translation.override("fr"):
+        chain(ContextProbe("link-1"), ContextProbe("link-2")).dispatch()
+        batch([ContextProbe("member")]).then(ContextProbe("then")).dispatch()
+    # Links after the first and the callbacks are queued by the worker, at an ack outside any
+    # job's run: they carry what was captured when the chain and the batch were dispatched.
+    assert work() == ["DONE"] * 4
+    labels = ("link-1", "link-2", "member", "then")
+    assert {label: _seen(label) for label in labels} == dict.fromkeys(labels, "fr|req-flow")
