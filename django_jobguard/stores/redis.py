@@ -13,6 +13,11 @@ Every script's keys are in one hash slot: a lock and its fence (above), a circui
 and the rate windows of one hit, grouped by slot on a Cluster (see
 :meth:`RedisStore.hit_rate_limits`).
 
+A store's ``PREFIX`` goes in front of every key it writes or reads (``prefix + key``; keys are
+shown and passed without it). Everything about slots is worked out on the key as stored: the
+fence is ``fence_key(prefix + key)`` and rate windows are grouped by the stored key's slot. The
+prefix may not hold ``{`` or ``}`` (E004), so a key's own hash tag stays its tag behind it.
+
 When the server cannot be reached (down, restarting, loading its data, timing out) every
 primitive raises :class:`~django_jobguard.exceptions.StoreUnavailableError`, chained to the
 redis error, so that the worker can tell an outage from a job's own failure.
@@ -24,6 +29,7 @@ import binascii
 import datetime
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,7 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_jobguard import clock
 from django_jobguard.exceptions import StoreUnavailableError
-from django_jobguard.stores import counters
+from django_jobguard.stores import counters, journal
 from django_jobguard.stores.base import (
     UNREADABLE,
     CircuitDecision,
@@ -192,24 +198,51 @@ class RedisStore(Store):
 
     def __init__(self, *, alias: str, cache: str = "default",
                  cluster: str | Sequence[str] | None = None,
-                 cluster_options: dict[str, Any] | None = None) -> None:
+                 cluster_options: dict[str, Any] | None = None, prefix: str = "") -> None:
         super().__init__(alias=alias)
         self.cache_alias = cache
         self.cluster_urls = [cluster] if isinstance(cluster, str) else list(cluster or [])
         self.cluster_options = dict(cluster_options or {})
         self.is_cluster = bool(self.cluster_urls)
+        #: Put in front of every key this store writes in Redis (``STORES[...]["PREFIX"]``),
+        #: so that test runs keep apart from the project's workers on the same server. Keys
+        #: are shown and passed without it. A lock's fencing counter is
+        #: ``fence_key(prefix + key)``: in the hash slot of the prefixed key.
+        self.prefix = prefix
+        self._glob = re.sub(r"([*?\[\]\\])", r"\\\1", prefix)  # the prefix in a SCAN pattern
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
 
     @classmethod
     def check_config(cls, alias: str, config: dict[str, Any]) -> list:
-        """System checks of the store's topology (ids in docs/scale-out.md)."""
+        """System checks of the store's options and topology (E004; E140-E142 and W140 in
+        docs/scale-out.md)."""
+        prefix = config.get("PREFIX", "")
+        if not isinstance(prefix, str):
+            return [Error(f"JOBGUARD['STORES'][{alias!r}]['PREFIX'] must be a string, not "
+                          f"{type(prefix).__name__}.", hint='For example "test:".',
+                          id="jobguard.E004")]
+        if "{" in prefix or "}" in prefix:
+            return [Error(f"JOBGUARD['STORES'][{alias!r}]['PREFIX'] is {prefix!r}: it must not "
+                          "contain '{' or '}'. On a Redis Cluster a brace in front of every "
+                          "key would change their hash tags, so keys that share a slot "
+                          "without the prefix would not with it (or all would share one).",
+                          hint='For example "test:".', id="jobguard.E004")]
         if "CLUSTER" in config:
             return _check_cluster(alias, config)
         from django.conf import settings
 
         cache = config.get("CACHE", "default")
-        cache_config = settings.CACHES.get(cache, {})
+        if cache not in settings.CACHES:
+            return [Error(
+                f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not in CACHES "
+                f"(CACHES has: {', '.join(map(repr, sorted(settings.CACHES))) or 'nothing'}).",
+                hint=f"Add CACHES[{cache!r}] with BACKEND 'django_redis.cache.RedisCache', or "
+                     f"set JOBGUARD['STORES'][{alias!r}]['CACHE'] to a django-redis cache "
+                     f"alias you have.",
+                id="jobguard.E004",
+            )]
+        cache_config = settings.CACHES[cache]
         backend = cache_config.get("BACKEND", "")
         if not backend.startswith("django_redis."):
             return [Error(
@@ -265,27 +298,31 @@ class RedisStore(Store):
                 job_id: str = "") -> int | None:
         check_key(key)
         check_owner(owner)
-        token = self._script(_ACQUIRE)(keys=[key, fence_key(key)],
+        stored = self.prefix + key
+        token = self._script(_ACQUIRE)(keys=[stored, fence_key(stored)],
                                        args=[owner, _ms(check_ttl(ttl)), job_id])
+        if token and journal.scopes:  # a lock someone else holds is not the test's to undo
+            journal.note(self, stored, fence_key(stored))
         return int(token) if token else None
 
     @_reachable
     def release(self, key: str, owner: str) -> bool:
-        return bool(self._script(_RELEASE)(keys=[key], args=[owner]))
+        return bool(self._script(_RELEASE)(keys=[self.prefix + key], args=[owner]))
 
     @_reachable
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
-        return bool(self._script(_EXTEND)(keys=[key], args=[owner, _ms(check_ttl(ttl))]))
+        return bool(self._script(_EXTEND)(keys=[self.prefix + key],
+                                          args=[owner, _ms(check_ttl(ttl))]))
 
     @_reachable
     def force_release(self, key: str) -> bool:
-        return bool(self.client.delete(key))
+        return bool(self.client.delete(self.prefix + key))
 
     @_reachable
     def get_lock(self, key: str) -> LockInfo | None:
         # One script, so the hash, its TTL and the clock come from the node that holds the
         # lock (on a Cluster another node's clock may differ).
-        flat, pttl, (seconds, micros) = self._script(_GET_LOCK)(keys=[key])
+        flat, pttl, (seconds, micros) = self._script(_GET_LOCK)(keys=[self.prefix + key])
         if not flat:
             return None
         data = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -305,7 +342,8 @@ class RedisStore(Store):
     @_reachable
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         """Held locks under ``prefix`` (expired ones are gone already: Redis drops them)."""
-        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{prefix}*", count=500)]
+        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{self._glob}{prefix}*",
+                                                            count=500)]
         return sorted(self._infos(keys, self.now()), key=lambda info: info.key)
 
     @_reachable
@@ -318,7 +356,7 @@ class RedisStore(Store):
             raise ValueError(f"{cursor!r} is not a cursor of the Redis store (a number).")
         position, found, count, now = int(cursor or 0), [], max(limit, 100), self.now()
         while True:
-            position, raw = self._scan(position, f"{prefix}*", count)
+            position, raw = self._scan(position, f"{self._glob}{prefix}*", count)
             batch = self._infos([_text(key) for key in raw], now)
             found += batch
             if position == 0 or len(found) >= limit:
@@ -349,7 +387,8 @@ class RedisStore(Store):
         return index << 64 | node_cursor, raw
 
     def _infos(self, keys: list[str], now: datetime.datetime) -> list[LockInfo]:
-        """The locks among ``keys`` (fencing counters and other values left out)."""
+        """The locks among ``keys`` (as stored, with :attr:`prefix`; fencing counters and other
+        values left out)."""
         keys = [key for key in keys if not key.endswith(":fence")]
         out: list[LockInfo] = []
         for start in range(0, len(keys), 200):
@@ -364,7 +403,7 @@ class RedisStore(Store):
                 kind, data, pttl = replies[3 * index:3 * index + 3]
                 if (_text(kind) == "hash" and isinstance(data, dict)
                         and "owner" in {_text(k) for k in data}):
-                    out.append(self._info(key, data, pttl, now))
+                    out.append(self._info(key[len(self.prefix):], data, pttl, now))
         return out
 
     def clean_expired(self) -> int:
@@ -380,7 +419,7 @@ class RedisStore(Store):
     def shorten_ttls(self, seconds: float, prefix: str = "jobguard:") -> int:
         """Bring every expiry under ``prefix`` ``seconds`` closer (deleting what runs out):
         how the test clock moves Redis's TTLs along with its "now". Returns the keys changed."""
-        keys = list(self.client.scan_iter(match=f"{prefix}*", count=500))
+        keys = list(self.client.scan_iter(match=f"{self._glob}{prefix}*", count=500))
         if not keys:
             return 0
         pipe = self.client.pipeline(transaction=False)
@@ -416,30 +455,34 @@ class RedisStore(Store):
         keys = sorted(merged)
         now_arg = _script_now(_at)
         groups: dict[int, list[str]] = {}
-        for key in keys:  # one script per hash slot on a Cluster; one in all on a server
-            groups.setdefault(key_slot(key) if self.is_cluster else 0, []).append(key)
+        for key in keys:  # one script per hash slot (of the key as stored) on a Cluster
+            groups.setdefault(key_slot(self.prefix + key) if self.is_cluster else 0,
+                              []).append(key)
         if not groups:
             groups[0] = []  # no window: the script only reads the clock
-        hits: list[tuple[list[str], str]] = []  # (keys, now) of the groups hit so far
-        latest, order = 0, sorted(groups)
+        hits: list[tuple[list[str], str]] = []  # (stored keys, now) of the groups hit so far
+        latest, order, cut = 0, sorted(groups), len(self.prefix)
         for index, slot in enumerate(order):
-            reply = self._counter(_RATE_HIT, groups[slot], _rate_args(groups[slot], merged,
-                                                                       now_arg))
+            stored = [self.prefix + key for key in groups[slot]]
+            reply = self._counter(_RATE_HIT, stored, _rate_args(groups[slot], merged, now_arg))
             latest = max(latest, int(reply[1]))
             if reply[0] == "1":
-                hits.append((groups[slot], reply[1]))
+                if journal.scopes:  # written, and still there if given back below
+                    journal.note(self, *stored)
+                hits.append((stored, reply[1]))
                 continue
             # Refused. On a Cluster, give back the hits of the slots before (a concurrent hit
             # may have been refused meanwhile: a limit is never passed), and ask the slots
             # after, without hitting them, which of their windows refuse too and how long.
             for done, at in hits:
                 self._counter(_RATE_UNDO, done, [at])
-            wait, blocked = int(reply[2]), list(reply[3:])
+            wait, blocked = int(reply[2]), [key[cut:] for key in reply[3:]]
             for later in order[index + 1:]:
-                check = self._counter(_RATE_HIT, groups[later],
+                check = self._counter(_RATE_HIT, [self.prefix + key for key in groups[later]],
                                       [*_rate_args(groups[later], merged, now_arg), "check"])
                 latest = max(latest, int(check[1]))
-                wait, blocked = max(wait, int(check[2])), blocked + check[3:]
+                wait, blocked = max(wait, int(check[2])), blocked + [key[cut:]
+                                                                     for key in check[3:]]
             return RateDecision(allowed=False, now=counters.from_us(latest),
                                 retry_after=wait / 1_000_000, blocked=tuple(sorted(blocked)))
         return RateDecision(allowed=True, now=counters.from_us(latest), retry_after=0.0,
@@ -448,24 +491,29 @@ class RedisStore(Store):
     @_reachable
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
-        reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [key], [
+        reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay),
             counters.us(probe_lease)])
-        return _circuit_decision(key, reply)
+        decision = _circuit_decision(key, reply)
+        if decision.probe and journal.scopes:  # it wrote the half-open state
+            journal.note(self, self.prefix + key)
+        return decision
 
     @_reachable
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
                       decay: float, _at: int | None = None) -> CircuitDecision:
         if outcome not in (counters.SUCCESS, counters.FAILURE, counters.NEUTRAL):
             raise ValueError(f"unknown circuit outcome {outcome!r}")
-        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [key], [
+        if journal.scopes:
+            journal.note(self, self.prefix + key)
+        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay), outcome])
         return _circuit_decision(key, reply)
 
     @_reachable
     def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
-        keys = sorted(_text(k) for k in self.client.scan_iter(match=f"{prefix}*", count=500,
-                                                               _type="string"))
+        keys = sorted(_text(k) for k in self.client.scan_iter(
+            match=f"{self._glob}{prefix}*", count=500, _type="string"))
         now = counters.us(self.now().timestamp())
         out = []
         for start in range(0, len(keys), 500):
@@ -474,12 +522,12 @@ class RedisStore(Store):
                       else self.client.mget(chunk))
             for key, raw in zip(chunk, values, strict=True):
                 try:
-                    info = self._throttle_info(key, _text(raw), now)
+                    info = self._throttle_info(key[len(self.prefix):], _text(raw), now)
                 except (ValueError, TypeError, OverflowError):  # bad stored data: say so
                     text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
                     kind, _, rest = text.partition("|")
                     limit = rest.partition("|")[0]
-                    info = ThrottleInfo(key=key, kind=kind,
+                    info = ThrottleInfo(key=key[len(self.prefix):], kind=kind,
                                         limit=int(limit) if limit.isdigit() else 0,
                                         hits=0, state=UNREADABLE, store=self.alias)
                 if info is not None:
@@ -505,7 +553,20 @@ class RedisStore(Store):
 
     @_reachable
     def reset_throttle(self, key: str) -> bool:
-        return bool(self._script(_RESET_THROTTLE)(keys=[key]))
+        return bool(self._script(_RESET_THROTTLE)(keys=[self.prefix + key]))
+
+    @_reachable
+    def delete_keys(self, stored: list[str]) -> int:
+        """Delete keys as stored (with :attr:`prefix`): how the testing API undoes what a test
+        wrote (:mod:`django_jobguard.stores.journal`). Returns how many existed. On a Cluster
+        one ``DEL`` per hash slot: a ``DEL`` of keys in several slots is refused
+        (``CROSSSLOT``)."""
+        if not self.is_cluster:
+            return int(self.client.delete(*stored)) if stored else 0
+        by_slot: dict[int, list[str]] = {}
+        for key in stored:
+            by_slot.setdefault(key_slot(key), []).append(key)
+        return sum(int(self.client.delete(*keys)) for keys in by_slot.values())
 
 
 # -- system checks of the topology (manage.py check; ids listed in docs/scale-out.md) -------

@@ -17,6 +17,7 @@ from django.test import override_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot as redis_key_slot
+from redis.exceptions import ResponseError
 
 from django_jobguard.checks import check_settings
 from django_jobguard.exceptions import StoreUnavailableError
@@ -29,6 +30,7 @@ from django_jobguard.stores.redis import (
     hash_tag,
     key_slot,
 )
+from tests.support import requires_redis
 from tests.support.redis_topology import requires_redis_server, topology_stores
 
 STORE = "django_jobguard.stores.redis.RedisStore"
@@ -276,3 +278,183 @@ def test_a_store_with_only_a_warning_is_still_listed_for_operators(redis_sentine
         assert [e.id for e in RedisStore.check_config("redis-sentinel", stores[
             "redis-sentinel"])] == ["jobguard.W140"]
         assert "redis-sentinel" in usable_stores() and "bad" not in usable_stores()
+
+
+# -- a store's PREFIX and the tests' journal, on every topology ----------------------------------
+
+PREFIX = "unit-prefix:"
+
+
+@pytest.fixture(params=[
+    pytest.param("redis", marks=requires_redis),
+    pytest.param("redis-cluster", marks=requires_redis_server),
+    pytest.param("redis-sentinel", marks=requires_redis_server),
+])
+def prefixed(request):
+    """A store with ``PREFIX`` on one server, a Cluster or behind Sentinel (built from
+    settings, as a project's would be)."""
+    if request.param == "redis":
+        config, caches = {"BACKEND": STORE, "CACHE": get_store("redis").cache_alias}, {}
+    elif request.param == "redis-cluster":
+        stores, caches = topology_stores(request.getfixturevalue("redis_cluster"), None)
+        config = stores["redis-cluster"]
+    else:
+        stores, caches = topology_stores(None, request.getfixturevalue("redis_sentinel"))
+        config = stores["redis-sentinel"]
+    with override_settings(JOBGUARD={"STORES": {"p": {**config, "PREFIX": PREFIX}}},
+                           CACHES={**django_settings.CACHES, **caches}):
+        store = get_store("p")
+        assert store.prefix == PREFIX
+        _forget_prefixed(store)
+        yield store
+        _forget_prefixed(store)
+
+
+def _forget_prefixed(store) -> None:
+    client = store.client
+    for pattern in (f"{PREFIX}*", f"{{{PREFIX}*"):  # keys, and the fences of locks
+        for key in client.scan_iter(match=pattern, count=1000):
+            client.delete(key)
+
+
+def _stored_everywhere(store) -> set[str]:
+    client = store.client
+    return {k.decode() for pattern in (f"{PREFIX}*", f"{{{PREFIX}*", "jobguard:*",
+                                       "{jobguard:*")
+            for k in client.scan_iter(match=pattern, count=1000)}
+
+
+def _slots(store, keys) -> set[int]:
+    """The hash slots of ``keys`` as the server itself computes them (one slot without a
+    Cluster)."""
+    if not store.is_cluster:
+        return {0}
+    return {int(store.client.cluster_keyslot(key)) for key in keys}
+
+
+def test_a_prefixed_store_writes_everything_under_its_prefix_and_the_journal_undoes_it(
+        prefixed):
+    from django_jobguard.stores.journal import recording
+
+    store, client = prefixed, prefixed.client
+    locks = [f"jobguard:overlap:tests.Prefixed:{i}" for i in range(12)]
+    # Two windows in different slots as stored (with the prefix): the hit crosses slots.
+    tag = uuid.uuid4().hex
+    free, full = f"jobguard:rate:{tag}-a:60s", f"jobguard:rate:{tag}-b:60s"
+    while key_slot(PREFIX + free) == key_slot(PREFIX + full):
+        tag = uuid.uuid4().hex
+        free, full = f"jobguard:rate:{tag}-a:60s", f"jobguard:rate:{tag}-b:60s"
+    with recording():
+        tokens = {key: store.acquire(key, "w1", ttl=60) for key in locks}
+        assert all(tokens.values())
+        for key in locks:  # the lock and its fence under the prefix, in one slot
+            stored = PREFIX + key
+            assert client.exists(stored) == 1 and client.exists(key) == 0
+            assert fence_key(stored).startswith("{" + PREFIX)
+            assert int(client.get(fence_key(stored))) == tokens[key]
+            assert len(_slots(store, [stored, fence_key(stored)])) == 1
+            assert store.get_lock(key).token == tokens[key]
+        if store.is_cluster:  # the locks really are spread over the masters
+            assert len({client.get_node_from_key(PREFIX + key).name for key in locks}) == 3
+        assert sorted(info.key for info in store.locks()) == sorted(locks)
+        page, seen = store.lock_page(limit=5), set()
+        while True:
+            seen |= {info.key for info in page.locks}
+            if not page.cursor:
+                break
+            page = store.lock_page(cursor=page.cursor, limit=5)
+        assert seen == set(locks)  # every page's keys without the prefix
+
+        assert store.hit_rate_limits([RateWindow(full, 1, 60)]).allowed
+        for _ in range(3):  # refused; the free window's hit is given back (prefixed keys)
+            decision = store.hit_rate_limits([RateWindow(free, 5, 60), RateWindow(full, 1, 60)])
+            assert not decision.allowed and decision.blocked == (full,)
+        hits = {info.key: info.hits for info in store.throttles(f"jobguard:rate:{tag}")}
+        assert hits == {full: 1}
+        circuit = f"jobguard:circuit:{tag}"
+        store.circuit_leave(circuit, owner="w1", outcome="failure", max_attempts=3, decay=60)
+        assert client.exists(PREFIX + circuit) == 1
+        written = _stored_everywhere(store)
+        assert not {key for key in written if key.startswith("jobguard:")}  # nothing unprefixed
+        if store.is_cluster:  # the undo below deletes over many slots
+            assert len(_slots(store, written)) > 3
+    assert _stored_everywhere(store) == set()  # closing the scope deleted all of it
+
+
+@requires_redis_server
+def test_the_journal_on_a_cluster_deletes_slot_by_slot(redis_cluster):
+    store = RedisStore(alias="c", cluster=redis_cluster.url, prefix=PREFIX)
+    keys = [f"{PREFIX}jobguard:rate:spread-{i}" for i in range(20)]
+    for key in keys:
+        store.client.set(key, "rate|1|1|")
+    assert len({key_slot(key) for key in keys}) > 1
+    with pytest.raises(ResponseError, match="same slot"):  # one DEL of them all: CROSSSLOT
+        store.client.execute_command("DEL", *keys, target_nodes=store.client.get_random_node())
+    assert store.delete_keys(keys) == len(keys)
+    assert [k for k in keys if store.client.exists(k)] == []
+
+
+@requires_redis_server
+@settings(deadline=None, max_examples=60)
+@given(prefix=st.text(st.characters(blacklist_characters="{}", blacklist_categories=("Cs",)),
+                      max_size=10),
+       key=st.text(st.sampled_from("ab{}:x"), min_size=1, max_size=12) | st.text(min_size=1,
+                                                                                  max_size=30))
+def test_on_a_real_cluster_a_prefixed_lock_and_its_fence_share_a_slot(redis_cluster, prefix,
+                                                                       key):
+    store = _cluster_store_with(redis_cluster.url, prefix)
+    client = store.client
+    stored = prefix + key
+    # The server's own slots: the lock and its fence are in one, so the script runs at all.
+    assert int(client.cluster_keyslot(stored)) == int(client.cluster_keyslot(fence_key(stored)))
+    if hash_tag(key) != key:  # a key's own hash tag stays its tag behind the prefix
+        assert int(client.cluster_keyslot(stored)) == key_slot(key)
+    token = store.acquire(key, "me", ttl=60)
+    try:
+        assert token and store.get_lock(key).token == token
+        assert int(client.get(fence_key(stored))) == token
+    finally:
+        client.delete(stored)
+        client.delete(fence_key(stored))
+
+
+_CLUSTER_STORES: dict[tuple[str, str], RedisStore] = {}
+
+
+def _cluster_store_with(url: str, prefix: str) -> RedisStore:
+    """One store per prefix for the examples above (one connection pool per example is slow)."""
+    base = _CLUSTER_STORES.get((url, ""))
+    if base is None:
+        base = _CLUSTER_STORES[(url, "")] = RedisStore(alias="c", cluster=url)
+    store = RedisStore(alias="c", cluster=url, prefix=prefix)
+    store._client = base.client
+    return store
+
+
+@pytest.mark.parametrize("prefix", ["{test}:", "test{", "te}st:"])
+def test_a_prefix_with_a_brace_is_e004(prefix):
+    for config in ({"CACHE": "default"}, {"CLUSTER": "redis://127.0.0.1:7000"}):
+        errors = RedisStore.check_config("redis", {**config, "PREFIX": prefix})
+        assert [e.id for e in errors] == ["jobguard.E004"]
+        assert "must not contain '{' or '}'" in errors[0].msg and repr(prefix) in errors[0].msg
+
+
+@requires_redis_server
+def test_windows_grouped_by_the_slot_of_the_key_as_stored(redis_cluster):
+    """Two windows in one slot without the prefix but in two with it: one script each."""
+    by_slot: dict[int, str] = {}
+    for i in range(20_000):
+        key = f"jobguard:rate:pair-{i}:60s"
+        other = by_slot.setdefault(key_slot(key), key)
+        if other != key and key_slot(PREFIX + key) != key_slot(PREFIX + other):
+            break
+    else:
+        raise AssertionError("no such pair among 20,000 keys")
+    store = RedisStore(alias="c", cluster=redis_cluster.url, prefix=PREFIX)
+    try:
+        decision = store.hit_rate_limits([RateWindow(key, 1, 60), RateWindow(other, 1, 60)])
+        assert decision.allowed
+        assert {info.key: info.hits for info in store.throttles("jobguard:rate:pair-")} == {
+            key: 1, other: 1}
+    finally:
+        store.delete_keys([PREFIX + key, PREFIX + other])
