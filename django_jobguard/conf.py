@@ -88,6 +88,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JOB_MODULES", [], (list, tuple),
             "Extra modules to import at start-up so their jobs register (``<app>.jobs`` is "
             "automatic)."),
+    Setting("CONTEXT_CARRIERS", ["django_jobguard.carriers.Language",
+                                 "django_jobguard.carriers.CorrelationId",
+                                 "django_jobguard.carriers.Tenant"], (list, tuple),
+            "Context carriers (dotted paths): what each captures at dispatch is restored "
+            "around the job's run."),
     Setting("USE_NOTIFY", True, (bool,),
             "PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for --sleep."),
     Setting("SYNCHRONOUS_ACKS", False, (bool,),

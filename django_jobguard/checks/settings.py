@@ -1,6 +1,7 @@
 """The checks of the ``JOBGUARD`` setting (``check_settings``: E001, E002, and then E003/W003,
-E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130) and of the
-periodic schedules (``check_schedules``: E060-E064, W050)."""
+E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, and each
+store's own: the Redis store's E140-E142, W140) and of the periodic schedules
+(``check_schedules``: E060-E064, W050)."""
 
 from __future__ import annotations
 
