@@ -36,7 +36,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError
 
-from django_jobguard import aio, history, logs, queue, registry
+from django_jobguard import aio, history, logs, observe, queue, registry
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
@@ -184,6 +184,9 @@ class Worker:
         self._held: frozenset[Any] = frozenset()
         self._recent = RecentOutcomes()
         self._per_queue = history.QueueCounter()  # the dashboard's history, per minute
+        mode = history.history_mode()  # finished runs kept (JOBGUARD["HISTORY"]), or None
+        self._runs = None if mode == "off" else history.RunRecorder(
+            self.id, failures_only=mode == "failures")
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         self._pause_checked = 0.0
         self._selection = QueueSelection([QueueEntry(name, o.queue_limits.get(name))
@@ -405,8 +408,13 @@ class Worker:
         return self._recent.counts()
 
     def flush_history(self) -> None:
-        """Add the jobs finished since the last call to the dashboard's per-minute counts."""
-        self._per_queue.flush(self.options.using)
+        """Add the jobs finished since the last call to the dashboard's per-minute counts,
+        and insert the finished runs buffered for the history (``HISTORY``)."""
+        try:
+            self._per_queue.flush(self.options.using)
+        finally:
+            if self._runs is not None:
+                self._runs.flush(self.options.using)
 
     def held_ids(self) -> frozenset[Any]:
         """Ids of every row this worker holds: running (sync and async), claimed ahead, or
@@ -584,6 +592,8 @@ class Worker:
     def _start(self) -> None:
         o = self.options
         WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self.identity())
+        if self._runs is not None:
+            observe.add_run_recorder(self._runs)
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
         self._heartbeat.start()
@@ -605,9 +615,11 @@ class Worker:
         if self._listener is not None:
             self._listener.close()
         try:
-            self._per_queue.flush(self.options.using)  # what ran since the last heartbeat
+            self.flush_history()  # what ran since the last heartbeat
         except (DatabaseError, InterfaceError):
-            pass  # the database is gone: the dashboard's history misses these counts
+            pass  # the database is gone: the dashboard's history misses these counts and runs
+        if self._runs is not None:
+            observe.remove_run_recorder(self._runs)
         try:
             WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
         except (DatabaseError, InterfaceError):
