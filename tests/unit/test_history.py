@@ -292,3 +292,35 @@ def test_admin_lists_searches_and_shows_runs_read_only(admin_client):
     assert b'name="_save"' not in detail.content
     assert admin_client.get(f"{RUNS}add/").status_code == 403
     assert admin_client.post(f"{RUNS}{mine.id}/delete/").status_code == 403
+
+
+# -- the dashboard ------------------------------------------------------------------------
+
+DASHBOARD = "/admin/django_jobguard/dashboard/"
+
+
+def test_dashboard_shows_job_classes_slowest_or_most_failing_first(admin_client):
+    run(name="a.Slow", runtime=30.0, ago=60)
+    run(name="a.Flaky", runtime=0.5, state="FAILED", ago=60)
+    run(name="a.Flaky", runtime=0.25, state="FAILED", ago=60)
+    run(name="a.Old", runtime=99.0, ago=2 * 86400)
+    with history_settings("all"):
+        page = admin_client.get(DASHBOARD)
+        text = page.content.decode()
+        assert page.status_code == 200 and 'id="jobguard-classes"' in text
+        assert text.index('data-class="a.Slow"') < text.index('data-class="a.Flaky"')
+        assert "a.Old" not in text  # outside the default 24h window
+        assert "0.375 s / 0.487 s / 0.5 s" in text  # a.Flaky's runtime p50 / p95 / max
+        failing = admin_client.get(DASHBOARD, {"sort": "failures"}).content.decode()
+        assert failing.index('data-class="a.Flaky"') < failing.index('data-class="a.Slow"')
+        assert "state__exact=FAILED" in failing
+        week = admin_client.get(DASHBOARD, {"window": "7d"}).content.decode()
+        assert 'data-class="a.Old"' in week
+        bad = admin_client.get(DASHBOARD, {"window": "2h"}, follow=True).content.decode()
+        assert "Unknown window &#x27;2h&#x27;" in bad and 'data-class="a.Slow"' in bad
+        runs = admin_client.get("/admin/django_jobguard/finishedrun/",
+                                {"name": "a.Flaky", "queue__exact": "default",
+                                 "state__exact": "FAILED"})
+        assert runs.status_code == 200 and b"a.Flaky" in runs.content
+        assert b"a.Slow" not in runs.content
+    assert 'id="jobguard-classes"' not in admin_client.get(DASHBOARD).content.decode()  # off
