@@ -77,7 +77,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             at_least=0),
     Setting("CLAIM_BATCH_SIZE", None, (int, _NONE),
             "How many jobs a worker reserves in one claim query; None: adaptive (one without "
-            "a backlog, up to 16 with one; see claiming.py).", above=0),
+            "a backlog, up to 128 with one; see claiming.py).", above=0),
     Setting("MAX_PAYLOAD_BYTES", 1_048_576, (int,),
             "Largest accepted JSON payload in bytes (dispatch raises ValueError above it; "
             "0 = no limit).", at_least=0),

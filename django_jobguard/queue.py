@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Exists, F, JSONField, Max, Min, OuterRef, Q, Value
 
 from django_jobguard import clock, pooling, queue_caps
@@ -38,7 +38,57 @@ def push(jobs: Sequence[NewJob], *, using: str | None = None, batch_size: int = 
     """Insert ``jobs`` (one INSERT per batch) and wake the workers listening, if any."""
     using = queue_database(using)
     if jobs:
-        dialect_for(using).push(jobs, batch_size=max(batch_size, 1))
+        try:
+            dialect_for(using).push(jobs, batch_size=max(batch_size, 1))
+        except DatabaseError as exc:
+            message = not_migrated(exc, using)
+            if message:
+                raise type(exc)(message) from None
+            raise
+
+
+#: How each database says a table is missing.
+_NO_TABLE = ("does not exist", "no such table", "doesn't exist")
+
+
+def not_migrated(exc: BaseException, using: str) -> str:
+    """A short "run manage.py migrate" message when ``exc`` says one of jobguard's tables is
+    missing from ``using``, else ``""``. Only looked at once a statement failed."""
+    text = str(exc)
+    if "django_jobguard_" not in text or not any(words in text for words in _NO_TABLE):
+        return ""
+    return (f"jobguard's tables are not in database {using!r}: run `python manage.py "
+            f"migrate` (the database said: {text.strip().splitlines()[0]}).")
+
+
+def unapplied_migrations(using: str | None = None) -> list[str]:
+    """The names of jobguard's migrations not applied to ``using`` (two small queries; for
+    ``check --database`` and a worker's start, never per job)."""
+    import pkgutil
+
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from django_jobguard import migrations
+
+    using = queue_database(using)
+    shipped = sorted(m.name for m in pkgutil.iter_modules(migrations.__path__)
+                     if m.name[:4].isdigit())
+    recorder = MigrationRecorder(connections[using])
+    if not recorder.has_table():
+        return shipped
+    applied = set(recorder.migration_qs.filter(app="django_jobguard").values_list(
+        "name", flat=True))
+    return [name for name in shipped if name not in applied]
+
+
+def migrate_message(missing: list[str], using: str) -> str:
+    """What to tell someone whose database lacks jobguard's migrations ``missing``."""
+    if len(missing) > 3:
+        listed = f"{', '.join(missing[:2])}, ... {missing[-1]}"
+    else:
+        listed = ", ".join(missing)
+    return (f"{len(missing)} of jobguard's migrations are not applied to database {using!r} "
+            f"({listed}): run `python manage.py migrate`.")
 
 
 def withdraw(ids: Iterable[Any], *, using: str | None = None) -> None:

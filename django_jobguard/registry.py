@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import autodiscover_modules, import_string
@@ -12,6 +14,13 @@ if TYPE_CHECKING:
 
 class UnknownJobError(LookupError):
     """A payload names a job that no loaded module registered."""
+
+
+class IncompatibleJobError(UnknownJobError):
+    """A job is registered under the row's name, but its constructor does not take the row's
+    arguments: the row was queued by another version of the code (a rolling deploy). Handled
+    as an unknown job: put back for ``UNKNOWN_JOB_GRACE`` so a worker that can rebuild it
+    does."""
 
 
 _registry: dict[str, type[JobLike]] = {}
@@ -41,10 +50,59 @@ def get(name: str) -> type[JobLike]:
         return _registry[name]
     except KeyError:
         raise UnknownJobError(
-            f"No job is registered as {name!r}. Was it renamed or removed? Jobs register when "
-            f"their module is imported: put them in <app>/jobs.py or list the module in "
-            f"JOBGUARD['JOB_MODULES']."
+            f"No job is registered as {name!r}.{did_you_mean(name)} Was it renamed or removed? "
+            f"Jobs register when their module is imported: put them in <app>/jobs.py or list "
+            f"the module in JOBGUARD['JOB_MODULES']."
         ) from None
+
+
+def similar(name: str) -> list[str]:
+    """Up to two registered names that look like ``name``: the same class name in another
+    module (a move), else a close spelling of the class name (a rename)."""
+    module, _, leaf = name.rpartition(".")
+    scored = []
+    for other in _registry:
+        other_module, _, other_leaf = other.rpartition(".")
+        if other_leaf == leaf:
+            score = 1.0
+        else:
+            score = difflib.SequenceMatcher(None, leaf.lower(), other_leaf.lower()).ratio()
+            score -= 0.0 if other_module == module else 0.1
+        if score >= 0.8:
+            scored.append((-score, other))
+    moved = [other for score, other in scored if score == -1.0]
+    return sorted(moved)[:2] if moved else [other for _, other in sorted(scored)[:2]]
+
+
+def did_you_mean(name: str, *, rows: bool = True) -> str:
+    """`` Did you mean 'x'?`` for an unknown job ``name``, with (``rows``) how to keep rows
+    queued under the old name working (a ``name`` alias); ``""`` when nothing looks like it."""
+    found = similar(name)
+    if not found:
+        return ""
+    shown = " or ".join(repr(n) for n in found)
+    if not rows:
+        return f" Did you mean {shown}?"
+    return (f" Did you mean {shown}? If the class was renamed or moved, rows queued under "
+            f"the old name run once the class says `name = {name!r}`.")
+
+
+def signature_problem(job_class: type[JobLike], args: list[Any],
+                      kwargs: dict[str, Any]) -> str:
+    """Why ``job_class(*args, **kwargs)`` cannot be called (``"unexpected keyword argument
+    'force'"``), from its signature alone; ``""`` when it can (or the signature is unknown).
+    Called only after rebuilding a row failed, never on the way of a job that runs."""
+    try:
+        signature = inspect.signature(job_class)
+    except (TypeError, ValueError):
+        return ""
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        bare = signature.replace(return_annotation=inspect.Signature.empty, parameters=[
+            p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()])
+        return f"{exc} (this worker's {job_class.__name__} takes {bare})"
+    return ""
 
 
 def unregister(name: str) -> None:

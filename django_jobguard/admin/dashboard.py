@@ -202,7 +202,7 @@ class DashboardAdmin(admin.ModelAdmin):
         actor = request.user.get_username()
         try:
             if act == "pause":
-                if operations.pause(name, actor=actor):
+                if operations.pause(name, actor=actor, force_hint=""):
                     self.message_user(request, _("Paused queue %(q)s: workers claim none of "
                                                  "its jobs until it is resumed; running jobs "
                                                  "finish.") % {"q": name}, messages.SUCCESS)

@@ -3,6 +3,8 @@ from the detail page."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
@@ -71,6 +73,15 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     @admin.display(description=_("why it ended"), ordering="reason")
     def reason_short(self, obj: FailedJob) -> str:
         return Truncator(obj.reason).chars(50)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The last error only when it is not the traceback shown above it (a job failed
+        by a limit, such as its attempts, keeps the error an earlier run raised)."""
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and (not obj.last_error or (
+                obj.traceback.strip() and obj.traceback.strip() in obj.last_error)):
+            fields.remove("last_error_pretty")
+        return fields
 
     @admin.display(description=_("last error"))
     def last_error_pretty(self, obj: FailedJob) -> str:

@@ -2,7 +2,7 @@
 
 Importing this package registers them all (``apps.py`` does, in ``ready()``): ``settings.py``
 checks the ``JOBGUARD`` setting and the schedules, ``sources.py`` reads the middleware a job's
-source builds (E007, W002), ``databases.py`` asks the databases themselves (W001, E020).
+source builds (E007, W002), ``databases.py`` asks the databases themselves (W001, E020, W020).
 
 Ids:
 - jobguard.E001 ``JOBGUARD`` is not a dict, or has an unknown key.
@@ -43,9 +43,12 @@ Ids:
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
   server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``
   run it.
+- jobguard.W020 jobguard's migrations are not (all) applied to the queue's database: run
+  ``manage.py migrate``. Tagged ``database`` (a warning, so that ``migrate`` itself runs; not
+  shown by ``migrate``).
 """
 
-from django_jobguard.checks.databases import check_skip_locked, check_sqlite_mode
+from django_jobguard.checks.databases import check_migrated, check_skip_locked, check_sqlite_mode
 from django_jobguard.checks.settings import TEST_MODES, check_schedules, check_settings
 from django_jobguard.checks.sources import (
     LiteralCall,
@@ -56,7 +59,8 @@ from django_jobguard.checks.sources import (
 )
 
 __all__ = [
-    "TEST_MODES", "LiteralCall", "check_overlap_expiry", "check_schedules", "check_settings",
+    "TEST_MODES", "LiteralCall", "check_migrated", "check_overlap_expiry", "check_schedules",
+    "check_settings",
     "check_skip_locked", "check_sqlite_mode", "has_unbounded_overlap", "literal_calls",
     "referenced_limiters",
 ]

@@ -1,8 +1,10 @@
-"""The checks of the databases themselves: W001 (SQLite without ``IMMEDIATE`` transactions)
-and E020 (no ``SKIP LOCKED``, asked of the server: tagged ``database``)."""
+"""The checks of the databases themselves: W001 (SQLite without ``IMMEDIATE`` transactions),
+E020 (no ``SKIP LOCKED``, asked of the server) and W020 (jobguard's migrations not applied);
+the last two are tagged ``database``."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
@@ -45,3 +47,24 @@ def check_skip_locked(app_configs: Any = None, databases: Any = None, **kwargs: 
                 id="jobguard.E020",
             ))
     return errors
+
+
+@register(Tags.database)
+def check_migrated(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """jobguard.W020 when the queue's database (if checked) lacks jobguard's migrations."""
+    from django.conf import settings
+
+    from django_jobguard import queue
+    from django_jobguard.conf import jobguard_settings
+
+    if sys.argv[1:2] == ["migrate"]:  # what it would say is being done
+        return []
+    alias = jobguard_settings.DATABASE
+    if (not isinstance(alias, str) or alias not in (databases or ())
+            or alias not in settings.DATABASES):
+        return []
+    missing = queue.unapplied_migrations(alias)
+    if not missing:
+        return []
+    return [Warning(queue.migrate_message(missing, alias), id="jobguard.W020",
+                    hint="Workers refuse to start and dispatch() fails until it has run.")]

@@ -4,6 +4,7 @@ periodic schedules (``check_schedules``: E060-E064, W050)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.conf import settings
@@ -23,8 +24,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return [Error("JOBGUARD must be a dict.", hint="JOBGUARD = {'RETRY_AFTER': 90, ...}",
                       id="jobguard.E001")]
     errors: list = []
-    for key in sorted(set(raw) - set(DEFAULTS)):
-        errors.append(Error(f"JOBGUARD has an unknown key {key!r}.",
+    for key in sorted(set(raw) - set(DEFAULTS), key=str):
+        close = difflib.get_close_matches(str(key).upper(), list(DEFAULTS), n=1, cutoff=0.6)
+        errors.append(Error(f"JOBGUARD has an unknown key {key!r}."
+                            + (f" Did you mean {close[0]!r}?" if close else ""),
                             hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
                             id="jobguard.E001"))
     for key, setting in SETTINGS.items():  # type and range, as conf.SETTINGS declares them
@@ -289,7 +292,8 @@ def _check_dispatchable() -> list:
 
     known = registry.all_jobs()
     return [
-        Error(f"JOBGUARD['API_DISPATCHABLE_JOBS'] names {name!r}, which is not a registered job.",
+        Error(f"JOBGUARD['API_DISPATCHABLE_JOBS'] names {name!r}, which is not a registered job."
+              f"{registry.did_you_mean(name, rows=False)}",
               hint="Use the job's registered name (module.ClassName or its `name`).",
               id="jobguard.E005")
         for name in jobguard_settings.API_DISPATCHABLE_JOBS if name not in known

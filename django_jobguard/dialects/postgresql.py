@@ -193,14 +193,14 @@ class PostgreSQLDialect(SQLDialect):
                 job.id, job.queue, job.name, job.payload, job.priority, job.at, job.delay])
             return
         sql = self._push_sql[False, wake]
-        with connections[self.using].cursor() as cursor:
-            for start in range(0, len(jobs), batch_size):
-                batch = jobs[start:start + batch_size]
-                cursor.execute(sql, [[job.id for job in batch], [job.queue for job in batch],
-                                     [job.name for job in batch],
-                                     [job.payload for job in batch],
-                                     [job.priority for job in batch],
-                                     [job.at for job in batch], [job.delay for job in batch]])
+        # Server-side binding (``_execute``): the seven arrays travel as parameters, not as
+        # literals quoted in Python (which cost more than the rest of dispatch_many).
+        for start in range(0, len(jobs), batch_size):
+            batch = jobs[start:start + batch_size]
+            self._execute(sql, [[job.id for job in batch], [job.queue for job in batch],
+                                [job.name for job in batch], [job.payload for job in batch],
+                                [job.priority for job in batch], [job.at for job in batch],
+                                [job.delay for job in batch]], prepare=False)
 
     def notify(self, queues: Iterable[str]) -> None:
         if not jobguard_settings.USE_NOTIFY:

@@ -165,8 +165,8 @@ class ThrottlesExceptions(JobMiddleware):
             store.circuit_leave(key, owner=owner, **settings, outcome=counters.NEUTRAL)
             raise exc
         counted = self._counts(exc)
-        store.circuit_leave(key, owner=owner, **settings,
-                            outcome=counters.FAILURE if counted else counters.NEUTRAL)
+        decision = store.circuit_leave(key, owner=owner, **settings,
+                                       outcome=counters.FAILURE if counted else counters.NEUTRAL)
         if self.delete_when is not None and self.delete_when(exc):
             logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
             return
@@ -182,7 +182,9 @@ class ThrottlesExceptions(JobMiddleware):
         # (the middleware handled it).
         job.context.request(Outcome.released(
             durations.due(self.backoff), reason="released", exception=exc,
-            counts_exception=False))
+            counts_exception=False, detail=f"counted by circuit {keys.label(key)!r}: "
+            f"{decision.failures} of {self.max_attempts} failures"
+            + (", now open" if decision.state == counters.OPEN else "")))
 
     def succeeded(self, job: JobLike, circuit: dict[str, Any]) -> None:
         """Record the end of a run that raised nothing (only a real success closes it)."""

@@ -43,15 +43,33 @@ def is_known_queue(name: str, *, using: str | None = None) -> bool:
                Worker.objects.using(using).values_list("queues", flat=True))
 
 
-def pause(name: str, *, force: bool = False, actor: str = "",
-          using: str | None = None) -> bool:
+def known_queues(*, using: str | None = None, limit: int = 1000) -> set[str]:
+    """The queues :func:`is_known_queue` knows (up to ``limit`` from each table), to suggest
+    one for a mistyped name."""
+    using = queue_database(using)
+    names = {jobguard_settings.DEFAULT_QUEUE}
+    names.update(q for job in registry.all_jobs().values()
+                 if isinstance(q := getattr(job, "queue", None), str))
+    for model in (QueuedJob, FailedJob):
+        names.update(model.objects.using(using).order_by().values_list(
+            "queue", flat=True).distinct()[:limit])
+    for row in Worker.objects.using(using).values_list("queues", flat=True)[:limit]:
+        names.update(row.split(","))
+    return names
+
+
+def pause(name: str, *, force: bool = False, actor: str = "", using: str | None = None,
+          force_hint: str = 'send "force": true') -> bool:
     """Stop workers claiming from queue ``name`` (running jobs finish); False if it was
-    paused already. An unknown queue is refused unless ``force`` (to pause ahead of time)."""
+    paused already. An unknown queue is refused unless ``force`` (to pause ahead of time);
+    ``force_hint`` says how the caller's user passes it (``"pass --force"``, ``""``: not at
+    all)."""
     using = queue_database(using)
     name = check_queue_name(name)
     if not force and not is_known_queue(name, using=using):
+        hint = f" ({force_hint} to pause it ahead of time)" if force_hint else ""
         raise QueueNameError(f"Unknown queue {name!r}: no job, worker or registered job uses "
-                             f"it (pass force to pause it ahead of time).")
+                             f"it{hint}.")
     try:
         with transaction.atomic(using=using):
             PausedQueue.objects.using(using).create(queue=name, paused_by=actor[:150])

@@ -23,7 +23,7 @@ from django.core.checks import Error
 
 from django_jobguard import clock
 from django_jobguard.exceptions import StoreUnavailableError
-from django_jobguard.stores import counters
+from django_jobguard.stores import counters, journal
 from django_jobguard.stores.base import (
     UNREADABLE,
     CircuitDecision,
@@ -106,9 +106,13 @@ def _text(value: Any) -> str:
 class RedisStore(Store):
     """Store on the Redis server behind the django-redis cache alias ``cache``."""
 
-    def __init__(self, *, alias: str, cache: str = "default") -> None:
+    def __init__(self, *, alias: str, cache: str = "default", prefix: str = "") -> None:
         super().__init__(alias=alias)
         self.cache_alias = cache
+        #: Put in front of every key this store writes in Redis (``STORES[...]["PREFIX"]``),
+        #: so that test runs keep apart from the project's workers on the same server. Keys
+        #: are shown and passed without it.
+        self.prefix = prefix
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
 
@@ -117,7 +121,21 @@ class RedisStore(Store):
         from django.conf import settings
 
         cache = config.get("CACHE", "default")
-        backend = settings.CACHES.get(cache, {}).get("BACKEND", "")
+        prefix = config.get("PREFIX", "")
+        if not isinstance(prefix, str):
+            return [Error(f"JOBGUARD['STORES'][{alias!r}]['PREFIX'] must be a string, not "
+                          f"{type(prefix).__name__}.", hint='For example "test:".',
+                          id="jobguard.E004")]
+        if cache not in settings.CACHES:
+            return [Error(
+                f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not in CACHES "
+                f"(CACHES has: {', '.join(map(repr, sorted(settings.CACHES))) or 'nothing'}).",
+                hint=f"Add CACHES[{cache!r}] with BACKEND 'django_redis.cache.RedisCache', or "
+                     f"set JOBGUARD['STORES'][{alias!r}]['CACHE'] to a django-redis cache "
+                     f"alias you have.",
+                id="jobguard.E004",
+            )]
+        backend = settings.CACHES[cache].get("BACKEND", "")
         if not backend.startswith("django_redis."):
             return [Error(
                 f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not a "
@@ -147,27 +165,31 @@ class RedisStore(Store):
                 job_id: str = "") -> int | None:
         check_key(key)
         check_owner(owner)
-        token = self._script(_ACQUIRE)(keys=[key, f"{key}:fence"],
+        stored = self.prefix + key
+        token = self._script(_ACQUIRE)(keys=[stored, f"{stored}:fence"],
                                        args=[owner, _ms(check_ttl(ttl)), job_id])
+        if token and journal.scopes:  # a lock someone else holds is not the test's to undo
+            journal.note(self, stored, f"{stored}:fence")
         return int(token) if token else None
 
     @_reachable
     def release(self, key: str, owner: str) -> bool:
-        return bool(self._script(_RELEASE)(keys=[key], args=[owner]))
+        return bool(self._script(_RELEASE)(keys=[self.prefix + key], args=[owner]))
 
     @_reachable
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
-        return bool(self._script(_EXTEND)(keys=[key], args=[owner, _ms(check_ttl(ttl))]))
+        return bool(self._script(_EXTEND)(keys=[self.prefix + key],
+                                          args=[owner, _ms(check_ttl(ttl))]))
 
     @_reachable
     def force_release(self, key: str) -> bool:
-        return bool(self.client.delete(key))
+        return bool(self.client.delete(self.prefix + key))
 
     @_reachable
     def get_lock(self, key: str) -> LockInfo | None:
         pipe = self.client.pipeline()
-        pipe.hgetall(key)
-        pipe.pttl(key)
+        pipe.hgetall(self.prefix + key)
+        pipe.pttl(self.prefix + key)
         pipe.time()
         data, pttl, (seconds, micros) = pipe.execute()
         now = datetime.datetime.fromtimestamp(seconds + micros / 1_000_000 + clock.offset(),
@@ -186,7 +208,8 @@ class RedisStore(Store):
     @_reachable
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         """Held locks under ``prefix`` (expired ones are gone already: Redis drops them)."""
-        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{prefix}*", count=500)]
+        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{self.prefix}{prefix}*",
+                                                            count=500)]
         return sorted(self._infos(keys, self.now()), key=lambda info: info.key)
 
     @_reachable
@@ -199,7 +222,8 @@ class RedisStore(Store):
             raise ValueError(f"{cursor!r} is not a cursor of the Redis store (a number).")
         position, found, count, now = int(cursor or 0), [], max(limit, 100), self.now()
         while True:
-            position, raw = self.client.scan(position, match=f"{prefix}*", count=count)
+            position, raw = self.client.scan(position, match=f"{self.prefix}{prefix}*",
+                                             count=count)
             batch = self._infos([_text(key) for key in raw], now)
             found += batch
             if position == 0 or len(found) >= limit:
@@ -210,7 +234,8 @@ class RedisStore(Store):
                         str(position) if position else "")
 
     def _infos(self, keys: list[str], now: datetime.datetime) -> list[LockInfo]:
-        """The locks among ``keys`` (fencing counters and other values left out)."""
+        """The locks among ``keys`` (as stored, with :attr:`prefix`; fencing counters and other
+        values left out)."""
         keys = [key for key in keys if not key.endswith(":fence")]
         out: list[LockInfo] = []
         for start in range(0, len(keys), 200):
@@ -225,7 +250,7 @@ class RedisStore(Store):
                 kind, data, pttl = replies[3 * index:3 * index + 3]
                 if (_text(kind) == "hash" and isinstance(data, dict)
                         and "owner" in {_text(k) for k in data}):
-                    out.append(self._info(key, data, pttl, now))
+                    out.append(self._info(key[len(self.prefix):], data, pttl, now))
         return out
 
     def clean_expired(self) -> int:
@@ -241,7 +266,7 @@ class RedisStore(Store):
     def shorten_ttls(self, seconds: float, prefix: str = "jobguard:") -> int:
         """Bring every expiry under ``prefix`` ``seconds`` closer (deleting what runs out):
         how the test clock moves Redis's TTLs along with its "now". Returns the keys changed."""
-        keys = list(self.client.scan_iter(match=f"{prefix}*", count=500))
+        keys = list(self.client.scan_iter(match=f"{self.prefix}{prefix}*", count=500))
         if not keys:
             return 0
         pipe = self.client.pipeline(transaction=False)
@@ -278,43 +303,52 @@ class RedisStore(Store):
         args: list[Any] = [_script_now(_at)]
         for key in keys:
             args += list(merged[key])
-        reply = self._counter(_RATE_HIT, keys, args)
+        stored = [self.prefix + key for key in keys]
+        reply = self._counter(_RATE_HIT, stored, args)
+        if reply[0] == "1" and journal.scopes:  # refused: nothing was written
+            journal.note(self, *stored)
         return RateDecision(allowed=reply[0] == "1", now=counters.from_us(reply[1]),
-                            retry_after=int(reply[2]) / 1_000_000, blocked=tuple(reply[3:]))
+                            retry_after=int(reply[2]) / 1_000_000,
+                            blocked=tuple(key[len(self.prefix):] for key in reply[3:]))
 
     @_reachable
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
-        reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [key], [
+        reply = self._counter(_CIRCUIT + _CIRCUIT_ENTER, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay),
             counters.us(probe_lease)])
-        return _circuit_decision(key, reply)
+        decision = _circuit_decision(key, reply)
+        if decision.probe and journal.scopes:  # it wrote the half-open state
+            journal.note(self, self.prefix + key)
+        return decision
 
     @_reachable
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
                       decay: float, _at: int | None = None) -> CircuitDecision:
         if outcome not in (counters.SUCCESS, counters.FAILURE, counters.NEUTRAL):
             raise ValueError(f"unknown circuit outcome {outcome!r}")
-        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [key], [
+        if journal.scopes:
+            journal.note(self, self.prefix + key)
+        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay), outcome])
         return _circuit_decision(key, reply)
 
     @_reachable
     def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
-        keys = sorted(_text(k) for k in self.client.scan_iter(match=f"{prefix}*", count=500,
-                                                               _type="string"))
+        keys = sorted(_text(k) for k in self.client.scan_iter(
+            match=f"{self.prefix}{prefix}*", count=500, _type="string"))
         now = counters.us(self.now().timestamp())
         out = []
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
             for key, raw in zip(chunk, self.client.mget(chunk), strict=True):
                 try:
-                    info = self._throttle_info(key, _text(raw), now)
+                    info = self._throttle_info(key[len(self.prefix):], _text(raw), now)
                 except (ValueError, TypeError, OverflowError):  # bad stored data: say so
                     text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
                     kind, _, rest = text.partition("|")
                     limit = rest.partition("|")[0]
-                    info = ThrottleInfo(key=key, kind=kind,
+                    info = ThrottleInfo(key=key[len(self.prefix):], kind=kind,
                                         limit=int(limit) if limit.isdigit() else 0,
                                         hits=0, state=UNREADABLE, store=self.alias)
                 if info is not None:
@@ -340,7 +374,13 @@ class RedisStore(Store):
 
     @_reachable
     def reset_throttle(self, key: str) -> bool:
-        return bool(self._script(_RESET_THROTTLE)(keys=[key]))
+        return bool(self._script(_RESET_THROTTLE)(keys=[self.prefix + key]))
+
+    @_reachable
+    def delete_keys(self, stored: list[str]) -> int:
+        """Delete keys as stored (with :attr:`prefix`): how the testing API undoes what a test
+        wrote (:mod:`django_jobguard.stores.journal`). Returns how many existed."""
+        return int(self.client.delete(*stored)) if stored else 0
 
 
 def _script_now(at: int | None) -> Any:

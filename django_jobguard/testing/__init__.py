@@ -3,7 +3,8 @@
 ``capture()`` records what was dispatched, ``assert_dispatched()`` / ``assert_not_dispatched()``
 / ``dispatched()`` look at the active capture, ``drain()`` runs the queued jobs in this process
 through the worker's pipeline, ``inline()`` runs each dispatch at once, ``clock()`` moves
-"now" forward for the queue and the stores. The pytest fixtures (``jobguard_capture``,
+"now" forward for the queue and the stores, ``isolated_stores()`` undoes what a block wrote
+to the Redis stores (the plugin does it for every test). The pytest fixtures (``jobguard_capture``,
 ``jobguard_drain``, ``jobguard_inline``, ``jobguard_clock``) come from the plugin in
 :mod:`django_jobguard.testing.pytest_plugin`, which pytest loads by itself.
 
@@ -29,6 +30,7 @@ _EXPORTS = {
     "run_on_commit_callbacks": "django_jobguard.testing.commits",
     "TestClock": "django_jobguard.testing.time_travel",
     "clock": "django_jobguard.testing.time_travel",
+    "isolated_stores": "django_jobguard.stores.journal",
 }
 
 __all__ = sorted(_EXPORTS)

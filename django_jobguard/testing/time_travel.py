@@ -3,14 +3,18 @@ stores see as "now" (see :mod:`django_jobguard.clock`), so delays, backoff, ``re
 unique and overlap lock expiry, rate-limit windows and circuits can be tested with no sleep.
 
 Real time keeps running under it: the clock is the real one plus everything advanced so far.
+Leaving the block deletes what the Redis stores wrote inside it (stamped with a shifted now),
+see :mod:`django_jobguard.stores.journal`.
 """
 
 from __future__ import annotations
 
 import datetime
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django_jobguard import clock as jobguard_clock
+from django_jobguard.stores import journal
 
 __all__ = ["TestClock", "clock"]
 
@@ -25,6 +29,7 @@ class TestClock:
     def __init__(self) -> None:
         self.advanced = datetime.timedelta()
         self._entered = False
+        self._recording: AbstractContextManager[None] | None = None
 
     def __enter__(self) -> TestClock:
         if _running:
@@ -34,12 +39,16 @@ class TestClock:
             raise RuntimeError("This test clock was used already; make a new one with clock().")
         self._entered = True
         _running.append(self)
+        self._recording = journal.recording()
+        self._recording.__enter__()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         _running.remove(self)
         self.advanced = datetime.timedelta()
         _set_offset(0)
+        if self._recording is not None:  # what was written at a shifted now goes too
+            self._recording.__exit__(None, None, None)
 
     def advance(self, delta: datetime.timedelta | float | None = None, *, seconds: float = 0,
                 minutes: float = 0, hours: float = 0, days: float = 0) -> datetime.datetime:

@@ -267,25 +267,41 @@ class Pipeline:
         an attempt; failed after that, naming both causes."""
         grace = float(jobguard_settings.UNKNOWN_JOB_GRACE or 0)
         age = (timezone.now() - row.created_at).total_seconds() if row.created_at else grace
+        incompatible = isinstance(exc, registry.IncompatibleJobError)
         if age < grace:
             # 1 s at first, then half the row's age (60 s at most), never past the grace.
             delay = max(0.5, min(grace - age, 60.0, max(1.0, age / 2)))
+            why = (f"worker {self.worker_id} cannot rebuild it ({str(exc).partition(': ')[2]})"
+                   if incompatible else f"its job is not registered in worker {self.worker_id}")
             if not queue.release(row, due=Due(delay=delay), count_attempt=False,
-                                 wait_reason=f"its job is not registered in worker "
-                                             f"{self.worker_id}", using=self.using):
+                                 wait_reason=why[:255], using=self.using):
                 return self._lost(row, started)
-            logger.warning("%s [%s] is not registered in this worker; put back for %.1f s "
-                           "(UNKNOWN_JOB_GRACE: %g s left).", row.name, row.id, delay,
-                           grace - age)
+            logger.warning("%s [%s] %s; put back for %.1f s (UNKNOWN_JOB_GRACE: %g s left).",
+                           row.name, row.id,
+                           "cannot be rebuilt by this worker's version of its class"
+                           if incompatible else "is not registered in this worker",
+                           delay, grace - age)
             return self._log(row, JobState.RELEASED, started,
-                             f"unknown job, retry in {rounded(delay)} s")
+                             f"{'incompatible' if incompatible else 'unknown'} job, retry in "
+                             f"{rounded(delay)} s")
+        if incompatible:
+            error: registry.UnknownJobError = registry.IncompatibleJobError(
+                f"{exc} No worker that took it in the {grace:g} s of "
+                f"JOBGUARD['UNKNOWN_JOB_GRACE'] since it was queued could rebuild it. The row "
+                f"was queued by another version of {row.name} (its constructor changed): "
+                f"deploy the version that takes these arguments and retry it with jobs_retry, "
+                f"or keep the constructor taking the old arguments (a default for a new one) "
+                f"until the old rows have run.")
+            return self.apply(row, None, Outcome.failed(
+                error, reason="rebuild", detail="no worker could rebuild it from its row "
+                                                "during UNKNOWN_JOB_GRACE"), started)
         error = registry.UnknownJobError(
             f"No job is registered as {row.name!r} in the workers that took it in the "
             f"{grace:g} s of JOBGUARD['UNKNOWN_JOB_GRACE'] since it was queued. Either the code "
             f"that defines it is not deployed to the workers yet (a rolling deploy still "
             f"going: raise UNKNOWN_JOB_GRACE, then retry it with jobs_retry), or it is not "
             f"registered (renamed or removed, or its module is neither <app>/jobs.py nor "
-            f"listed in JOBGUARD['JOB_MODULES']).")
+            f"listed in JOBGUARD['JOB_MODULES']).{registry.did_you_mean(row.name)}")
         return self.apply(row, None, Outcome.failed(
             error, reason="rebuild", detail="its job is not registered in any worker that took "
                                             "it during UNKNOWN_JOB_GRACE"), started)
@@ -310,6 +326,11 @@ class Pipeline:
         except MissingModelError:
             raise
         except (TypeError, ValueError, KeyError, LookupError) as exc:
+            problem = registry.signature_problem(job_class, envelope.args, envelope.kwargs
+                                                 ) if isinstance(exc, TypeError) else ""
+            if problem:  # queued by another version of the code: a worker that has it may
+                raise registry.IncompatibleJobError(
+                    f"This worker cannot rebuild {row.name} from its row: {problem}.") from exc
             raise PayloadError(f"Cannot rebuild {row.name} from its payload: {exc}") from exc
         job.context = JobContext(
             job_id=str(row.id), attempt=row.attempts, worker_id=self.worker_id,
@@ -510,8 +531,9 @@ class Pipeline:
         delay = _seconds(outcome.due)
         signals.job_released.send(sender=type(job), job=job, job_id=job.job_id, delay=delay,
                                   reason=outcome.reason, exception=exception)
+        said = outcome.detail if outcome.kind is Kind.RELEASED and outcome.detail else None
         return self._log(row, outcome.state, started,
-                         f"{outcome.reason}, retry in {rounded(delay)} s")
+                         f"{said or outcome.reason}, retry in {rounded(delay)} s")
 
     def _fail(self, row: QueuedJob, job: JobLike | None, outcome: Outcome,
               started: float) -> str:
@@ -540,9 +562,12 @@ class Pipeline:
                 logger.exception("%s.failed() raised.", row.name)
         signals.job_failed.send(sender=type(job) if job else None, job=job, job_id=str(row.id),
                                 exception=exc)
-        logger.error("%s [%s] failed: %s", _shown(row), row.id, describe(exc),
-                     exc_info=(type(exc), exc, exc.__traceback__))
-        return self._log(row, JobState.FAILED, started, describe(exc))
+        # An error jobguard made up (unknown job, attempts used up) has no traceback: printing
+        # one would only repeat the message. The job line keeps its first sentence.
+        described = describe(exc)
+        logger.error("%s [%s] failed: %s", _shown(row), row.id, described,
+                     exc_info=(type(exc), exc, exc.__traceback__) if exc.__traceback__ else None)
+        return self._log(row, JobState.FAILED, started, brief(described))
 
     def _lost(self, row: QueuedJob, started: float) -> str:
         return self._log(row, JobState.LOST, started, "lease expired; another worker has it")
@@ -592,6 +617,16 @@ def _shown(row: QueuedJob) -> str:
 def rounded(seconds: float) -> str:
     """Seconds for a log line: whole from 10 s on (``63``), else to a tenth (``2.5``, ``0``)."""
     return f"{round(seconds)}" if seconds >= 10 else f"{round(seconds, 1):g}"
+
+
+def brief(text: str, limit: int = 200) -> str:
+    """The first sentence of ``text`` (at most ``limit`` characters) for a job line: the
+    whole message is in the ``failed`` record and the failed job."""
+    line = text.partition("\n")[0]
+    end = line.find(". ", 40)
+    if 0 < end < limit:
+        line = line[:end + 1]
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def _unbuildable(exc: BaseException) -> str:

@@ -136,7 +136,13 @@ JOBGUARD = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # The audit log (django_jobguard.operations: "Cancelled 3 queued job(s) by ...") is not
+    # echoed on the console in the middle of the demo's and the commands' own output; a site
+    # routes it to a file or its log service (docs/operate.md#the-audit-log).
+    "filters": {"no_audit": {
+        "()": "django.utils.log.CallbackFilter",
+        "callback": lambda record: record.name != "django_jobguard.operations"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["no_audit"]}},
     "loggers": {"django_jobguard": {"handlers": ["console"],
                                     "level": os.environ.get("JOBGUARD_LOG_LEVEL", "WARNING")}},
 }

@@ -94,3 +94,24 @@ def _screenshot(page, path: Path, *, docs_name: str = "") -> None:
     if docs_name and target and get_store().alias == "database":
         Path(target).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(target) / docs_name), full_page=True)
+
+
+def test_the_failed_jobs_retry_button_looks_like_the_history_link_beside_it(
+        live_server, monkeypatch):
+    """Issue 30 item 8: the Retry button was an unstyled <button> among the object tools."""
+    from django_jobguard.models import FailedJob
+    from tests.support.browser import chromium, log_in
+    from tests.support.operate import failed_job
+
+    job = failed_job()
+    path = f"/admin/django_jobguard/failedjob/{job.id}/change/"
+    with chromium(monkeypatch) as browser:
+        page = log_in(browser, live_server, path)
+        style = ("e => { const s = getComputedStyle(e); return [s.backgroundColor, s.color, "
+                 "s.textTransform, s.fontSize, s.borderRadius, s.borderTopWidth]; }")
+        button = page.eval_on_selector("#jobguard-retry button", style)
+        history = page.eval_on_selector(".object-tools a.historylink", style)
+        assert button == history, (button, history)
+        page.click("#jobguard-retry button")
+        page.wait_for_url("**/failedjob/")
+    assert not FailedJob.objects.filter(id=job.id).exists()

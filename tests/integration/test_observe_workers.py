@@ -107,6 +107,8 @@ def test_concurrency_children_log_json_and_share_one_metrics_port(tmp_path):
     output, errors = out.read(), err.read()
     assert code == 0, output + errors
     lines = [json.loads(line) for line in output.splitlines()]  # every line is JSON
+    start = lines.pop(0)  # the supervisor's start-up line, then the job lines
+    assert (start["processes"], start["pid"]) == (2, proc.pid), start
     assert {line["job_id"] for line in lines if line["state"] == "DONE"} == noops
     assert {line["state"] for line in lines} == {"DONE", "FAILED", "RELEASED"}
     for line in lines:

@@ -26,3 +26,19 @@ class ShippedInTheNewRelease(Job):
         now = timezone.now()
         JobRun.objects.create(label=self.label, job_id=self.job_id or "", pid=os.getpid(),
                               attempt=self.attempts(), started_at=now, ended_at=now)
+
+
+class SendReceipt(Job):
+    """The new release's version: ``force`` is new (tests/support/deploy_jobs_old.py has the
+    version from before, which does not take it)."""
+
+    name = "tests.deploy.SendReceipt"
+
+    def __init__(self, order: int, force: bool = False):
+        self.order, self.force = order, force
+
+    def handle(self):
+        now = timezone.now()
+        JobRun.objects.create(label=f"new:{self.order}:{self.force}", job_id=self.job_id or "",
+                              pid=os.getpid(), attempt=self.attempts(), started_at=now,
+                              ended_at=now)

@@ -223,6 +223,41 @@ def test_failed_detail_shows_the_traceback(admin_client):
     assert 'name="_save"' not in body
 
 
+def test_failed_detail_shows_the_traceback_once_and_a_styled_retry_button(admin_client):
+    """Issue 30 item 8: last_error repeats the traceback of the run that failed the job."""
+    from tests.support import jobs, make_due, work
+
+    jobs.Boom("thrice").dispatch()  # three tries
+    states = []
+    for _ in range(3):
+        states += work()
+        make_due()
+    assert states == ["RELEASED", "RELEASED", "FAILED"]
+    job = FailedJob.objects.get()
+    assert job.traceback.strip() in job.last_error  # what used to be shown twice
+    body = admin_client.get(f"{FAILED}{job.id}/change/").content.decode()
+    assert body.count("Traceback (most recent call last):") == 1
+    assert "last error" not in body.lower()
+    assert re.search(r'<form id="jobguard-retry" method="post" action="[^"]+" '
+                     r'class="jobguard-tool">', body)
+    assert "style=" not in body.split('id="jobguard-retry"')[1].split("</form>")[0]
+    assert "django_jobguard/admin-lists.css" in body
+    from tests.support import ROOT
+
+    css = (ROOT / "django_jobguard/static/django_jobguard/admin-lists.css").read_text()
+    assert ".object-tools form.jobguard-tool button {" in css
+
+
+def test_failed_detail_shows_an_earlier_runs_error_beside_the_traceback(admin_client):
+    job = failed_job()
+    FailedJob.objects.filter(id=job.id).update(
+        last_error="builtins.ValueError: the run before\n\nTraceback (most recent call last):"
+                   "\nValueError: the run before\n")
+    body = admin_client.get(f"{FAILED}{job.id}/change/").content.decode()
+    assert body.count("Traceback (most recent call last):") == 2  # two different errors
+    assert "the run before" in body
+
+
 def test_retry_confirms_then_queues_again_and_removes_from_failed(admin_client):
     job = failed_job()
     confirm = action(admin_client, FAILED, "retry", [job.id])

@@ -47,6 +47,12 @@ def test_unknown_key():
     with override_settings(JOBGUARD={"RETRY_AFTR": 5}):
         errors = check_settings()
     assert ids(errors) == ["jobguard.E001"] and "RETRY_AFTR" in errors[0].msg
+    assert errors[0].msg == "JOBGUARD has an unknown key 'RETRY_AFTR'. Did you mean 'RETRY_AFTER'?"
+    with override_settings(JOBGUARD={"store": "redis", "COLOUR": "blue"}):
+        errors = check_settings()
+    assert [e.msg for e in errors] == [
+        "JOBGUARD has an unknown key 'COLOUR'.",                       # nothing looks like it
+        "JOBGUARD has an unknown key 'store'. Did you mean 'STORE'?"]  # keys are upper case
 
 
 def test_wrong_types_and_ranges():
@@ -123,10 +129,24 @@ def test_redis_store_needs_a_django_redis_cache():
     assert ids(errors) == ["jobguard.E004"] and "not a django-redis cache" in errors[0].msg
 
 
+def test_redis_store_with_a_cache_alias_not_in_caches_says_the_alias_is_missing():
+    with override_settings(JOBGUARD={"STORE": "redis", "STORES": {"redis": {
+            "BACKEND": "django_jobguard.stores.redis.RedisStore", "CACHE": "locks"}}},
+            CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}):
+        errors = check_settings()
+    assert ids(errors) == ["jobguard.E004"]
+    assert errors[0].msg == ("JOBGUARD['STORES']['redis'] uses cache 'locks', which is not in "
+                             "CACHES (CACHES has: 'default').")
+    assert "pip install" not in errors[0].hint and "Add CACHES['locks']" in errors[0].hint
+
+
 def test_dispatchable_jobs_must_be_registered():
     with override_settings(JOBGUARD={"API_DISPATCHABLE_JOBS": ["nope.Job"]}):
         errors = check_settings()
     assert ids(errors) == ["jobguard.E005"]
+    with override_settings(JOBGUARD={"API_DISPATCHABLE_JOBS": ["tests.support.jobs.Nop"]}):
+        errors = check_settings()
+    assert "Did you mean 'tests.support.jobs.Noop'?" in errors[0].msg
 
 
 def test_sqlite_without_immediate_mode_warns():

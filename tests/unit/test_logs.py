@@ -110,7 +110,8 @@ def test_command_installs_its_handler_when_logging_does_not_show_job_lines(job_l
     out = StringIO()
     call_command("jobworker", "--once", "--memory", "0", "-v", "2", stdout=out)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and lines[0].endswith(" RUNNING") and " DONE " in lines[1], lines
+    assert len(lines) == 3 and " INFO jobguard " in lines[0], lines  # the start-up line
+    assert lines[1].endswith(" RUNNING") and " DONE " in lines[2], lines
     assert job_logger.handlers == [] and job_logger.propagate  # removed after the command
 
 
@@ -135,7 +136,8 @@ def test_log_format_json_prints_json_lines_even_when_logging_is_configured(job_l
     row = jobs.Noop(1).dispatch()
     out = StringIO()
     call_command("jobworker", "--once", "--memory", "0", "--log-format", "json", stdout=out)
-    (data,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    start, data = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert (start["queues"], start["database"], start["threads"]) == (["default"], "default", 1)
     assert (data["job_id"], data["state"], data["attempt"]) == (row.id, "DONE", 1)
     assert not [r for r in project.records if hasattr(r, "job_id")]  # not printed twice
 

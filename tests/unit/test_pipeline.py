@@ -98,6 +98,53 @@ def test_an_unknown_job_fails_at_once_with_no_grace(settings):
     assert "not deployed to the workers yet" in failed.message
 
 
+def test_a_failed_unknown_job_shows_its_long_message_once(settings, caplog):
+    """Issue 30 item 6: the message was in the error record, its made-up traceback and the
+    job line: three times per job."""
+    import logging
+
+    settings.JOBGUARD = {**settings.JOBGUARD, "UNKNOWN_JOB_GRACE": 0}
+    _insert("app.jobs.Removed", {"args": [], "kwargs": {}})
+    with caplog.at_level(logging.INFO, logger="django_jobguard"):
+        assert work() == ["FAILED"]
+    shown = "\n".join(logging.Formatter("%(message)s").format(r) for r in caplog.records)
+    assert shown.count("No job is registered as 'app.jobs.Removed'") == 2  # record, job line
+    assert shown.count("JOB_MODULES") == 1 and "Traceback" not in shown
+    (line,) = [r for r in caplog.records if getattr(r, "state", "") == "FAILED"]
+    assert line.detail.endswith("since it was queued."), line.detail  # its first sentence
+
+
+def test_a_row_whose_arguments_this_workers_class_does_not_take_waits_like_an_unknown_job():
+    """Issue 30 item 2: another version of the class queued it (a rolling deploy)."""
+    job_id = _insert(jobs.Record.name, {"args": ["x"], "kwargs": {"force": True}})
+    assert work() == ["RELEASED"]
+    row = QueuedJob.objects.get(id=job_id)
+    assert row.attempts == 0 and row.available_at > row.created_at
+    assert "cannot rebuild it (got an unexpected keyword argument 'force'" in row.wait_reason
+    assert not FailedJob.objects.exists()
+
+
+def test_an_exception_in_init_fails_the_job_at_its_first_attempt(scratch_jobs):
+    """Not an argument mismatch: every retry would build it the same way (docs/worker.md)."""
+
+    class Picky(Job):
+        name = "tests.pipeline.Picky"
+        tries = 3
+
+        def __init__(self, order: int):
+            if order < 0:
+                raise ValueError("order must be positive")
+            self.order = order
+
+        def handle(self):
+            return None
+
+    job_id = _insert(Picky.name, {"args": [-1], "kwargs": {}})
+    assert work() == ["FAILED"]
+    failed = FailedJob.objects.get(id=job_id)
+    assert failed.attempts == 1 and "order must be positive" in failed.message
+
+
 @pytest.mark.parametrize("raised", [SystemExit(0), KeyboardInterrupt()],
                          ids=["SystemExit", "KeyboardInterrupt"])
 def test_a_job_raising_systemexit_is_retried_then_failed_and_the_worker_goes_on(

@@ -67,6 +67,36 @@ def test_an_unknown_name_is_a_lookup_error_that_says_where_jobs_register():
     assert "JOBGUARD['JOB_MODULES']" in str(caught.value)
 
 
+def test_an_unknown_name_says_which_registered_job_looks_like_it_and_how_to_keep_old_rows():
+    registry.register(_job_class("billing.jobs.SendInvoiceEmail"))
+    registry.register(_job_class("billing.tasks.Refund"))
+    with pytest.raises(UnknownJobError) as renamed:
+        registry.get("billing.jobs.SendInvoiceEmails")   # a rename (close spelling)
+    assert "Did you mean 'billing.jobs.SendInvoiceEmail'?" in str(renamed.value)
+    assert "name = 'billing.jobs.SendInvoiceEmails'" in str(renamed.value)
+    with pytest.raises(UnknownJobError) as moved:
+        registry.get("billing.jobs.Refund")               # a move (same class, other module)
+    assert "Did you mean 'billing.tasks.Refund'?" in str(moved.value)
+    with pytest.raises(UnknownJobError) as unrelated:
+        registry.get("shipping.jobs.Label")
+    assert "Did you mean" not in str(unrelated.value)
+
+
+def test_a_signature_problem_names_the_argument_and_what_the_class_takes():
+    class Receipt(Job):
+        def __init__(self, order: int, *, copies: int = 1):
+            self.order = order
+
+        def handle(self):
+            return None
+
+    assert registry.signature_problem(Receipt, [1], {"copies": 2}) == ""
+    assert registry.signature_problem(Receipt, [1], {"force": True}) == (
+        "got an unexpected keyword argument 'force' (this worker's Receipt takes "
+        "(order, *, copies=1))")
+    assert "missing a required argument: 'order'" in registry.signature_problem(Receipt, [], {})
+
+
 def test_an_unregistered_name_is_unknown_again():
     cls = _job_class("tests.registry.Gone")
     registry.register(cls)

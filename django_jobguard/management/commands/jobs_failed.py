@@ -2,13 +2,12 @@
 
 import json
 
-from django.core.management.base import BaseCommand
-
 from django_jobguard import registry
+from django_jobguard.management import ReadOnlyCommand
 from django_jobguard.models import FailedJob
 
 
-class Command(BaseCommand):
+class Command(ReadOnlyCommand):
     help = "List failed jobs, newest first."
 
     def add_arguments(self, parser):

@@ -4,12 +4,13 @@ when jobs wait on a queue that no live worker serves."""
 import json
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_jobguard import operations
+from django_jobguard.management import ReadOnlyCommand
 
 
-class Command(BaseCommand):
+class Command(ReadOnlyCommand):
     help = ("Show waiting/delayed/reserved/failed counts per queue. With queue:max pairs, "
             "exit 1 when a queue's size (waiting + delayed + reserved) reaches its max. "
             "Also exit 1 when jobs wait on a queue that no live worker serves "

@@ -17,7 +17,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         try:
             paused = operations.pause(opts["queue"], force=opts["force"],
-                                      actor="manage.py jobs_pause")
+                                      actor="manage.py jobs_pause", force_hint="pass --force")
         except operations.QueueNameError as exc:
             raise CommandError(str(exc))
         name = opts["queue"].strip()

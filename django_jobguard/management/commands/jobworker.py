@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_jobguard import logs
 from django_jobguard.checks import check_skip_locked
 from django_jobguard.conf import jobguard_settings, queue_database
+from django_jobguard.queue import migrate_message, unapplied_migrations
 from django_jobguard.worker.loop import WorkerOptions, make_worker, run_worker_process
 from django_jobguard.worker.queue_selection import parse_queues
 
@@ -22,6 +23,52 @@ def _csv_floats(value: str) -> list[float]:
         return [float(part) for part in value.split(",") if part.strip()]
     except ValueError:
         raise CommandError(f"--backoff takes seconds, comma separated (e.g. 1,5,10), not {value!r}")
+
+
+def startup(options: WorkerOptions, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What a worker says about itself as it starts (version, pid, queues, database, store,
+    how many jobs it runs at once): the line, and the same as fields for JSON logs."""
+    import os
+
+    from django.db import connections
+
+    import django_jobguard
+
+    connection = connections[options.using]
+    name = connection.settings_dict.get("NAME") or ""
+    processes, threads = opts["concurrency"], opts["threads"]
+    asyncs = opts["async_concurrency"] or jobguard_settings.ASYNC_CONCURRENCY
+    mode = (f"{processes} process{'es' if processes > 1 else ''}"
+            f"{' with --reload' if opts['reload'] else ''}, "
+            f"{threads} thread{'s' if threads > 1 else ''} "
+            f"{'each' if processes > 1 else 'for sync jobs'}, up to {asyncs} async jobs "
+            f"at once{' each' if processes > 1 else ''}")
+    line = (f"jobguard {django_jobguard.__version__} worker, pid {os.getpid()}: queues "
+            f"{', '.join(options.queues)}; database {options.using!r} ({connection.vendor}"
+            f"{' ' + str(name) if name else ''}); store {jobguard_settings.STORE!r}; {mode}.")
+    return line, {"version": django_jobguard.__version__, "pid": os.getpid(),
+                  "queues": list(options.queues), "database": options.using,
+                  "vendor": connection.vendor, "store": jobguard_settings.STORE,
+                  "processes": processes, "threads": threads, "async_concurrency": asyncs}
+
+
+def unseen_queues(queues: list[str], *, using: str) -> list[str]:
+    """A warning for each queue in ``queues`` that jobguard has never seen (a typo such as
+    ``--queue biling`` serves nothing), naming a known queue that looks like it."""
+    import difflib
+
+    from django_jobguard.operations.pausing import is_known_queue, known_queues
+
+    warnings = []
+    for name in queues:
+        if name == "*" or is_known_queue(name, using=using):
+            continue
+        close = difflib.get_close_matches(name, sorted(known_queues(using=using)), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        warnings.append(f"Queue {name!r} has never been seen: no job, worker or "
+                        f"registered job uses it.{hint} This worker serves it anyway, "
+                        f"should jobs be queued there.")
+    return warnings
 
 
 class Command(BaseCommand):
@@ -63,7 +110,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=0,
                             help="Jobs to reserve per claim (default: "
                                  "JOBGUARD['CLAIM_BATCH_SIZE'], adaptive unless set: one "
-                                 "without a backlog, up to 16 with one).")
+                                 "without a backlog, up to 128 with one).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Worker processes to run under one supervisor.")
         parser.add_argument("--async-concurrency", type=int, default=None,
@@ -116,6 +163,9 @@ class Command(BaseCommand):
         database = queue_database(opts["database"])
         for error in check_skip_locked(databases=[database]):
             raise CommandError(f"{error.msg} ({error.id})")
+        missing = unapplied_migrations(database)
+        if missing:
+            raise CommandError(migrate_message(missing, database))
         options = WorkerOptions(
             queues=[entry.name for entry in entries], sleep=opts["sleep"], tries=opts["tries"],
             timeout=opts["timeout"],
@@ -140,6 +190,10 @@ class Command(BaseCommand):
         installed = logs.install_handler(verbosity, opts["log_format"], stream=self.stdout,
                                          style=self.style)
         try:
+            line, about = startup(options, opts)
+            logs.job_logger.info(line, extra=about)
+            for warning in unseen_queues(options.queues, using=database):
+                logs.job_logger.warning(warning)
             code = self._run(options, opts, verbosity)
         finally:
             if installed is not None:

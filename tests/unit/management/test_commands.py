@@ -157,3 +157,50 @@ def test_jobworker_once_runs_one_job():
     out = call("jobworker", "--once", "--memory", "0")
     assert out.count(" DONE ") == 1
     assert QueuedJob.objects.count() == 1
+
+
+def test_jobworker_says_what_it_serves_as_it_starts():
+    """Issue 30 item 3: one start-up line (version, pid, queues, database, store, mode)."""
+    import os
+
+    import django_jobguard
+
+    out = call("jobworker", "--queue", "default,high", "--threads", "2", "--stop-when-empty",
+               "--memory", "0")
+    (line,) = [line for line in out.splitlines() if " worker, pid " in line]
+    assert f"jobguard {django_jobguard.__version__} worker, pid {os.getpid()}: queues " \
+           "default, high; database 'default' (" in line, line
+    assert "store 'database'; 1 process, 2 threads for sync jobs, up to 10 async jobs" in line
+
+
+def test_jobworker_warns_about_a_queue_never_seen_and_suggests_a_known_one():
+    jobs.Noop(1).dispatch(queue="billing")
+    out = call("jobworker", "--queue", "biling,default", "--stop-when-empty", "--memory", "0")
+    warnings = [line for line in out.splitlines() if " WARNING " in line]
+    assert len(warnings) == 1, out  # "default" is known: no warning for it
+    assert ("Queue 'biling' has never been seen: no job, worker or registered job uses it. "
+            "Did you mean 'billing'?") in warnings[0]
+    out = call("jobworker", "--queue", "billing", "--stop-when-empty", "--memory", "0")
+    assert " WARNING " not in out and out.count(" DONE ") == 1
+
+
+def test_jobworker_at_verbosity_zero_says_nothing():
+    assert call("jobworker", "--queue", "biling", "--stop-when-empty", "--memory", "0",
+                "-v", "0") == ""
+
+
+def test_read_only_commands_show_a_settings_error_instead_of_stopping():
+    """Issue 30 item 5: a store mistake must not hide the failed jobs from whoever fixes it."""
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    failed()
+    with override_settings(JOBGUARD={"STORE": "memcached"}):
+        err = StringIO()
+        out = StringIO()
+        call_command("jobs_failed", skip_checks=False, stdout=out, stderr=err)
+        assert "RuntimeError: boom" in out.getvalue()
+        assert "jobguard.E004" in err.getvalue()
+        call_command("jobs_monitor", skip_checks=False, stdout=StringIO(), stderr=StringIO())
+        with pytest.raises(SystemCheckError):  # a command that changes things still stops
+            call_command("jobs_retry", "all", skip_checks=False, stdout=StringIO())

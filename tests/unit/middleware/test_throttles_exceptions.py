@@ -75,6 +75,20 @@ def test_counted_exception_is_released_with_backoff_and_not_seen_by_the_worker(
     assert (info.kind, info.state, info.hits, info.limit) == ("circuit", "closed", 1, 3)
 
 
+def test_a_counted_failure_names_its_circuit_in_the_job_line(store_alias, monkeypatch, caplog):
+    """Issue 30 item 6: not ``RELEASED (released, ...)``."""
+    configure(monkeypatch, ["fail"] * 3, backoff=30)
+    Flaky().dispatch()
+    with caplog.at_level(logging.INFO, logger="django_jobguard.worker.jobs"):
+        assert run_rounds(3) == ["RELEASED"] * 3
+    details = [r.detail for r in caplog.records if getattr(r, "state", "") == "RELEASED"]
+    label = KEY.removeprefix("jobguard:circuit:")
+    assert details == [
+        f"counted by circuit {label!r}: 1 of 3 failures, retry in 30 s",
+        f"counted by circuit {label!r}: 2 of 3 failures, retry in 30 s",
+        f"counted by circuit {label!r}: 3 of 3 failures, now open, retry in 30 s"]
+
+
 def test_max_attempts_open_the_circuit_and_open_deferrals_keep_tries(
         store_alias, monkeypatch, released):
     configure(monkeypatch, ["fail"] * 3)

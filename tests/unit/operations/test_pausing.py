@@ -3,6 +3,8 @@ API and the admin, each with its permission check."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -62,8 +64,9 @@ def test_commands_pause_and_resume(capsys):
     assert "Resumed queue 'default'." in capsys.readouterr().out
     with pytest.raises(CommandError, match="is not paused"):
         call_command("jobs_resume", "default")
-    with pytest.raises(CommandError, match="Unknown queue 'typo'"):
+    with pytest.raises(CommandError, match="Unknown queue 'typo'") as refused:
         call_command("jobs_pause", "typo")
+    assert str(refused.value).endswith("(pass --force to pause it ahead of time).")  # the flag
     call_command("jobs_pause", "typo", "--force")
     assert queue.paused() == {"typo"}
 
@@ -101,6 +104,7 @@ def test_api_refuses_unknown_and_malformed_queues(admin_user):
     api = _api(admin_user)
     body = assert_error(api.post(f"{API}queues/nowhere/pause/", {}, format="json"), 400)
     assert "Unknown queue 'nowhere'" in body["errors"]["queue"][0]
+    assert '(send "force": true to pause it ahead of time)' in body["errors"]["queue"][0]
     assert_error(api.post(f"{API}queues/{'x' * 101}/pause/", {}, format="json"), 400)
     assert_error(api.post(f"{API}queues/default/pause/", {"forse": True}, format="json"), 400,
                  "unknown_field")
@@ -155,3 +159,34 @@ def test_admin_pause_and_resume_need_the_change_permission():
                        {"queue": "other", "force": "on"}).status_code == 403
     viewer.post(changelist, {"action": "resume", "_selected_action": ["default"]})
     assert queue.paused() == {"default"}  # neither paused "other" nor resumed "default"
+
+
+def test_jobs_pause_says_so_once_without_the_audit_line_in_the_middle(tmp_path):
+    """Issue 30 item 6: in a project without LOGGING the audit record went to Python's
+    last-resort handler (stderr), so the command printed its message twice. A project that
+    routes the logger still gets it (below)."""
+    from tests.support.throwaway import make_project, run_in
+
+    make_project(tmp_path)
+    assert run_in(tmp_path, "-m", "django", "migrate", "-v", "0").returncode == 0
+    done = run_in(tmp_path, "-m", "django", "jobs_pause", "default")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Paused queue 'default'.\n"
+    assert "Paused queue" not in done.stderr and " by manage.py" not in done.stderr
+
+
+def test_the_audit_log_still_reaches_a_project_handler(caplog):
+    with caplog.at_level(logging.WARNING, logger="django_jobguard.operations"):
+        operations.pause("default", actor="ann")
+    assert [r.getMessage() for r in caplog.records] == ["Paused queue 'default' by ann."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_test_projects_console_leaves_the_audit_log_out():
+    """The demo and the commands run with testproject's LOGGING (django_jobguard on the
+    console): its console handler drops the audit records."""
+    from tests.support import run_command
+
+    done = run_command("jobs_pause", "default")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Paused queue 'default'.\n" and "by manage.py" not in done.stderr

@@ -74,3 +74,36 @@ def test_plugin_fixtures_work_without_a_conftest(pytester):
         "was dispatched 0 time(s).*",
         "*- shop.jobs.SyncStock(41) queue='stock'*",
     ])
+
+
+def test_without_pytest_django_a_fixture_says_what_to_install(pytester):
+    """Issue 30 item 7: the plugin works with pytest-django; without it, say so."""
+    pytester.makepyfile(test_alone="""
+        def test_capture(jobguard_capture):
+            pass
+
+        def test_no_fixture():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:django", "-p", "no:randomly",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*jobguard's pytest fixtures need pytest-django: pip install "
+                                 "pytest-django*"])
+
+
+def test_the_readme_says_what_the_plain_test_run_leaves_out_and_how_to_run_it():
+    """Issue 30 item 7: every switch a skipped test waits for is in the README's test part."""
+    import re
+
+    from tests.support import ROOT
+    from tests.support.browser import CHROMIUM
+
+    readme = (ROOT / "README.md").read_text()
+    part = readme[readme.index("Run the test suite"):readme.index("## Use")]
+    chaos = set(re.findall(r'environ\.get\("(JOBGUARD_CHAOS_\w+)"', "".join(
+        path.read_text() for path in (ROOT / "tests" / "chaos").glob("*.py"))))
+    assert chaos  # the chaos tests' own switches
+    for switch in {"JOBGUARD_TEST_DATABASE_URL", "JOBGUARD_REDIS_URL", CHROMIUM, *chaos}:
+        assert switch in part, switch
+    assert "skips" in part and "pytest-django" in readme
