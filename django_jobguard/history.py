@@ -37,9 +37,10 @@ from django.db import connections
 from django.db.models import Value
 from django.utils import timezone
 
-from django_jobguard import clock
+from django_jobguard import clock, observe, signals
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import dialect_for
+from django_jobguard.envelope import encoded_size
 from django_jobguard.models import FinishedRun, QueueMinute
 from django_jobguard.outcome import JobState
 
@@ -151,15 +152,44 @@ class RunRecorder:
         self.states = frozenset({JobState.FAILED}) if failures_only else RECORDED_STATES
         self._runs: list[FinishedRun] = []
         self._lock = threading.Lock()
+        #: Result sizes by job id, from ``job_processed`` until the job's line comes.
+        self._sizes: dict[str, int | None] = {}
+
+    def start(self) -> None:
+        """Record the job lines from now on (and the result sizes that precede them)."""
+        observe.add_run_recorder(self)
+        if self.states is RECORDED_STATES:
+            signals.job_processed.connect(self.processed, weak=False,
+                                          dispatch_uid=f"jobguard-history-{id(self)}")
+
+    def stop(self) -> None:
+        """Stop recording (what is buffered stays for :meth:`flush`)."""
+        observe.remove_run_recorder(self)
+        signals.job_processed.disconnect(dispatch_uid=f"jobguard-history-{id(self)}")
+
+    def processed(self, sender: Any = None, *, job_id: Any = None, result: Any = None,
+                  **kwargs: Any) -> None:
+        """``job_processed``: note the size of the result, which the job line does not carry
+        (sent in the pipeline just before the line; the line takes the note)."""
+        if job_id is None:
+            return
+        try:
+            size: int | None = None if result is None else encoded_size(result)
+        except (TypeError, ValueError):
+            size = encoded_size(repr(result))  # stored as its repr, as results.py does
+        with self._lock:
+            self._sizes[str(job_id)] = size
 
     def __call__(self, worker_id: str, row: Any, state: str, elapsed: float | None,
                  detail: str) -> None:
         """Buffer the run of ``row`` that ended in ``state`` (other workers' lines, and
         states not kept, are ignored)."""
+        with self._lock:  # every line ends the note of its job, whichever worker ran it
+            size = self._sizes.pop(str(row.id), None) if self._sizes else None
         if state not in self.states or worker_id != self.worker_id:
             return
         try:
-            run = run_of(worker_id, row, state, elapsed, detail)
+            run = run_of(worker_id, row, state, elapsed, detail, result_size=size)
         except Exception:  # history must never break a job's outcome
             logger.exception("Could not record the run of %s [%s].", row.name, row.id)
             return
@@ -193,7 +223,7 @@ class RunRecorder:
 
 
 def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
-           detail: str) -> FinishedRun:
+           detail: str, *, result_size: int | None = None) -> FinishedRun:
     """The :class:`FinishedRun` of ``row``'s run that just ended in ``state``."""
     finished = clock.now()
     started = finished - datetime.timedelta(seconds=elapsed or 0.0)
@@ -207,7 +237,7 @@ def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
                              "kwargs": payload.get("kwargs", {})},
                   attempt=row.attempts, worker=worker_id[:100], started_at=started,
                   finished_at=finished, runtime=elapsed, wait=wait,
-                  result_size=getattr(row, "result_size", None),
+                  result_size=result_size,
                   error=detail if state == JobState.FAILED else "")
 
 

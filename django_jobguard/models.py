@@ -512,7 +512,7 @@ class FinishedRun(models.Model):
     runtime = models.FloatField(_("runtime (s)"), null=True, blank=True)
     #: Seconds from when the job became due to the start of this run.
     wait = models.FloatField(_("wait (s)"), null=True, blank=True)
-    #: Bytes of the stored result (jobs that keep one), else null.
+    #: Bytes of the return value's JSON; null when it returned None or did not succeed.
     result_size = models.PositiveIntegerField(_("result size"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True, default="")
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError
 
-from django_jobguard import aio, history, logs, observe, queue, registry
+from django_jobguard import aio, history, logs, queue, registry
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.models import QueuedJob
@@ -593,7 +593,7 @@ class Worker:
         o = self.options
         WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self.identity())
         if self._runs is not None:
-            observe.add_run_recorder(self._runs)
+            self._runs.start()
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
         self._heartbeat.start()
@@ -619,7 +619,7 @@ class Worker:
         except (DatabaseError, InterfaceError):
             pass  # the database is gone: the dashboard's history misses these counts and runs
         if self._runs is not None:
-            observe.remove_run_recorder(self._runs)
+            self._runs.stop()
         try:
             WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
         except (DatabaseError, InterfaceError):

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_jobguard import history, observe, operations
+from django_jobguard import history, observe, operations, signals
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, FinishedRun, QueuedJob
 from django_jobguard.worker import Worker, WorkerOptions
@@ -74,8 +74,10 @@ def test_history_all_records_each_finished_run_with_its_details():
         "DONE", "tests.support.jobs.Noop", "default", {"args": [7], "kwargs": {}}, 1, "")
     assert ok.runtime is not None and ok.runtime >= 0 and ok.wait is not None and ok.wait >= 0
     assert ok.started_at <= ok.finished_at and ok.worker
+    assert ok.result_size == 1  # Noop(7) returned 7: one byte of JSON
     bad = FinishedRun.objects.get(job_id=failed.id)
     assert bad.state == "FAILED" and "no point retrying" in bad.error
+    assert bad.result_size is None
     assert FinishedRun.objects.count() == 2
 
 
@@ -134,6 +136,27 @@ def test_a_failed_flush_keeps_the_runs_and_a_retried_one_records_none_twice(monk
     assert recorder.pending() == 3
     assert recorder.flush() == 3
     assert FinishedRun.objects.count() == 3
+
+
+def test_result_sizes_come_from_job_processed_and_are_not_kept_past_the_line():
+    mine, other = history.RunRecorder("w1"), history.RunRecorder("w2")
+    mine.start(), other.start()
+    try:
+        row, not_json = FakeRow(), FakeRow()
+        signals.job_processed.send(sender=None, job=None, job_id=str(row.id),
+                                   result={"total": 12})
+        signals.job_processed.send(sender=None, job=None, job_id=str(not_json.id),
+                                   result=object())
+        observe.job_line("w1", row, "DONE", 0.1)
+        observe.job_line("w1", not_json, "DONE", 0.1)
+    finally:
+        mine.stop(), other.stop()
+    assert mine._sizes == {} and other._sizes == {}  # w2 dropped the notes of w1's jobs
+    assert other.pending() == 0 and mine.flush() == 2
+    sizes = dict(FinishedRun.objects.values_list("job_id", "result_size"))
+    assert sizes[row.id] == len('{"total":12}')
+    assert sizes[not_json.id] > len("<object object at 0x")
+    assert observe._run_recorders == []
 
 
 def test_a_run_that_cannot_be_described_does_not_break_the_job(caplog):
