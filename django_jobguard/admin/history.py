@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
-from django_jobguard.admin.base import pretty_error, pretty_json, timestamp_column
+from django_jobguard.admin.base import (
+    arguments_preview,
+    pretty_error,
+    pretty_json,
+    timestamp_column,
+)
 from django_jobguard.models import FinishedRun
 
 
@@ -32,10 +36,7 @@ class FinishedRunAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("arguments"))
     def arguments_short(self, obj: FinishedRun) -> str:
-        args = obj.arguments if isinstance(obj.arguments, dict) else {}
-        shown = [repr(a) for a in args.get("args", [])]
-        shown += [f"{k}={v!r}" for k, v in (args.get("kwargs") or {}).items()]
-        return Truncator(", ".join(shown)).chars(60)
+        return arguments_preview(obj.arguments)
 
     @admin.display(description=_("runtime (s)"), ordering="runtime")
     def runtime_display(self, obj: FinishedRun) -> str:

@@ -347,3 +347,37 @@ def test_dashboard_shows_job_classes_slowest_or_most_failing_first(admin_client)
         assert runs.status_code == 200 and b"a.Flaky" in runs.content
         assert b"a.Slow" not in runs.content
     assert 'id="jobguard-classes"' not in admin_client.get(DASHBOARD).content.decode()  # off
+
+
+# -- the arguments preview column (issue 31 C) ----------------------------------------------
+
+
+def test_arguments_preview_reads_like_a_call_and_is_cut_with_the_whole_text_as_tooltip():
+    from django_jobguard.admin.base import PREVIEW_CHARS, arguments_preview, arguments_text
+
+    assert arguments_text({"args": [9, "x"], "kwargs": {"notify": True}}) == \
+        '9, "x", notify=true'
+    assert arguments_text({"args": [], "kwargs": {}}) == "" and arguments_preview({}) == "-"
+    assert arguments_text("not a payload") == ""
+    long = {"args": ["<b>" + "a" * 100 + "</b>"], "kwargs": {}}
+    shown = str(arguments_preview(long))
+    assert "&lt;b&gt;" in shown and "<b>" not in shown  # escaped
+    import html
+
+    cut = html.unescape(shown.split(">", 1)[1].rsplit("<", 1)[0])
+    assert cut.endswith("…") and len(cut) == PREVIEW_CHARS
+    assert 'title="&quot;&lt;b&gt;' + "a" * 100 in shown
+
+
+def test_job_lists_show_the_arguments_column(admin_client):
+    from tests.support.operate import failed_job
+
+    jobs.Noop(4711).dispatch()
+    failed_job()  # args ["x"]
+    queued = admin_client.get("/admin/django_jobguard/queuedjob/").content.decode()
+    assert 'class="jobguard-args" title="4711">4711</code>' in queued
+    failed = admin_client.get("/admin/django_jobguard/failedjob/").content.decode()
+    assert 'class="jobguard-args" title="&quot;x&quot;">&quot;x&quot;</code>' in failed
+    run(arguments={"args": [], "kwargs": {"customer_id": 9}})
+    runs = admin_client.get(RUNS).content.decode()
+    assert 'title="customer_id=9">customer_id=9</code>' in runs
