@@ -35,6 +35,7 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import Value
+from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from django_jobguard import clock, observe, signals
@@ -150,7 +151,7 @@ class RunRecorder:
     def __init__(self, worker_id: str, *, failures_only: bool = False) -> None:
         self.worker_id = worker_id
         self.states = frozenset({JobState.FAILED}) if failures_only else RECORDED_STATES
-        self._runs: list[FinishedRun] = []
+        self._runs: list[tuple[Any, ...]] = []
         self._lock = threading.Lock()
         #: Result sizes by job id, from ``job_processed`` until the job's line comes.
         self._sizes: dict[str, int | None] = {}
@@ -213,8 +214,7 @@ class RunRecorder:
         if not taken:
             return 0
         try:
-            FinishedRun.objects.using(queue_database(using)).bulk_create(
-                taken, batch_size=500, ignore_conflicts=True)
+            insert_runs(taken, using=using)
         except BaseException:
             with self._lock:
                 self._runs[:0] = taken
@@ -222,9 +222,17 @@ class RunRecorder:
         return len(taken)
 
 
+#: The columns of a buffered run, in the order of :func:`run_of`'s tuple.
+COLUMNS = ("job_id", "state", "name", "queue", "arguments", "attempt", "worker", "started_at",
+           "finished_at", "runtime", "wait", "result_size", "error")
+#: The columns whose values the database backend adapts (the others go as they are).
+_ADAPTED = frozenset({"job_id", "arguments", "started_at", "finished_at"})
+
+
 def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
-           detail: str, *, result_size: int | None = None) -> FinishedRun:
-    """The :class:`FinishedRun` of ``row``'s run that just ended in ``state``."""
+           detail: str, *, result_size: int | None = None) -> tuple[Any, ...]:
+    """The values (:data:`COLUMNS`) of ``row``'s run that just ended in ``state``: a plain
+    tuple, cheaper than a model instance in the job's thread."""
     finished = clock.now()
     started = finished - datetime.timedelta(seconds=elapsed or 0.0)
     payload = row.payload if isinstance(row.payload, dict) else {}
@@ -232,13 +240,40 @@ def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
     due, reserved = getattr(row, "available_at", None), getattr(row, "reserved_at", None)
     if isinstance(due, datetime.datetime) and isinstance(reserved, datetime.datetime):
         wait = max((reserved - due).total_seconds(), 0.0)
-    return FinishedRun(job_id=row.id, state=str(state), name=row.name, queue=row.queue,
-                  arguments={"args": payload.get("args", []),
-                             "kwargs": payload.get("kwargs", {})},
-                  attempt=row.attempts, worker=worker_id[:100], started_at=started,
-                  finished_at=finished, runtime=elapsed, wait=wait,
-                  result_size=result_size,
-                  error=detail if state == JobState.FAILED else "")
+    return (row.id, str(state), row.name, row.queue,
+            {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})},
+            row.attempts, worker_id[:100], started, finished, elapsed, wait, result_size,
+            detail if state == JobState.FAILED else "")
+
+
+def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> None:
+    """Insert buffered runs with multi-row ``INSERT``s that skip a run already there (the
+    ``(job_id, finished_at)`` constraint): ``ON CONFLICT DO NOTHING``, ``INSERT IGNORE`` or
+    ``INSERT OR IGNORE``. Raw SQL: ``bulk_create`` compiled each row's every field, the
+    larger part of the history's cost."""
+    using = queue_database(using)
+    connection = connections[using]
+    by_name = {field.name: field for field in FinishedRun._meta.concrete_fields}
+    fields = [by_name[name] for name in COLUMNS]
+    adapt = [(i, field) for i, field in enumerate(fields) if field.name in _ADAPTED]
+    ops = connection.ops
+    table = ops.quote_name(FinishedRun._meta.db_table)
+    columns = ", ".join(ops.quote_name(str(field.column)) for field in fields)
+    insert = ops.insert_statement(on_conflict=OnConflict.IGNORE)
+    suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None) or ""
+    row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    size = max(1, min(500, ops.bulk_batch_size(fields, runs)))
+    with connection.cursor() as cursor:
+        for start in range(0, len(runs), size):
+            chunk = runs[start:start + size]
+            params: list[Any] = []
+            for run in chunk:
+                values = list(run)
+                for i, field in adapt:
+                    values[i] = field.get_db_prep_value(values[i], connection)
+                params += values
+            cursor.execute(f"{insert} {table} ({columns}) VALUES "
+                           f"{', '.join([row_sql] * len(chunk))} {suffix}", params)
 
 
 def prune_runs(*, older_than: datetime.timedelta | None = None, using: str | None = None,
