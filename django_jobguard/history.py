@@ -247,10 +247,10 @@ def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
 
 
 def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> None:
-    """Insert buffered runs with multi-row ``INSERT``s that skip a run already there (the
+    """Insert buffered runs in one ``executemany`` that skips a run already there (the
     ``(job_id, finished_at)`` constraint): ``ON CONFLICT DO NOTHING``, ``INSERT IGNORE`` or
-    ``INSERT OR IGNORE``. Raw SQL: ``bulk_create`` compiled each row's every field, the
-    larger part of the history's cost."""
+    ``INSERT OR IGNORE``. Raw SQL of plain tuples: ``bulk_create`` compiled each row's every
+    field."""
     using = queue_database(using)
     connection = connections[using]
     by_name = {field.name: field for field in FinishedRun._meta.concrete_fields}
@@ -262,18 +262,17 @@ def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> Non
     insert = ops.insert_statement(on_conflict=OnConflict.IGNORE)
     suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None) or ""
     row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    size = max(1, min(500, ops.bulk_batch_size(fields, runs)))
+    params: list[list[Any]] = []
+    for run in runs:
+        values = list(run)
+        for i, field in adapt:
+            values[i] = field.get_db_prep_value(values[i], connection)
+        params.append(values)
+    # One statement's shape for every row: the driver parses it once (psycopg sends the rows
+    # in pipeline mode, mysqlclient folds them into multi-row INSERTs); one huge VALUES list
+    # cost more to parse for its placeholders than the rows themselves.
     with connection.cursor() as cursor:
-        for start in range(0, len(runs), size):
-            chunk = runs[start:start + size]
-            params: list[Any] = []
-            for run in chunk:
-                values = list(run)
-                for i, field in adapt:
-                    values[i] = field.get_db_prep_value(values[i], connection)
-                params += values
-            cursor.execute(f"{insert} {table} ({columns}) VALUES "
-                           f"{', '.join([row_sql] * len(chunk))} {suffix}", params)
+        cursor.executemany(f"{insert} {table} ({columns}) VALUES {row_sql} {suffix}", params)
 
 
 def prune_runs(*, older_than: datetime.timedelta | None = None, using: str | None = None,
