@@ -95,3 +95,14 @@ class AsyncLatencyStamp(LatencyStamp):
 
     async def handle(self) -> None:
         record_latency(self.sent)
+
+
+class Finished(Job):
+    """Keeps its result: the time ``handle()`` ended, for ``handle.wait()``'s latency."""
+
+    name = "bench.Finished"
+    queue = "bench"
+    keep_result = True
+
+    def handle(self) -> float:
+        return time.time()

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         MaxAttemptsExceededError,
         StoreUnavailableError,
     )
+    from django_jobguard.iterable import IterableJob
     from django_jobguard.jobs import Dispatched, Job, dispatch, dispatch_many, dispatch_sync
     from django_jobguard.limits import Limit, UnknownLimiterError, rate_limiter
     from django_jobguard.middleware import JobMiddleware
@@ -40,6 +41,7 @@ _EXPORTS = {
     "dispatch_many": "django_jobguard.jobs",
     "dispatch_sync": "django_jobguard.jobs",
     "Dispatched": "django_jobguard.jobs",
+    "IterableJob": "django_jobguard.iterable",
     "JobContext": "django_jobguard.context",
     "RetryPolicy": "django_jobguard.retry",
     "Outcome": "django_jobguard.outcome",

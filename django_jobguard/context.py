@@ -10,6 +10,7 @@ instead of private attributes.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Self
 
@@ -50,6 +51,13 @@ class JobContext:
     reporter: RunReporter | None = None
     #: Whether the job saw ``job.cancelled`` true (the run then ends as cancelled).
     cancel_seen: bool = False
+    #: Whether the worker running it is stopping gracefully (SIGTERM, ``--max-time``, a
+    #: reload): the worker's probe, never true outside a worker.
+    stopping: Callable[[], bool] = field(default=lambda: False, repr=False)
+    #: The row's claim counter for this run: owner-checked writes of the job's checkpoint.
+    claims: int = 0
+    #: The checkpoint the row had when this run started (iterable jobs), else ``None``.
+    checkpoint: Any = None
 
     def cancelled(self) -> bool:
         """Whether an operator asked this run to stop (read at most once a second)."""

@@ -75,7 +75,7 @@ class JobFunction:
 
     def using(self, **options: Any) -> JobFunction:
         """A copy whose ``dispatch()`` uses these options (``delay``, ``queue``, ``priority``,
-        ``on_commit``)."""
+        ``on_commit``, ``debounce``)."""
         return JobFunction(self.func, self.job_class, {**self.options, **options})
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Dispatched:
@@ -122,7 +122,7 @@ def _extend(
 
 
 JOB_OPTIONS = ("queue", "tries", "max_exceptions", "backoff", "timeout", "fail_on_timeout",
-               "priority", "delete_when_missing_models", "keep_result")
+               "priority", "delete_when_missing_models", "keep_result", "debounce")
 
 
 def job(
@@ -131,12 +131,18 @@ def job(
     name: str | None = None,
     base: type[FunctionJob] = FunctionJob,
     retry_until: Callable[..., datetime.datetime | None] | None = None,
+    debounce_key: Callable[..., Any] | None = None,
     **options: Any,
 ) -> Any:
     """Make a module-level function a job: ``@job`` or ``@job(queue="emails", tries=3)``.
 
     The function runs with the dispatched arguments: ``send_email.dispatch(user_id=7)``.
+    ``@job(debounce=(5, 60), debounce_key=lambda user_id: user_id)`` debounces it per key
+    (docs/long-jobs.md#debounce).
     """
+    if debounce_key is not None and not callable(debounce_key):
+        raise TypeError(f"@job(debounce_key=...) takes a function of the job's arguments, not "
+                        f"{debounce_key!r}.")
     unknown = set(options) - set(JOB_OPTIONS)
     if unknown:
         raise TypeError(f"@job got unknown options {sorted(unknown)}; allowed: {JOB_OPTIONS}.")
@@ -157,6 +163,8 @@ def job(
         }
         if retry_until is not None:
             attrs["retry_until"] = lambda self: retry_until(*self.args, **self.kwargs)
+        if debounce_key is not None:
+            attrs["debounce_id"] = lambda self: str(debounce_key(*self.args, **self.kwargs))
         for mixin_attrs in getattr(func, "_jobguard_class_attrs", []):
             attrs.update(mixin_attrs)
         job_base = base

@@ -33,12 +33,31 @@ class JobCancelledError(JobGuardError):
     """An operator cancelled the running job (kept as a kept result's error)."""
 
 
+class JobFailedError(JobGuardError):
+    """``handle.wait()``: the job failed for good; ``exception_class`` and ``traceback``
+    say with what (as its result row keeps them)."""
+
+    def __init__(self, message: str, *, exception_class: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.exception_class = exception_class
+        self.traceback = traceback
+
+
 class WorkerStoppedError(JobGuardError):
     """Raised in a running job when its worker stops at once (a second Ctrl-C): the job goes
     back to the queue without using an attempt and runs again from the start."""
 
     reason = "worker_stop"
     detail = "its worker was stopped at once (a second Ctrl-C)"
+
+
+class StopTimeoutError(WorkerStoppedError):
+    """Raised in a job still running ``--stop-timeout`` seconds after its worker began a
+    graceful stop (SIGTERM, ``--max-time``): the job goes back to the queue without using an
+    attempt and runs again from the start (or from its checkpoint)."""
+
+    reason = "stop_timeout"
+    detail = "its worker's --stop-timeout passed during a graceful stop"
 
 
 class WorkerRestartError(WorkerStoppedError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -26,13 +26,16 @@ from django_jobguard import (
     tracing,
     unique_jobs,
 )
+from django_jobguard import debounce as debouncing
 from django_jobguard import queue as job_queue
+from django_jobguard import results as job_results
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Delay
 from django_jobguard.envelope import Envelope, UniqueRef
-from django_jobguard.exceptions import ManuallyFailedError
+from django_jobguard.exceptions import JobFailedError, ManuallyFailedError
 from django_jobguard.middleware.chain import run_middleware, run_middleware_async
+from django_jobguard.models import JobResult
 from django_jobguard.outcome import Outcome
 from django_jobguard.retry import RetryPolicy
 
@@ -47,9 +50,49 @@ class Dispatched:
     job_name: str
     queue: str
     skipped: str | None = None
+    #: A debounced dispatch that replaced the arguments of the job already waiting (``id``).
+    folded: bool = False
+    #: The database alias of the queue the job went to.
+    using: str | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return self.skipped is None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job has finished and return what ``handle()`` returned (as its
+        result row keeps it: JSON); :class:`~django_jobguard.exceptions.JobFailedError` if
+        it failed for good, ``TimeoutError`` after ``timeout`` seconds (the job goes on).
+        Only for jobs with ``keep_result = True``. Woken by NOTIFY on PostgreSQL, polling
+        elsewhere (docs/long-jobs.md#awaiting-a-result)."""
+        if self.id is None:
+            raise ValueError(f"This dispatch of {self.job_name} was skipped ({self.skipped}): "
+                             f"there is no job to wait for.")
+        if not getattr(registry.get(self.job_name), "keep_result", False):
+            raise TypeError(f"{self.job_name} does not keep results: set keep_result = True "
+                            f"on it to wait for one.")
+        return outcome_of(job_results.wait_finished(self.id, timeout=timeout, using=self.using))
+
+    async def await_result(self, timeout: float | None = None) -> Any:
+        """:meth:`wait` for async code: the waiting runs off the event loop."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.wait, thread_sensitive=False)(timeout)
+
+
+def outcome_of(finished: Any) -> Any:
+    """The return value of a finished job's result row, or its failure raised as
+    :class:`~django_jobguard.exceptions.JobFailedError`."""
+    if isinstance(finished, JobResult) and finished.status == job_results.SUCCESSFUL:
+        return finished.return_value
+    if isinstance(finished, JobResult):
+        error = (finished.errors or [{}])[-1]
+        path, trace = error.get("exception_class_path", ""), error.get("traceback", "")
+        last = trace.strip().rsplit("\n", 1)[-1] if trace else "no error was recorded"
+        raise JobFailedError(f"Job {finished.id} failed: {last}", exception_class=path,
+                             traceback=trace)
+    raise JobFailedError(f"Job {finished.id} failed: {finished.exception_class}: "
+                         f"{finished.message}", exception_class=finished.exception_class,
+                         traceback=finished.traceback)
 
 
 class Job:
@@ -77,6 +120,10 @@ class Job:
     priority: ClassVar[int] = 0
     #: Delete the job silently (no failed job) when a model argument no longer exists.
     delete_when_missing_models: ClassVar[bool] = False
+    #: ``(seconds, max_wait)``: dispatches of one ``debounce_id()`` fold into one waiting
+    #: job, last arguments winning, run ``seconds`` after the last of them but at most
+    #: ``max_wait`` after the first (:mod:`django_jobguard.debounce`). ``None``: not debounced.
+    debounce: ClassVar[tuple[Any, Any] | None] = None
     #: Keep a :class:`~django_jobguard.models.JobResult` when the job ends.
     keep_result: ClassVar[bool] = False
     #: Adapter jobs only (django.tasks): the keys leading to the dotted name of what the job
@@ -131,6 +178,10 @@ class Job:
         """Middleware wrapped around ``handle()``, outermost first."""
         return []
 
+    def debounce_id(self) -> str:
+        """What makes two dispatches of a debounced job fold together (default: one per name)."""
+        return ""
+
     def retry_until(self) -> datetime.datetime | None:
         """A deadline instead of ``tries``: retry until then. Evaluated once, at dispatch."""
         return None
@@ -159,6 +210,19 @@ class Job:
         """Report how far ``handle()`` is (0 to 1) with ``message``, for the admin and the
         API: stored at most once a second, the latest value within a second."""
         self.context.progress(fraction, message)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the worker is stopping gracefully (SIGTERM, ``--max-time``, a reload):
+        a long job checks it between steps and returns ``self.interrupt()``. Cheap to read."""
+        return self.context.stopping()
+
+    def interrupt(self) -> None:
+        """Put the job back on the queue at once without using an attempt, once ``handle()``
+        returns: it was interrupted, not failed (docs/long-jobs.md)."""
+        self.context.request(Outcome.deferred(
+            durations.NOW, reason="interrupted",
+            detail="it stopped for its worker's graceful stop"))
 
     def release(self, delay: Delay = 0) -> None:
         """Put the job back on the queue to run again after ``delay``; this run is an attempt."""
@@ -190,11 +254,13 @@ class Job:
         priority: int | None = None,
         on_commit: bool | str = False,
         using: str | None = None,
+        debounce: tuple[Any, Any] | None = None,
     ) -> Dispatched:
         """Queue this job; see :func:`dispatch`."""
         using = queue_database(using)
         return dispatch(
-            self, delay=delay, queue=queue, priority=priority, on_commit=on_commit, using=using
+            self, delay=delay, queue=queue, priority=priority, on_commit=on_commit, using=using,
+            debounce=debounce,
         )
 
     def dispatch_sync(self) -> Any:
@@ -259,9 +325,13 @@ def dispatch(
     priority: int | None = None,
     on_commit: bool | str = False,
     using: str | None = None,
+    debounce: tuple[Any, Any] | None = None,
 ) -> Dispatched:
     """Queue ``job``. Returns a truthy :class:`Dispatched` with the job id, or a falsy one
     with ``skipped="unique"`` when a unique job with the same key is already queued or running.
+    A debounced job (``debounce=(seconds, max_wait)`` here or on its class) whose key already
+    has a waiting job replaces that job's arguments instead: ``folded`` is True and ``id`` is
+    the waiting job's (:mod:`django_jobguard.debounce`).
 
     The row is inserted in the caller's transaction, so a rollback takes it away again;
     ``on_commit=True`` inserts it after the transaction commits instead. With the queue on a
@@ -271,7 +341,7 @@ def dispatch(
     """
     using = queue_database(using)
     return dispatch_many([job], delay=delay, queue=queue, priority=priority,
-                         on_commit=on_commit, using=using)[0]
+                         on_commit=on_commit, using=using, debounce=debounce)[0]
 
 
 def dispatch_many(
@@ -283,6 +353,7 @@ def dispatch_many(
     on_commit: bool | str = False,
     using: str | None = None,
     batch_size: int = 500,
+    debounce: tuple[Any, Any] | None = None,
 ) -> list[Dispatched]:
     """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each.
 
@@ -295,17 +366,37 @@ def dispatch_many(
     using = queue_database(using)
     jobs = list(jobs)
     when = durations.due(delay)
-    built = [build_row(job, when=when, queue=queue, priority=priority) for job in jobs]
-    results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue)
+    debounced = [_debounce_of(job, debounce, delay) for job in jobs]
+    built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
+                       queue=queue, priority=priority)
+             for job, rule in zip(jobs, debounced, strict=True)]
+    results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
                for job, (row, _) in zip(jobs, built, strict=True)]
 
     def insert() -> None:
-        kept = _push_unique(jobs, built, using=using, batch_size=batch_size)
+        plain = [i for i, rule in enumerate(debounced) if rule is None]
+        kept = {plain[k] for k in _push_unique([jobs[i] for i in plain],
+                                               [built[i] for i in plain], using=using,
+                                               batch_size=batch_size)}
+        for i, rule in enumerate(debounced):
+            if rule is not None:
+                row = built[i][0]
+                job_id, folded = debouncing.fold_or_push(row, debouncing.key_for(jobs[i]), rule,
+                                                       using=using)
+                if folded:
+                    results[i] = Dispatched(id=job_id, job_name=jobs[i].name, queue=row.queue,
+                                            folded=True, using=using)
+                    signals.job_dispatched.send(sender=type(jobs[i]), job=jobs[i],
+                                                job_id=job_id, queue=row.queue,
+                                                priority=row.priority, delay=rule.seconds,
+                                                at=None)
+                else:
+                    kept.add(i)
         inserted = []
         for i, (job, (row, _)) in enumerate(zip(jobs, built, strict=True)):
-            if i not in kept:
+            if i not in kept and not results[i].folded:
                 results[i] = Dispatched(id=None, job_name=job.name, queue=row.queue,
-                                        skipped="unique")
+                                        skipped="unique", using=using)
                 signals.job_skipped_unique.send(sender=type(job), job=job)
         for i in sorted(kept):
             job, (row, _) = jobs[i], built[i]
@@ -321,6 +412,21 @@ def dispatch_many(
     else:
         insert()
     return results
+
+
+def _debounce_of(job: Job, given: Any, delay: Delay) -> debouncing.Debounce | None:
+    """The debounce rule of a dispatch of ``job`` (its argument, else the class's), checked."""
+    rule = debouncing.parse(given if given is not None else job.debounce,
+                          name=f"{job.name} debounce")
+    if rule is None:
+        return None
+    if delay is not None:
+        raise ValueError(f"{job.name}: a debounced dispatch takes no delay (its debounce "
+                         f"seconds are its delay).")
+    if unique_jobs.ref_for(job, "") is not None:
+        raise TypeError(f"{job.name} is both unique and debounced; a debounced job is already "
+                        f"one waiting job per key: drop ShouldBeUnique.")
+    return rule
 
 
 def commit_database(on_commit: bool | str) -> str:

@@ -3,6 +3,7 @@
 Every key is ``jobguard:<kind>:<parts…>``:
 
 - ``jobguard:unique:<job name>:<unique id>``            (:mod:`django_jobguard.unique_jobs`)
+- ``jobguard:debounce:<job name>:<debounce id>``        (:mod:`django_jobguard.debounce`)
 - ``jobguard:overlap:<job name>:<key>`` or ``jobguard:overlap:<key>`` when shared
 - ``jobguard:rate:<limiter>:<window>s[:<by>]``
 - ``jobguard:circuit:<job name>`` / ``…:<job name>:<job id>`` / ``…:<shared key>``
@@ -19,7 +20,7 @@ import hashlib
 from typing import Any
 
 PREFIX = "jobguard:"
-KINDS = ("unique", "overlap", "rate", "circuit")
+KINDS = ("unique", "overlap", "rate", "circuit", "debounce")
 #: Longest key built here; stores accept 255 characters, and Redis adds ``:fence`` to lock keys.
 MAX_LENGTH = 200
 _KEEP = 160  # readable characters kept in front of the digest of a long key
@@ -49,6 +50,10 @@ def shorten(key: str) -> str:
 
 def unique(job_name: str, unique_id: Any) -> str:
     return build("unique", job_name, unique_id)
+
+
+def debounce(job_name: str, debounce_id: Any) -> str:
+    return build("debounce", job_name, debounce_id)
 
 
 def overlap(job_name: str, key: Any, *, shared: bool = False) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import models
-from django.db.models import Case, CharField, Count, Q, Value, When
+from django.db.models import Case, CharField, Count, F, Q, Value, When
 from django.db.models.functions import Now
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
@@ -122,6 +122,27 @@ class QueuedJob(models.Model):
     #: it with ``reserved_by``, so a late write of an attempt the worker already ended (a
     #: stuck thread, see executor.py) cannot touch a later claim of the row by the same worker.
     claims = models.PositiveIntegerField(_("claims"), default=0, db_default=0, editable=False)
+    #: A debounced job's key (``jobguard:debounce:<job name>:<debounce id>``): dispatches of
+    #: the same key while this row waits fold into it (:mod:`django_jobguard.debounce`).
+    debounce_key = models.CharField(_("debounce key"), max_length=255, null=True, blank=True,
+                                    editable=False)
+    #: The latest time folding may push ``available_at`` to: first dispatch + ``max_wait``.
+    debounce_deadline = models.DateTimeField(_("debounce deadline"), null=True, blank=True,
+                                             editable=False)
+    #: How many later dispatches were folded into this row (their arguments replaced its own).
+    debounce_folds = models.PositiveIntegerField(_("dispatches folded"), default=0,
+                                                 db_default=0, editable=False)
+    #: ``debounce_key`` while no worker has taken the row, else NULL; kept by the database
+    #: and unique, so that at most one row per key waits to be folded into, on every database
+    #: (MariaDB has no partial indexes: a unique generated column does the same).
+    debounce_slot = models.GeneratedField(
+        expression=Case(When(reserved_at__isnull=True, then=F("debounce_key")),
+                        default=Value(None), output_field=CharField(max_length=255)),
+        output_field=CharField(max_length=255, null=True), db_persist=True, unique=True)
+
+    #: An iterable job's checkpoint, ``{"cursor": ..., "done": n}``: written in the
+    #: transaction of each item's own writes; the next run resumes after it.
+    checkpoint = models.JSONField(_("checkpoint"), null=True, blank=True, editable=False)
 
     objects = QueuedJobQuerySet.as_manager()
 

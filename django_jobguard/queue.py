@@ -438,8 +438,9 @@ def release(
     ``wait_reason`` says why the job waits, for operators (``circuit 'sms' was open``).
     """
     using = queue_database(using)
+    # A debounced row that ran is no longer folded into (its key may wait in a newer row).
     changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": _at(due),
-                               "wait_reason": wait_reason[:255]}
+                               "wait_reason": wait_reason[:255], "debounce_key": None}
     if not count_attempt and not claimed_ahead(row):
         changes["attempts"] = F("attempts") - 1
     if exception is not None:

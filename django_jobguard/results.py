@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from typing import Any
 
 from django.db import transaction
@@ -16,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from django_jobguard.conf import jobguard_settings, queue_database
+from django_jobguard.dialects import dialect_for
 from django_jobguard.envelope import encoded_size
 from django_jobguard.exceptions import class_path, traceback_text
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
@@ -107,9 +109,12 @@ def mark_finished(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
                   using: str | None = None) -> JobResult | None:
     """The job ended for good (SUCCESSFUL or FAILED). Earlier workers and errors stay."""
     using = queue_database(using)
-    return _merge(row, status=status, worker_id=worker_id, ran=ran, started_at=started_at,
-                  return_value=return_value, exception=exception,
-                  only_existing=only_existing, using=using)
+    result = _merge(row, status=status, worker_id=worker_id, ran=ran, started_at=started_at,
+                    return_value=return_value, exception=exception,
+                    only_existing=only_existing, using=using)
+    if result is not None:  # wake handle.wait() once the caller's transaction commits
+        dialect_for(using).notify_result(row.id)
+    return result
 
 
 def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
@@ -143,6 +148,62 @@ def _merge(row: QueuedJob, *, status: str, worker_id: str, ran: bool,
         result.finished_at = now if status in FINISHED else None
         result.save(using=using)
     return result
+
+
+#: Polling of :func:`wait_finished` where there is no LISTEN: the first look after this many
+#: seconds, each next one half as late again, at most :data:`POLL_MAX` apart.
+POLL_FIRST = 0.02
+POLL_MAX = 0.5
+#: With LISTEN, the result is also read at least this often (a NOTIFY lost with a dropped
+#: connection, or a pooler in between, only delays the wake-up).
+LISTEN_RECHECK = 1.0
+
+
+def wait_finished(job_id: Any, *, timeout: float | None, using: str | None = None
+                  ) -> JobResult | FailedJob:
+    """Block until job ``job_id`` has finished: its SUCCESSFUL or FAILED result row (or its
+    failed job, when it failed without a result row). Woken by NOTIFY on PostgreSQL, polling
+    elsewhere. ``TimeoutError`` after ``timeout`` seconds (``None``: no limit);
+    ``LookupError`` when the job is nowhere (never queued here, or its result was pruned)."""
+    using = queue_database(using)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    listener = dialect_for(using).listen_results()
+    try:
+        pause = POLL_FIRST
+        while True:
+            found = _finished(job_id, using)
+            if found is not None:
+                return found
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"Job {job_id} did not finish within {timeout:g} s.")
+            if listener is not None:
+                step = LISTEN_RECHECK if left is None else min(LISTEN_RECHECK, left)
+                listener.wait(step)  # any result written: look (ours is read from the row)
+            else:
+                time.sleep(pause if left is None else min(pause, left))
+                pause = min(pause * 1.5, POLL_MAX)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _finished(job_id: Any, using: str) -> JobResult | FailedJob | None:
+    """The finished result of ``job_id``, its failed job, or ``None`` while it is queued
+    (``LookupError`` when it is nowhere)."""
+    result = JobResult.objects.using(using).filter(id=job_id).first()
+    if result is not None and result.status in FINISHED:
+        return result
+    if QueuedJob.objects.using(using).filter(id=job_id).exists():
+        return None
+    failed = FailedJob.objects.using(using).filter(id=job_id).first()
+    if failed is not None:
+        return failed
+    result = JobResult.objects.using(using).filter(id=job_id).first()  # finished meanwhile
+    if result is not None and result.status in FINISHED:
+        return result
+    raise LookupError(f"Job {job_id} is neither queued nor finished here (never queued on "
+                      f"this database, or its result was pruned or deleted).")
 
 
 def prune(*, older_than: datetime.timedelta, using: str | None = None) -> int:

@@ -456,6 +456,24 @@ class JobGuardBackend(BaseTaskBackend):
                                          f"cannot be loaded: {exc}") from exc
         return self.to_result(row, found)
 
+    def wait_for_result(self, result_id: str, timeout: float | None = None) -> TaskResult:
+        """``get_result()`` once the task has finished (SUCCESSFUL or FAILED), woken by
+        NOTIFY on PostgreSQL, polling elsewhere; ``TimeoutError`` after ``timeout`` seconds.
+        ``wait(result)`` does this for a ``TaskResult`` in hand."""
+        try:
+            results.wait_finished(uuid.UUID(str(result_id)), timeout=timeout,
+                                  using=self.database)
+        except (ValueError, LookupError):
+            raise TaskResultDoesNotExist(f"No task result {result_id!r}.") from None
+        return self.get_result(result_id)
+
+    async def await_result(self, result_id: str, timeout: float | None = None) -> TaskResult:
+        """:meth:`wait_for_result` for async code (the waiting runs off the event loop)."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.wait_for_result, thread_sensitive=False)(
+            result_id, timeout)
+
     def to_result(self, row: JobResult, task: Task) -> TaskResult:
         """A ``TaskResult`` from a result row (``task`` is the resolved task object)."""
         payload = row.payload or {}
@@ -477,6 +495,19 @@ class JobGuardBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", row.return_value)
         return result
+
+
+def wait(result: TaskResult, timeout: float | None = None) -> TaskResult:
+    """Block until ``result``'s task has finished, then ``result.refresh()`` it (and return
+    it): ``wait(reindex.enqueue(7), timeout=5).return_value``. ``TimeoutError`` after
+    ``timeout`` seconds; ``TypeError`` for a result of another backend."""
+    backend = result.task.get_backend()
+    if not isinstance(backend, JobGuardBackend):
+        raise TypeError(f"wait() needs a result of a JobGuardBackend, not of "
+                        f"{type(backend).__name__}.")
+    backend.wait_for_result(result.id, timeout)
+    result.refresh()
+    return result
 
 
 def _validate_options(task: JobGuardTask) -> None:

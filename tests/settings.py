@@ -50,7 +50,7 @@ JOBGUARD = {**JOBGUARD, "JOB_MODULES": [
     "tests.support.jobs", "tests.support.tasks", "tests.support.limit_jobs",
     "tests.support.lock_jobs", "tests.support.failure_jobs", "tests.support.testing_jobs",
     "tests.support.async_jobs",
-    "tests.support.thread_jobs",
+    "tests.support.thread_jobs", "tests.support.long_jobs",
     *JOBGUARD["JOB_MODULES"]]}
 
 # Worker subprocesses of the PgBouncer tests (tests/support/pgbouncer.py): the test database

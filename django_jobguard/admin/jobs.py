@@ -10,7 +10,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard import operations, registry
+from django_jobguard import debounce, operations, registry
 from django_jobguard.admin.base import (
     JobNameFilter,
     JobSearchAdminMixin,
@@ -87,6 +87,8 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
                                stale, stale) if stale else ""
             return format_html("reserved by <code>{}</code> since {}{}{}{}", obj.reserved_by,
                                since, cancel, flag, progress)
+        if obj.debounce_key and obj.reserved_at is None:  # dispatches still fold into it
+            return debounce.describe(obj)
         if state == "delayed":
             until = timezone.localtime(obj.available_at).strftime("%Y-%m-%d %H:%M:%S")
             if obj.wait_reason:

@@ -40,6 +40,8 @@ class NewJob:
 
 #: Where the payload is among the queue table's concrete columns (the order claims read them).
 PAYLOAD_INDEX = [f.name for f in QueuedJob._meta.concrete_fields].index("payload")
+#: Where an iterable job's checkpoint is (JSON the claim decodes, see :func:`job_from_values`).
+CHECKPOINT_INDEX = [f.name for f in QueuedJob._meta.concrete_fields].index("checkpoint")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,18 @@ class Listener(ABC):
     @abstractmethod
     def wait(self, timeout: float) -> bool:
         """True when a notification arrived within ``timeout`` seconds."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the listening connection (never raises)."""
+
+
+class ResultListener(ABC):
+    """A connection that hears which jobs' results were just written."""
+
+    @abstractmethod
+    def wait(self, timeout: float) -> set[str]:
+        """The job ids whose results were written within ``timeout`` seconds (empty: none)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -131,6 +145,16 @@ class Dialect(ABC):
             acked = self.ack(job_id, reserved_by, claims, relaxed=relaxed)
             started = self.start(start_id, reserved_by, start_claims, relaxed=relaxed)
         return acked, started
+
+    def notify_result(self, job_id: Any) -> None:
+        """Wake callers waiting for ``job_id``'s result (after commit); a no-op without
+        NOTIFY (the waiters poll)."""
+        return None
+
+    def listen_results(self, via: str | None = None) -> ResultListener | None:
+        """A :class:`ResultListener` on its own connection, or ``None`` where there is no
+        LISTEN (the waiter polls)."""
+        return None
 
     def listen(self, via: str | None = None) -> Listener | None:
         """A :class:`Listener` on its own connection (to the alias ``via``, default this
@@ -350,6 +374,12 @@ def job_from_values(using: str, values: list[Any],
     text = values[PAYLOAD_INDEX]
     if isinstance(text, (str, bytes)):
         values[PAYLOAD_INDEX] = load_payload(text)
+    checkpoint = values[CHECKPOINT_INDEX]
+    if isinstance(checkpoint, (str, bytes)):  # JSON as the driver returns it: decoded here
+        try:
+            values[CHECKPOINT_INDEX] = json.loads(checkpoint)
+        except ValueError:
+            problems = [*problems, "its iterable job's checkpoint is not JSON"]
     for name, index in _COUNTER_INDEXES:
         if values[index] is not None and values[index] >= COUNTER_MAX:
             problems = [*problems, f"{name} reached the counter maximum ({COUNTER_MAX})"]

@@ -14,7 +14,12 @@ from django.db import connections
 from django.db.models import DateTimeField
 
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.dialects.base import Listener, ListenUnavailable, job_from_values
+from django_jobguard.dialects.base import (
+    Listener,
+    ListenUnavailable,
+    ResultListener,
+    job_from_values,
+)
 from django_jobguard.dialects.sql import SQLDialect
 from django_jobguard.models import COUNTER_MAX, Batch, PausedQueue, QueuedJob
 
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
     from django_jobguard.dialects.base import NewJob
 
 NOTIFY_CHANNEL = "jobguard"
+#: Where the id of a job whose result was just written is sent (``handle.wait()`` listens).
+RESULT_CHANNEL = "jobguard_result"
 #: How long a worker starting up waits for its probe NOTIFY (delivered in milliseconds when
 #: LISTEN works; the whole wait only when it does not, before the worker falls back to polling).
 PROBE_SECONDS = 2.0
@@ -251,6 +258,23 @@ class PostgreSQLDialect(SQLDialect):
             return True, started > 0, self.count_batch_success(batch_id)
         return acked > 0, started > 0, (pending, failed) if acked else None
 
+    def notify_result(self, job_id: Any) -> None:
+        if not jobguard_settings.USE_NOTIFY:
+            return
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [RESULT_CHANNEL, str(job_id)])
+
+    def listen_results(self, via: str | None = None) -> ResultListener | None:
+        if psycopg is None or not jobguard_settings.USE_NOTIFY:
+            return None
+        conn = psycopg.connect(**_session_params(via or self.using), autocommit=True)
+        try:
+            conn.execute(f"LISTEN {RESULT_CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
+        return PostgreSQLResultListener(conn)
+
     def listen(self, via: str | None = None) -> Listener | None:
         if psycopg is None:
             return None
@@ -327,6 +351,25 @@ def _session_params(alias: str) -> dict[str, Any]:
     for option in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(option, None)
     return params
+
+
+class PostgreSQLResultListener(ResultListener):
+    """LISTEN for written results on its own autocommit connection."""
+
+    def __init__(self, raw_connection: Any) -> None:
+        self._conn = raw_connection
+
+    def wait(self, timeout: float) -> set[str]:
+        heard = {note.payload for note in self._conn.notifies(timeout=timeout, stop_after=1)}
+        if heard:
+            heard |= {note.payload for note in self._conn.notifies(timeout=0)}
+        return heard
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception:
+            pass
 
 
 class PostgreSQLListener(Listener):

@@ -221,7 +221,7 @@ def requeue(job_ids: Iterable[Any], *, actor: str = "",
                 id=OuterRef("reserved_by"),
                 last_seen_at__gte=Now() - Value(heartbeat_grace()))))
         if mine.update(reserved_at=None, reserved_by="", available_at=Now(), progress=None,
-                       progress_message=""):
+                       progress_message="", debounce_key=None):  # no longer folded into
             result.requeued.append(job_id)
         elif QueuedJob.objects.using(using).filter(id=row.id).reserved().exists():
             result.alive.append(job_id)  # its worker beat meanwhile

@@ -306,9 +306,11 @@ class ThreadExecutor:
                 with self._log_lock:
                     write(line, state)
 
-        return Pipeline(worker_id=main.worker_id, using=main.using, defaults=main.defaults,
-                        log=log, log_running=main.log_running, pause=main.pause,
-                        event_loop=main.event_loop)
+        pipeline = Pipeline(worker_id=main.worker_id, using=main.using,
+                            defaults=main.defaults, log=log, log_running=main.log_running,
+                            pause=main.pause, event_loop=main.event_loop)
+        pipeline.stopping = main.stopping
+        return pipeline
 
     def free(self) -> int:
         """How many more rows may start now."""
@@ -376,16 +378,18 @@ class ThreadExecutor:
 
     # -- stopping ------------------------------------------------------------------------
 
-    def abort(self) -> None:
-        """Hand every running job back to the queue (a second Ctrl-C); signal-safe: the
-        rows are put back by their threads, or by :meth:`shutdown` for those that do not
+    def abort(self, error: type[WorkerStoppedError] | None = None) -> None:
+        """Hand every running job back to the queue (a second Ctrl-C; ``error``: the
+        :class:`WorkerStoppedError` class raised in each, one taking no argument); signal-safe:
+        the rows are put back by their threads, or by :meth:`shutdown` for those that do not
         stop."""
         self._aborted = True
-        logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs go "
-                       "back to the queue.", self.worker.pipeline.worker_id)
+        if error is None:  # --stop-timeout logs its own warning
+            logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs "
+                           "go back to the queue.", self.worker.pipeline.worker_id)
         for slot in list(self._busy):
             if slot.pipeline.interruptible() is not None and slot.thread.ident:
-                timeouts.raise_in_thread(slot.thread.ident, _Stopped)
+                timeouts.raise_in_thread(slot.thread.ident, error or _Stopped)
 
     def shutdown(self) -> None:
         """Stop: let the running jobs finish (their time limits still apply), or after

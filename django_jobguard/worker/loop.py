@@ -55,6 +55,7 @@ from django_jobguard.worker.executor import (
 from django_jobguard.worker.heartbeat import Heartbeat
 from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
 from django_jobguard.worker.queue_selection import QueueEntry, QueueSelection
+from django_jobguard.worker.stopping import GracefulStop
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -100,6 +101,9 @@ class WorkerOptions:
     #: ``--queue name:N``: at most N jobs of the queue at once, and its weight (see
     #: queue_selection.py); every queue of ``queues`` has one, or none has.
     queue_limits: dict[str, int] = field(default_factory=dict)
+    #: ``--stop-timeout``: seconds running jobs get after a graceful stop begins before they
+    #: are interrupted and go back to the queue, attempt unused; 0 = as long as they take.
+    stop_timeout: float = 0.0
 
 
 def _rss_mb() -> float:
@@ -169,6 +173,14 @@ class Worker:
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
             pause=self._stop.wait, event_loop=True)
+        # Set at the very end: the heartbeat renews leases while running jobs finish.
+        self.halted: threading.Event = threading.Event()
+        # job.stopping and --stop-timeout (stopping.py)
+        self.graceful = GracefulStop(
+            worker_id=self.id, stop=self._stop, halted=self.halted, max_time=o.max_time,
+            stop_timeout=o.stop_timeout, interrupt_running=self.interrupt_running,
+            interrupt_here=self.interrupt_job)
+        self.pipeline.stopping = self.graceful.stopping
         # Async jobs: on this process's event loop, many at once (sync jobs never go there).
         self._async = AsyncExecutor(
             self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
@@ -200,8 +212,6 @@ class Worker:
         self._waiting: list[QueuedJob] = []
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
-        # Set at the very end: the heartbeat renews leases while running jobs finish.
-        self.halted = threading.Event()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -210,6 +220,7 @@ class Worker:
         self._install_signal_handlers()
         logs.bind_worker(self.id)
         self._start()
+        self.graceful.begin()
         # The watchdog's hard limit is the process's: a jobworker's, not a web server's
         # (an embedded worker runs in a thread of its own).
         in_main = threading.current_thread() is threading.main_thread()
@@ -581,6 +592,16 @@ class Worker:
         the queue with its attempt unused; nothing when no job can be interrupted."""
         if self.pipeline.interruptible() is not None:
             raise error
+
+    def interrupt_running(self, error: type[WorkerStoppedError]) -> bool:
+        """Interrupt the jobs running on the event loop and on threads (``error`` raised in
+        each; ``--stop-timeout``): each goes back to the queue, its attempt unused. True
+        when a job runs in the main thread, which only a signal handler can interrupt."""
+        self._async.stop_all()
+        if isinstance(self._executor, ThreadExecutor):
+            self._executor.abort(error)
+            return False
+        return self.pipeline.interruptible() is not None
 
     def _stop_at_once(self) -> None:
         self._stop.set()

@@ -107,6 +107,8 @@ class Pipeline:
         self.running: JobContext | None = None
         #: That job (an executor ends its attempt when its thread is stuck past its timeout).
         self.job: JobLike | None = None
+        #: Whether the worker is stopping gracefully: what ``job.stopping`` reads.
+        self.stopping: Callable[[], bool] = _never
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -339,6 +341,7 @@ class Pipeline:
             policy=RetryPolicy.for_job(job, defaults=self.defaults,
                                        retry_until=envelope.retry_until),
             reporter=RunReporter(str(row.id), worker_id=self.worker_id, using=self.using),
+            stopping=self.stopping, claims=row.claims, checkpoint=row.checkpoint,
         )
         return job
 
@@ -593,6 +596,10 @@ class Pipeline:
             self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), shown,
                                str(row.id), state, elapsed, detail), state)
         return state
+
+
+def _never() -> bool:
+    return False
 
 
 def log_finishing_error(row: QueuedJob, exc: BaseException) -> bool:

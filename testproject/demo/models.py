@@ -25,3 +25,11 @@ class JobRun(models.Model):
     token = models.BigIntegerField(null=True, blank=True)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
+
+
+class InvoiceExportLine(models.Model):
+    """One invoice written by an export (the bulk invoice export of docs/long-jobs.md)."""
+
+    export = models.CharField(max_length=100)
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE)
+    charged = models.PositiveIntegerField(default=0)

@@ -100,6 +100,11 @@ class Command(BaseCommand):
                             help="Exit after this many jobs (0 = no limit).")
         parser.add_argument("--max-time", type=float, default=0,
                             help="Exit after this many seconds (0 = no limit).")
+        parser.add_argument("--stop-timeout", type=float, default=0,
+                            help="After SIGTERM or --max-time, interrupt jobs still running "
+                                 "this many seconds later; they go back to the queue without "
+                                 "using an attempt (0 = let them finish). Keep it below the "
+                                 "time before SIGKILL.")
         parser.add_argument("--stop-when-empty", action="store_true",
                             help="Exit when no job is due.")
         parser.add_argument("--memory", type=int, default=128,
@@ -147,7 +152,7 @@ class Command(BaseCommand):
             entries = parse_queues(opts["queue"] or jobguard_settings.DEFAULT_QUEUE)
         except ValueError as exc:
             raise CommandError(f"--queue: {exc}.") from None
-        for name in ("sleep", "max_time", "rest", "reload_grace"):
+        for name in ("sleep", "max_time", "rest", "reload_grace", "stop_timeout"):
             if opts[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
         if opts["concurrency"] < 1:
@@ -173,7 +178,7 @@ class Command(BaseCommand):
             stop_when_empty=opts["stop_when_empty"], memory=opts["memory"], rest=opts["rest"],
             once=opts["once"], batch=opts["batch"], using=database,
             async_concurrency=opts["async_concurrency"],
-            threads=opts["threads"],
+            threads=opts["threads"], stop_timeout=opts["stop_timeout"],
             queue_limits={e.name: e.limit for e in entries if e.limit is not None},
         )
         port = opts["metrics_port"]

@@ -159,6 +159,11 @@ def test_jobworker_once_runs_one_job():
     assert QueuedJob.objects.count() == 1
 
 
+def test_jobworker_refuses_a_negative_stop_timeout():
+    with pytest.raises(CommandError, match="--stop-timeout must not be negative"):
+        call("jobworker", "--stop-timeout", "-1")
+
+
 def test_jobworker_says_what_it_serves_as_it_starts():
     """Issue 30 item 3: one start-up line (version, pid, queues, database, store, mode)."""
     import os

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobguard', '0009_threads'),
+        ('django_jobguard', '0010_long_jobs'),
     ]
 
     operations = [

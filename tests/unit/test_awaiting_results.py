@@ -1,0 +1,83 @@
+"""``handle.wait()`` / ``await handle.await_result()`` and the django.tasks backend's
+``wait()`` in one process (docs/long-jobs.md#awaiting-a-result). With real worker processes
+and PostgreSQL's NOTIFY: tests/integration/test_long_jobs_processes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import pytest
+
+from django_jobguard.exceptions import JobFailedError
+from django_jobguard.jobs import Dispatched
+from django_jobguard.models import QueuedJob
+from django_jobguard.testing import drain
+from tests.support.long_jobs import DebouncedRecord, FailsWithResult, Sleeper
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_wait_returns_what_handle_returned():
+    handle = Sleeper("a", value={"invoices": 3}).dispatch()
+    drain()
+    assert handle.wait(timeout=5) == {"invoices": 3}
+
+
+def test_wait_wakes_when_a_worker_in_another_thread_finishes_the_job():
+    handle = Sleeper("b", seconds=0.2, value=7).dispatch()
+    seen = []
+    waiter = threading.Thread(target=lambda: seen.append(handle.wait(timeout=30)))
+    waiter.start()
+    drain()
+    waiter.join(30)
+    assert seen == [7]
+
+
+def test_await_result_in_async_code():
+    handle = Sleeper("c", value="done").dispatch()
+    drain()
+    assert asyncio.run(handle.await_result(timeout=5)) == "done"
+
+
+def test_a_failed_job_raises_job_failed_error_naming_its_exception():
+    handle = FailsWithResult().dispatch()
+    drain()
+    with pytest.raises(JobFailedError, match="no invoice 7") as info:
+        handle.wait(timeout=5)
+    assert info.value.exception_class == "builtins.ValueError"
+    assert "Traceback" in info.value.traceback
+
+
+def test_wait_gives_up_after_its_timeout_and_the_job_stays_queued():
+    handle = Sleeper("nobody runs me").dispatch()
+    with pytest.raises(TimeoutError, match="did not finish within 0.2 s"):
+        handle.wait(timeout=0.2)
+    assert QueuedJob.objects.filter(id=handle.id).exists()
+
+
+def test_waiting_needs_a_job_that_keeps_results_and_was_queued():
+    with pytest.raises(TypeError, match="does not keep results"):
+        DebouncedRecord("k", "v").dispatch().wait(timeout=1)
+    skipped = Dispatched(id=None, job_name=Sleeper.name, queue="default", skipped="unique")
+    with pytest.raises(ValueError, match="skipped"):
+        skipped.wait(timeout=1)
+    gone = Dispatched(id=str(uuid.uuid4()), job_name=Sleeper.name, queue="default")
+    with pytest.raises(LookupError, match="neither queued nor finished"):
+        gone.wait(timeout=1)
+
+
+def test_the_tasks_backend_waits_for_a_task_result():
+    from tests.support import tasks
+
+    if tasks.task is None:
+        pytest.skip("needs django.tasks or the backport")
+    from django_jobguard.tasks_backend import wait
+
+    result = tasks.add.enqueue(2, 3)
+    with pytest.raises(TimeoutError):
+        wait(result, timeout=0.1)
+    drain()
+    assert wait(result, timeout=5) is result
+    assert result.return_value == 5 and result.status == "SUCCESSFUL"
