@@ -57,7 +57,7 @@ def test_history_off_installs_nothing_and_writes_nothing():
     assert jobguard_settings.HISTORY == "off"  # the default
     jobs.Noop(1).dispatch()
     worker = Worker(WorkerOptions(stop_when_empty=True, memory=0, sleep=0))
-    assert worker._runs is None
+    assert worker._run_history is None
     assert worker.run() == 0
     assert observe._run_recorders == []
     assert not FinishedRun.objects.exists()
