@@ -88,6 +88,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JOB_MODULES", [], (list, tuple),
             "Extra modules to import at start-up so their jobs register (``<app>.jobs`` is "
             "automatic)."),
+    Setting("CONTEXT_CARRIERS", ["django_jobguard.carriers.Language",
+                                 "django_jobguard.carriers.CorrelationId",
+                                 "django_jobguard.carriers.Tenant"], (list, tuple),
+            "Context carriers (dotted paths): what each captures at dispatch is restored "
+            "around the job's run."),
     Setting("USE_NOTIFY", True, (bool,),
             "PostgreSQL: wake idle workers with LISTEN/NOTIFY instead of waiting for --sleep."),
     Setting("SYNCHRONOUS_ACKS", False, (bool,),
@@ -136,8 +141,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             above=0),
     Setting("HISTORY", "off", (str,),
             "Which finished runs to keep as history (FinishedRun rows): 'off', 'failures' or "
-            "'all'; buffered by each worker and inserted in bulk at its heartbeat.",
-            checked_by="jobguard.E140"),
+            "'all'; buffered by each worker and inserted together at its heartbeat.",
+            checked_by="jobguard.E150"),
     Setting("HISTORY_RETENTION_DAYS", 7, (int, float),
             "Days to keep finished runs (HISTORY) before the workers' housekeeping deletes "
             "them, in batches of 1,000 per round.", above=0),

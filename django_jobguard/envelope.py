@@ -1,10 +1,12 @@
 """The envelope: what a queued row's payload holds, typed, encoded once and decoded once.
 
 ``{"args": [...], "kwargs": {...}, "retry_until": "<iso>", "unique": {"key", "store",
-"owner"}}``. Dispatch builds it and encodes it to JSON text once (that text is what the size
-limit measures and what the row stores); the worker decodes the row's payload once into an
-:class:`Envelope` and every layer reads its typed fields. Keys it does not know are kept
-as they are, so a row written by a newer release survives an older worker.
+"owner"}, "context": {<carrier name>: <value>}}`` (``context``: what the context carriers
+captured at dispatch, :mod:`~django_jobguard.carriers`). Dispatch builds it and encodes it
+to JSON text once (that text is what the size limit measures and what the row stores); the
+worker decodes the row's payload once into an :class:`Envelope` and every layer reads its
+typed fields. Keys it does not know are kept as they are, so a row written by a newer
+release survives an older worker.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from django.utils import timezone
 
 from django_jobguard.exceptions import PayloadError
 
-_KNOWN = frozenset({"args", "kwargs", "retry_until", "unique"})
+_KNOWN = frozenset({"args", "kwargs", "retry_until", "unique", "context"})
 # Not ASCII-escaped: the text is what the row stores, so its UTF-8 bytes are the size the
 # database keeps (an escaped "é" measured 6 bytes for the 2 it takes).
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -68,6 +70,8 @@ class Envelope:
     kwargs: dict[str, Any] = field(default_factory=dict)
     retry_until: datetime.datetime | None = None
     unique: UniqueRef | None = None
+    #: What the context carriers captured at dispatch, by carrier name.
+    context: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -76,6 +80,8 @@ class Envelope:
             data["retry_until"] = self.retry_until.isoformat()
         if self.unique is not None:
             data["unique"] = self.unique.as_json()
+        if self.context:
+            data["context"] = self.context
         return data
 
     def encode(self) -> str:
@@ -97,9 +103,13 @@ class Envelope:
         kwargs = payload.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise PayloadError("'args' must be a list and 'kwargs' an object.")
+        context = payload.get("context") or {}
+        if not isinstance(context, dict):
+            raise PayloadError(f"'context' must be an object (carrier name: value), not "
+                               f"{type(context).__name__}.")
         return cls(args=args, kwargs=kwargs,
                    retry_until=_deadline(payload.get("retry_until")),
-                   unique=UniqueRef.from_json(payload.get("unique")),
+                   unique=UniqueRef.from_json(payload.get("unique")), context=context,
                    extra={k: v for k, v in payload.items() if k not in _KNOWN})
 
 

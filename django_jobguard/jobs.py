@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from django_jobguard import (
     aio,
+    carriers,
     durations,
     registry,
     serialization,
@@ -302,6 +303,9 @@ def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | Non
     if problem is not None:
         raise ValueError(problem)
     envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
+    context = carriers.capture()  # the language, correlation id, tenant... of the caller
+    if context:
+        envelope = envelope.replace(context=context)
     envelope = tracing.dispatched(job.name, row, envelope)  # its trace context, if tracing
     row.payload = text = envelope.encode()
     limit = jobguard_settings.MAX_PAYLOAD_BYTES

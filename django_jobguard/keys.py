@@ -21,7 +21,8 @@ from typing import Any
 
 PREFIX = "jobguard:"
 KINDS = ("unique", "overlap", "rate", "circuit", "debounce")
-#: Longest key built here; stores accept 255 characters, and Redis adds ``:fence`` to lock keys.
+#: Longest key built here; stores accept 255 characters, and the Redis store's fencing counter
+#: of a lock adds ``{}`` and ``:fence`` (stores/redis.py, ``fence_key``).
 MAX_LENGTH = 200
 _KEEP = 160  # readable characters kept in front of the digest of a long key
 

@@ -29,6 +29,30 @@ def _fresh_stores():
     stores.reset()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A 3-master Redis Cluster of this test session (tests/support/redis_topology.py)."""
+    from tests.support.redis_topology import SERVER, Cluster
+
+    if not SERVER:
+        pytest.skip("needs Debian's redis-server")
+    cluster = Cluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel():
+    """A Redis master, its replica and a sentinel of this test session."""
+    from tests.support.redis_topology import SERVER, Sentinel
+
+    if not SERVER:
+        pytest.skip("needs Debian's redis-server")
+    sentinel = Sentinel().start()
+    yield sentinel
+    sentinel.stop()
+
+
 @pytest.fixture
 def released() -> Iterator[list[dict]]:
     """The keyword arguments of every ``job_released`` signal sent during the test."""
@@ -73,8 +97,9 @@ def _user_settings() -> dict:
 
 def _flush_redis() -> None:
     client = stores.get_store("redis").client
-    for key in client.scan_iter(match="jobguard:*", count=1000):
-        client.delete(key)
+    for pattern in ("jobguard:*", "{jobguard:*"):  # keys, and the fencing counters of locks
+        for key in client.scan_iter(match=pattern, count=1000):
+            client.delete(key)
 
 
 @pytest.fixture

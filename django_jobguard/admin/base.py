@@ -40,6 +40,17 @@ def pretty_json(value: Any) -> str:
                        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
 
 
+def pretty_context(payload: Any) -> str:
+    """The context a job was dispatched in (what the carriers captured: language, correlation
+    id, tenant...), one ``name: value`` line each; "-" when it carries none."""
+    context = payload.get("context") if isinstance(payload, dict) else None
+    if not isinstance(context, dict) or not context:
+        return "-"
+    lines = (f"{name}: {value if isinstance(value, str) else json.dumps(value)}"
+             for name, value in sorted(context.items()))
+    return format_html('<pre class="jobguard-context">{}</pre>', "\n".join(lines))
+
+
 def timestamp_column(field: str, label: Any) -> Any:
     """A list column showing ``field`` to the second, in the current time zone (Django's
     default format leaves seconds out, and jobs move by the second)."""

@@ -20,6 +20,7 @@ from django_jobguard.admin.base import (
     JobNameFilter,
     JobSearchAdminMixin,
     ReadOnlyDetailMixin,
+    pretty_context,
     pretty_error,
     pretty_json,
     timestamp_column,
@@ -56,7 +57,8 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     actions = ["retry", "delete_selected"]
     fields = readonly_fields = (
         "id", "name", "queue", "attempts", "priority", "failed_at", "reason", "exception_class",
-        "message", "traceback_pretty", "last_error_pretty", "payload_pretty")
+        "message", "traceback_pretty", "last_error_pretty", "context_pretty",
+        "payload_pretty")
     list_per_page = 50
     change_form_template = "admin/django_jobguard/failedjob/change_form.html"
 
@@ -90,6 +92,10 @@ class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     @admin.display(description=_("traceback"))
     def traceback_pretty(self, obj: FailedJob) -> str:
         return format_html('<pre class="jobguard-traceback">{}</pre>', obj.traceback)
+
+    @admin.display(description=_("context"))
+    def context_pretty(self, obj: FailedJob) -> str:
+        return pretty_context(obj.payload)
 
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: FailedJob) -> str:

@@ -16,6 +16,7 @@ from django_jobguard.admin.base import (
     JobSearchAdminMixin,
     ReadOnlyDetailMixin,
     breakable,
+    pretty_context,
     pretty_error,
     pretty_json,
     timestamp_column,
@@ -50,7 +51,8 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     fields = readonly_fields = (
         "id", "name", "queue", "state_display", "progress_display", "attempts", "exceptions",
         "priority", "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
-        "cancel_requested_at", "last_error_pretty", "payload_pretty")
+        "cancel_requested_at", "last_error_pretty", "context_pretty",
+        "payload_pretty")
     list_per_page = 50
 
     available_at_display = timestamp_column("available_at", _("available at"))
@@ -111,6 +113,10 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     @admin.display(description=_("last error"))
     def last_error_pretty(self, obj: QueuedJob) -> str:
         return pretty_error(obj.last_error)
+
+    @admin.display(description=_("context"))
+    def context_pretty(self, obj: QueuedJob) -> str:
+        return pretty_context(obj.payload)
 
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: QueuedJob) -> str:

@@ -1,6 +1,7 @@
 """The checks of the ``JOBGUARD`` setting (``check_settings``: E001, E002, and then E003/W003,
-E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, E140) and of the
-periodic schedules (``check_schedules``: E060-E064, W050)."""
+E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, E150, and
+each store's own: the Redis store's E140-E142, W140) and of the periodic schedules
+(``check_schedules``: E060-E064, W050)."""
 
 from __future__ import annotations
 
@@ -95,14 +96,14 @@ HISTORY_MODES = ("off", "failures", "all")
 
 
 def _check_history() -> list:
-    """jobguard.E140: ``HISTORY`` names no mode."""
+    """jobguard.E150: ``HISTORY`` names no mode."""
     mode = jobguard_settings.HISTORY
     if mode in HISTORY_MODES:
         return []
     return [Error(f"JOBGUARD['HISTORY'] must be one of {', '.join(map(repr, HISTORY_MODES))}, "
                   f"not {mode!r}.",
                   hint="'failures' keeps the runs that failed for good; 'all' every finished "
-                       "run (docs/operate.md, Finished-job history).", id="jobguard.E140")]
+                       "run (docs/operate.md, Finished-job history).", id="jobguard.E150")]
 
 
 TEST_MODES = ("", "inline")

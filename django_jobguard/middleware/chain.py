@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django_jobguard import unique_jobs
+from django_jobguard import carriers, unique_jobs
 
 if TYPE_CHECKING:
     from django_jobguard.context import JobLike
@@ -36,7 +36,8 @@ def run_middleware(job: JobLike) -> Any:
     chain: Callable[[JobLike], Any] = call_handle
     for middleware in reversed(list(job.middleware())):
         chain = functools.partial(middleware.handle, next=chain)
-    return chain(job)
+    with carriers.restored(job.context.envelope.context):  # the dispatcher's context
+        return chain(job)
 
 
 async def run_middleware_async(job: JobLike) -> Any:
@@ -62,7 +63,8 @@ async def run_middleware_async(job: JobLike) -> Any:
     chain: Callable[[JobLike], Any] = call_handle
     for middleware in reversed(list(job.middleware())):
         chain = functools.partial(_step, middleware, next=chain)
-    return await chain(job)
+    with carriers.restored(job.context.envelope.context):  # in this job's own task
+        return await chain(job)
 
 
 async def _step(middleware: Any, job: JobLike, next: Callable[[JobLike], Any]) -> Any:

@@ -25,8 +25,8 @@ class UnknownStoreError(LookupError):
 
 
 def usable_stores() -> list[str]:
-    """Configured store aliases whose backend loads and whose configuration checks pass
-    (the built-in ``redis`` entry is left out when no django-redis cache backs it)."""
+    """Configured store aliases whose backend loads and whose configuration checks find no
+    error (the built-in ``redis`` entry is left out when no django-redis cache backs it)."""
     aliases = []
     for alias, config in jobguard_settings.STORES.items():
         if not isinstance(config, dict) or "BACKEND" not in config:
@@ -36,8 +36,8 @@ def usable_stores() -> list[str]:
         except ImportError:
             continue
         check = getattr(backend, "check_config", None)
-        if check is not None and check(alias, config):
-            continue
+        if check is not None and any(m.is_serious() for m in check(alias, config)):
+            continue  # an error; a warning (e.g. W140, few sentinels) leaves it usable
         aliases.append(alias)
     default = jobguard_settings.STORE
     return sorted(aliases, key=lambda a: (a != default, a))

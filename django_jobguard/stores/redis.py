@@ -1,10 +1,22 @@
-"""Locks and counters in Redis through a django-redis cache alias.
+"""Locks and counters in Redis: one server or a Sentinel set through a django-redis cache
+alias (``CACHE``), or a Redis Cluster through redis-py's ``RedisCluster`` (``CLUSTER``).
 
 Every primitive is one Lua script, so check-and-set happens atomically on the server, and
 expiry uses Redis's own clock (``TIME`` and key TTLs). A lock is a hash
 ``{owner, token, acquired_at, job_id}`` with a TTL; its fencing counter lives beside it in
-``<key>:fence`` and never goes below the server time in microseconds, so tokens keep
-increasing per key even after a Redis restart emptied the counter.
+:func:`fence_key` (``{<key>}:fence``: the same hash slot as the lock, so the acquiring script
+touches one slot of a Cluster) and never goes below the server time in microseconds, so tokens
+keep increasing per key even after a Redis restart (or a failover to a replica that had not
+received the counter yet) emptied the counter.
+
+Every script's keys are in one hash slot: a lock and its fence (above), a circuit (one key),
+and the rate windows of one hit, grouped by slot on a Cluster (see
+:meth:`RedisStore.hit_rate_limits`).
+
+A store's ``PREFIX`` goes in front of every key it writes or reads (``prefix + key``; keys are
+shown and passed without it). Everything about slots is worked out on the key as stored: the
+fence is ``fence_key(prefix + key)`` and rate windows are grouped by the stored key's slot. The
+prefix may not hold ``{`` or ``}`` (E004), so a key's own hash tag stays its tag behind it.
 
 When the server cannot be reached (down, restarting, loading its data, timing out) every
 primitive raises :class:`~django_jobguard.exceptions.StoreUnavailableError`, chained to the
@@ -13,13 +25,17 @@ redis error, so that the worker can tell an outage from a job's own failure.
 
 from __future__ import annotations
 
+import binascii
 import datetime
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
-from django.core.checks import Error
+from django.core.checks import Error, Warning
+from django.core.exceptions import ImproperlyConfigured
 
 from django_jobguard import clock
 from django_jobguard.exceptions import StoreUnavailableError
@@ -39,18 +55,36 @@ from django_jobguard.stores.base import (
 )
 
 try:  # redis is optional (django-jobguard[redis]); without it nothing here is called
+    from redis.exceptions import AskError as _AskError
+    from redis.exceptions import ClusterDownError as _ClusterDownError
     from redis.exceptions import ConnectionError as _ConnectionError
+    from redis.exceptions import MovedError as _MovedError
+    from redis.exceptions import ResponseError as _ResponseError
+    from redis.exceptions import SlotNotCoveredError as _SlotNotCoveredError
     from redis.exceptions import TimeoutError as _TimeoutError
+    from redis.exceptions import TryAgainError as _TryAgainError
 
-    _OUTAGES: tuple[type[Exception], ...] = (_ConnectionError, _TimeoutError)
+    # Sentinel's MasterNotFoundError is a ConnectionError; a Cluster whose slots are not all
+    # served (a master down, a failover under way) answers CLUSTERDOWN / TRYAGAIN.
+    _OUTAGES: tuple[type[Exception], ...] = (_ConnectionError, _TimeoutError, _ClusterDownError,
+                                             _SlotNotCoveredError, _TryAgainError)
+    _REPLIES: tuple[type[Exception], ...] = (_ResponseError,)
+    _REDIRECTS: tuple[type[Exception], ...] = (_MovedError, _AskError)
 except ImportError:  # pragma: no cover
-    _OUTAGES = ()
+    _OUTAGES = _REPLIES = _REDIRECTS = ()
+
+
+class RedisTopologyError(ImproperlyConfigured):
+    """The Redis behind a store is not the topology its configuration says (a Cluster node
+    reached through a ``CACHE``, a server without cluster mode named in ``CLUSTER``)."""
 
 
 def _reachable(method: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the redis errors of an unreachable server (connection refused or lost, timeout,
-    ``LOADING`` after a restart) into :class:`StoreUnavailableError`. Every other error, such
-    as a script error, stays what it is."""
+    ``LOADING`` after a restart, a Cluster that is down or a Sentinel without a master) into
+    :class:`StoreUnavailableError`, and a Cluster's ``MOVED``/``CROSSSLOT`` reply to a client
+    that does not speak Cluster into :class:`RedisTopologyError`. Every other error, such as a
+    script error, stays what it is."""
 
     @functools.wraps(method)
     def call(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
@@ -58,8 +92,57 @@ def _reachable(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args, **kwargs)
         except _OUTAGES as exc:
             raise StoreUnavailableError(self.alias, exc) from exc
+        except _REPLIES as exc:
+            if not self.is_cluster and (isinstance(exc, _REDIRECTS)
+                                        or str(exc).startswith(("MOVED", "ASK ", "CROSSSLOT"))):
+                raise RedisTopologyError(
+                    f"Store {self.alias!r}: the Redis behind cache {self.cache_alias!r} is a "
+                    f"Cluster node ({exc}); configure the store with 'CLUSTER' (redis-py's "
+                    "RedisCluster) instead of 'CACHE' (docs/scale-out.md).") from exc
+            raise
 
     return call
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` that Redis Cluster hashes: the text between the first ``{`` and the
+    first ``}`` after it when that is not empty, else the whole key."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1:end]
+    return key
+
+
+def key_slot(key: str) -> int:
+    """The Cluster hash slot of ``key`` (CRC16 of its :func:`hash_tag`, mod 16384)."""
+    return binascii.crc_hqx(hash_tag(key).encode(), 0) % 16384
+
+
+@functools.cache
+def _slot_tags() -> tuple[str, ...]:
+    """For each of the 16384 slots, a short hash tag that lands in it (computed once)."""
+    tags: list[str | None] = [None] * 16384
+    missing, number = 16384, 0
+    while missing:
+        text = str(number)
+        slot = binascii.crc_hqx(text.encode(), 0) % 16384
+        if tags[slot] is None:
+            tags[slot], missing = text, missing - 1
+        number += 1
+    return tuple(tag or "" for tag in tags)
+
+
+def fence_key(key: str) -> str:
+    """The fencing counter of lock ``key``, in the same Cluster hash slot as ``key``:
+    ``<key>:fence`` when ``key`` has a hash tag, ``{<key>}:fence`` when it has no ``}``
+    (every key jobguard builds from plain ids), else ``{<tag of its slot>}:fence:<key>``."""
+    if hash_tag(key) != key:
+        return f"{key}:fence"
+    if key and "}" not in key:
+        return f"{{{key}}}:fence"
+    return f"{{{_slot_tags()[key_slot(key)]}}}:fence:{key}"
 
 
 _ACQUIRE = """
@@ -75,6 +158,10 @@ redis.call('HSET', key, 'owner', ARGV[1], 'token', string.format('%d', token),
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
 return string.format('%d', token)
+"""
+
+_GET_LOCK = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')}
 """
 
 _RELEASE = """
@@ -104,28 +191,48 @@ def _text(value: Any) -> str:
 
 
 class RedisStore(Store):
-    """Store on the Redis server behind the django-redis cache alias ``cache``."""
+    """Store on the Redis behind the django-redis cache alias ``cache`` (one server, or a
+    Sentinel set through django-redis's ``SentinelClient``), or on the Redis Cluster at
+    ``cluster`` (a ``redis://`` URL or a list of them, for redis-py's ``RedisCluster``;
+    ``cluster_options`` are passed to it)."""
 
-    def __init__(self, *, alias: str, cache: str = "default", prefix: str = "") -> None:
+    def __init__(self, *, alias: str, cache: str = "default",
+                 cluster: str | Sequence[str] | None = None,
+                 cluster_options: dict[str, Any] | None = None, prefix: str = "") -> None:
         super().__init__(alias=alias)
         self.cache_alias = cache
+        self.cluster_urls = [cluster] if isinstance(cluster, str) else list(cluster or [])
+        self.cluster_options = dict(cluster_options or {})
+        self.is_cluster = bool(self.cluster_urls)
         #: Put in front of every key this store writes in Redis (``STORES[...]["PREFIX"]``),
         #: so that test runs keep apart from the project's workers on the same server. Keys
-        #: are shown and passed without it.
+        #: are shown and passed without it. A lock's fencing counter is
+        #: ``fence_key(prefix + key)``: in the hash slot of the prefixed key.
         self.prefix = prefix
+        self._glob = re.sub(r"([*?\[\]\\])", r"\\\1", prefix)  # the prefix in a SCAN pattern
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
 
     @classmethod
     def check_config(cls, alias: str, config: dict[str, Any]) -> list:
-        from django.conf import settings
-
-        cache = config.get("CACHE", "default")
+        """System checks of the store's options and topology (E004; E140-E142 and W140 in
+        docs/scale-out.md)."""
         prefix = config.get("PREFIX", "")
         if not isinstance(prefix, str):
             return [Error(f"JOBGUARD['STORES'][{alias!r}]['PREFIX'] must be a string, not "
                           f"{type(prefix).__name__}.", hint='For example "test:".',
                           id="jobguard.E004")]
+        if "{" in prefix or "}" in prefix:
+            return [Error(f"JOBGUARD['STORES'][{alias!r}]['PREFIX'] is {prefix!r}: it must not "
+                          "contain '{' or '}'. On a Redis Cluster a brace in front of every "
+                          "key would change their hash tags, so keys that share a slot "
+                          "without the prefix would not with it (or all would share one).",
+                          hint='For example "test:".', id="jobguard.E004")]
+        if "CLUSTER" in config:
+            return _check_cluster(alias, config)
+        from django.conf import settings
+
+        cache = config.get("CACHE", "default")
         if cache not in settings.CACHES:
             return [Error(
                 f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not in CACHES "
@@ -135,7 +242,8 @@ class RedisStore(Store):
                      f"alias you have.",
                 id="jobguard.E004",
             )]
-        backend = settings.CACHES[cache].get("BACKEND", "")
+        cache_config = settings.CACHES[cache]
+        backend = cache_config.get("BACKEND", "")
         if not backend.startswith("django_redis."):
             return [Error(
                 f"JOBGUARD['STORES'][{alias!r}] uses cache {cache!r}, which is not a "
@@ -144,15 +252,40 @@ class RedisStore(Store):
                      "'django_redis.cache.RedisCache'.",
                 id="jobguard.E004",
             )]
-        return []
+        return _check_cache_topology(alias, cache, cache_config,
+                                     getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", ""))
 
     @property
     def client(self) -> Any:
         if self._client is None:
-            from django_redis import get_redis_connection
+            if self.is_cluster:
+                self._client = self._cluster_client()
+            else:
+                from django_redis import get_redis_connection
 
-            self._client = get_redis_connection(self.cache_alias)
+                self._client = get_redis_connection(self.cache_alias)
         return self._client
+
+    def _cluster_client(self) -> Any:
+        from redis.cluster import ClusterNode, RedisCluster
+        from redis.exceptions import RedisClusterException
+
+        nodes = []
+        for url in self.cluster_urls:
+            parsed = urlsplit(url)
+            nodes.append(ClusterNode(parsed.hostname or "127.0.0.1", parsed.port or 6379))
+        first = urlsplit(self.cluster_urls[0])
+        options = {"password": first.password, "username": first.username or None,
+                   "ssl": first.scheme == "rediss", **self.cluster_options}
+        try:
+            return RedisCluster(startup_nodes=nodes, **options)
+        except RedisClusterException as exc:
+            if "not enabled" in str(exc) or "Cluster mode" in str(exc):
+                raise RedisTopologyError(
+                    f"Store {self.alias!r}: {', '.join(self.cluster_urls)} is not a Redis "
+                    f"Cluster ({exc}); use 'CACHE' (a django-redis cache) for one server or "
+                    "a Sentinel set.") from exc
+            raise StoreUnavailableError(self.alias, exc) from exc
 
     def _script(self, source: str) -> Any:
         script = self._scripts.get(source)
@@ -166,10 +299,10 @@ class RedisStore(Store):
         check_key(key)
         check_owner(owner)
         stored = self.prefix + key
-        token = self._script(_ACQUIRE)(keys=[stored, f"{stored}:fence"],
+        token = self._script(_ACQUIRE)(keys=[stored, fence_key(stored)],
                                        args=[owner, _ms(check_ttl(ttl)), job_id])
         if token and journal.scopes:  # a lock someone else holds is not the test's to undo
-            journal.note(self, stored, f"{stored}:fence")
+            journal.note(self, stored, fence_key(stored))
         return int(token) if token else None
 
     @_reachable
@@ -187,14 +320,15 @@ class RedisStore(Store):
 
     @_reachable
     def get_lock(self, key: str) -> LockInfo | None:
-        pipe = self.client.pipeline()
-        pipe.hgetall(self.prefix + key)
-        pipe.pttl(self.prefix + key)
-        pipe.time()
-        data, pttl, (seconds, micros) = pipe.execute()
-        now = datetime.datetime.fromtimestamp(seconds + micros / 1_000_000 + clock.offset(),
-                                              tz=datetime.UTC)
-        return self._info(key, data, pttl, now) if data else None
+        # One script, so the hash, its TTL and the clock come from the node that holds the
+        # lock (on a Cluster another node's clock may differ).
+        flat, pttl, (seconds, micros) = self._script(_GET_LOCK)(keys=[self.prefix + key])
+        if not flat:
+            return None
+        data = dict(zip(flat[::2], flat[1::2], strict=True))
+        now = datetime.datetime.fromtimestamp(int(seconds) + int(micros) / 1_000_000
+                                              + clock.offset(), tz=datetime.UTC)
+        return self._info(key, data, int(pttl), now)
 
     def _info(self, key: str, data: dict, pttl: int, now: datetime.datetime) -> LockInfo:
         data = {_text(k): v for k, v in data.items()}
@@ -208,7 +342,7 @@ class RedisStore(Store):
     @_reachable
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         """Held locks under ``prefix`` (expired ones are gone already: Redis drops them)."""
-        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{self.prefix}{prefix}*",
+        keys = [_text(raw) for raw in self.client.scan_iter(match=f"{self._glob}{prefix}*",
                                                             count=500)]
         return sorted(self._infos(keys, self.now()), key=lambda info: info.key)
 
@@ -222,8 +356,7 @@ class RedisStore(Store):
             raise ValueError(f"{cursor!r} is not a cursor of the Redis store (a number).")
         position, found, count, now = int(cursor or 0), [], max(limit, 100), self.now()
         while True:
-            position, raw = self.client.scan(position, match=f"{self.prefix}{prefix}*",
-                                             count=count)
+            position, raw = self._scan(position, f"{self._glob}{prefix}*", count)
             batch = self._infos([_text(key) for key in raw], now)
             found += batch
             if position == 0 or len(found) >= limit:
@@ -232,6 +365,26 @@ class RedisStore(Store):
                 count = min(count * 4, 10_000)
         return LockPage(sorted(found, key=lambda info: info.key),
                         str(position) if position else "")
+
+    def _scan(self, position: int, match: str, count: int) -> tuple[int, list]:
+        """One ``SCAN`` step. On a Cluster the cursor is ``<master index> << 64 | <that
+        master's cursor>`` over the masters in name order, one master after the other (a
+        resharding or failover between two pages may list a lock twice or, like any change
+        of masters, skip one)."""
+        if not self.is_cluster:
+            return self.client.scan(position, match=match, count=count)
+        masters = sorted(self.client.get_primaries(), key=lambda node: node.name)
+        index, node_cursor = position >> 64, position & (2**64 - 1)
+        if index >= len(masters):
+            return 0, []
+        cursors, raw = self.client.scan(node_cursor, match=match, count=count,
+                                        target_nodes=masters[index])
+        node_cursor = int(next(iter(cursors.values()), 0))
+        if node_cursor == 0:
+            index, node_cursor = index + 1, 0
+            if index >= len(masters):
+                return 0, raw
+        return index << 64 | node_cursor, raw
 
     def _infos(self, keys: list[str], now: datetime.datetime) -> list[LockInfo]:
         """The locks among ``keys`` (as stored, with :attr:`prefix`; fencing counters and other
@@ -266,7 +419,7 @@ class RedisStore(Store):
     def shorten_ttls(self, seconds: float, prefix: str = "jobguard:") -> int:
         """Bring every expiry under ``prefix`` ``seconds`` closer (deleting what runs out):
         how the test clock moves Redis's TTLs along with its "now". Returns the keys changed."""
-        keys = list(self.client.scan_iter(match=f"{self.prefix}{prefix}*", count=500))
+        keys = list(self.client.scan_iter(match=f"{self._glob}{prefix}*", count=500))
         if not keys:
             return 0
         pipe = self.client.pipeline(transaction=False)
@@ -300,16 +453,40 @@ class RedisStore(Store):
         merged = counters.merge_windows(
             (w.key, w.limit, counters.us(w.decay)) for w in windows)
         keys = sorted(merged)
-        args: list[Any] = [_script_now(_at)]
-        for key in keys:
-            args += list(merged[key])
-        stored = [self.prefix + key for key in keys]
-        reply = self._counter(_RATE_HIT, stored, args)
-        if reply[0] == "1" and journal.scopes:  # refused: nothing was written
-            journal.note(self, *stored)
-        return RateDecision(allowed=reply[0] == "1", now=counters.from_us(reply[1]),
-                            retry_after=int(reply[2]) / 1_000_000,
-                            blocked=tuple(key[len(self.prefix):] for key in reply[3:]))
+        now_arg = _script_now(_at)
+        groups: dict[int, list[str]] = {}
+        for key in keys:  # one script per hash slot (of the key as stored) on a Cluster
+            groups.setdefault(key_slot(self.prefix + key) if self.is_cluster else 0,
+                              []).append(key)
+        if not groups:
+            groups[0] = []  # no window: the script only reads the clock
+        hits: list[tuple[list[str], str]] = []  # (stored keys, now) of the groups hit so far
+        latest, order, cut = 0, sorted(groups), len(self.prefix)
+        for index, slot in enumerate(order):
+            stored = [self.prefix + key for key in groups[slot]]
+            reply = self._counter(_RATE_HIT, stored, _rate_args(groups[slot], merged, now_arg))
+            latest = max(latest, int(reply[1]))
+            if reply[0] == "1":
+                if journal.scopes:  # written, and still there if given back below
+                    journal.note(self, *stored)
+                hits.append((stored, reply[1]))
+                continue
+            # Refused. On a Cluster, give back the hits of the slots before (a concurrent hit
+            # may have been refused meanwhile: a limit is never passed), and ask the slots
+            # after, without hitting them, which of their windows refuse too and how long.
+            for done, at in hits:
+                self._counter(_RATE_UNDO, done, [at])
+            wait, blocked = int(reply[2]), [key[cut:] for key in reply[3:]]
+            for later in order[index + 1:]:
+                check = self._counter(_RATE_HIT, [self.prefix + key for key in groups[later]],
+                                      [*_rate_args(groups[later], merged, now_arg), "check"])
+                latest = max(latest, int(check[1]))
+                wait, blocked = max(wait, int(check[2])), blocked + [key[cut:]
+                                                                     for key in check[3:]]
+            return RateDecision(allowed=False, now=counters.from_us(latest),
+                                retry_after=wait / 1_000_000, blocked=tuple(sorted(blocked)))
+        return RateDecision(allowed=True, now=counters.from_us(latest), retry_after=0.0,
+                            blocked=())
 
     @_reachable
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
@@ -336,12 +513,14 @@ class RedisStore(Store):
     @_reachable
     def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
         keys = sorted(_text(k) for k in self.client.scan_iter(
-            match=f"{self.prefix}{prefix}*", count=500, _type="string"))
+            match=f"{self._glob}{prefix}*", count=500, _type="string"))
         now = counters.us(self.now().timestamp())
         out = []
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
-            for key, raw in zip(chunk, self.client.mget(chunk), strict=True):
+            values = (self.client.mget_nonatomic(chunk) if self.is_cluster
+                      else self.client.mget(chunk))
+            for key, raw in zip(chunk, values, strict=True):
                 try:
                     info = self._throttle_info(key[len(self.prefix):], _text(raw), now)
                 except (ValueError, TypeError, OverflowError):  # bad stored data: say so
@@ -379,8 +558,111 @@ class RedisStore(Store):
     @_reachable
     def delete_keys(self, stored: list[str]) -> int:
         """Delete keys as stored (with :attr:`prefix`): how the testing API undoes what a test
-        wrote (:mod:`django_jobguard.stores.journal`). Returns how many existed."""
-        return int(self.client.delete(*stored)) if stored else 0
+        wrote (:mod:`django_jobguard.stores.journal`). Returns how many existed. On a Cluster
+        one ``DEL`` per hash slot: a ``DEL`` of keys in several slots is refused
+        (``CROSSSLOT``)."""
+        if not self.is_cluster:
+            return int(self.client.delete(*stored)) if stored else 0
+        by_slot: dict[int, list[str]] = {}
+        for key in stored:
+            by_slot.setdefault(key_slot(key), []).append(key)
+        return sum(int(self.client.delete(*keys)) for keys in by_slot.values())
+
+
+# -- system checks of the topology (manage.py check; ids listed in docs/scale-out.md) -------
+
+_SENTINEL_FACTORY = "django_redis.pool.SentinelConnectionFactory"
+
+
+def _check_cluster(alias: str, config: dict[str, Any]) -> list:
+    """jobguard.E140: ``CLUSTER`` beside ``CACHE``, or not ``redis://host:port`` URL(s)."""
+    where = f"JOBGUARD['STORES'][{alias!r}]"
+    if "CACHE" in config:
+        return [Error(f"{where} sets both 'CACHE' and 'CLUSTER'.",
+                      hint="'CACHE' names a django-redis cache (one server or Sentinel); "
+                           "'CLUSTER' the Redis Cluster's URLs. Keep one.",
+                      id="jobguard.E140")]
+    urls = config["CLUSTER"]
+    urls = [urls] if isinstance(urls, str) else urls
+    bad = ([repr(urls)] if not isinstance(urls, list | tuple) or not urls else
+           [repr(url) for url in urls if not _is_node_url(url)])
+    if bad:
+        return [Error(f"{where}['CLUSTER'] must be a redis:// URL of a Cluster node or a "
+                      f"non-empty list of them; got {', '.join(bad)}.",
+                      hint="For example 'redis://10.0.0.1:7000' (a database number is not "
+                           "allowed: a Cluster has only database 0).", id="jobguard.E140")]
+    options = config.get("CLUSTER_OPTIONS", {})
+    if not isinstance(options, dict):
+        return [Error(f"{where}['CLUSTER_OPTIONS'] must be a dict of RedisCluster keyword "
+                      f"arguments, not {type(options).__name__}.", id="jobguard.E140")]
+    return []
+
+
+def _is_node_url(url: Any) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parsed = urlsplit(url)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return (parsed.scheme in ("redis", "rediss") and bool(parsed.hostname)
+            and parsed.path.strip("/") in ("", "0"))
+
+
+def _check_cache_topology(alias: str, cache: str, cache_config: dict[str, Any],
+                          global_factory: str) -> list:
+    """jobguard.E141 (client-side sharding), E142 (a Sentinel client set up wrongly) and
+    W140 (Sentinel without a quorum of its own) for the django-redis cache ``cache``."""
+    where = f"JOBGUARD['STORES'][{alias!r}] (cache {cache!r})"
+    options = cache_config.get("OPTIONS") or {}
+    client_class = str(options.get("CLIENT_CLASS", ""))
+    if client_class.endswith("ShardedClient"):
+        return [Error(f"{where} uses django-redis's ShardedClient: it spreads keys over "
+                      "servers by its own hash, so a lock and its fencing counter, or the "
+                      "windows of one rate-limit hit, may land on different servers and no "
+                      "script sees them together.",
+                      hint="Use a Redis Cluster ('CLUSTER' in the store) or one server.",
+                      id="jobguard.E141")]
+    factory = str(options.get("CONNECTION_FACTORY") or global_factory or "")
+    sentinel_client = client_class.endswith("SentinelClient")
+    sentinel_factory = factory.endswith("SentinelConnectionFactory")
+    if not sentinel_client and not sentinel_factory:
+        return []
+    problems = []
+    if not sentinel_client:
+        problems.append("its CONNECTION_FACTORY is Sentinel's but its CLIENT_CLASS is not "
+                        "'django_redis.client.SentinelClient'")
+    if not sentinel_factory:
+        problems.append(f"its CLIENT_CLASS is SentinelClient but the connection factory is "
+                        f"{factory or 'the default'!r}, not {_SENTINEL_FACTORY!r}")
+    sentinels = options.get("SENTINELS") or []
+    if not sentinels or not isinstance(sentinels, list | tuple):
+        problems.append("OPTIONS['SENTINELS'] is not a non-empty list of (host, port)")
+    location = cache_config.get("LOCATION", "")
+    if not isinstance(location, str) or "is_master=0" in location:
+        problems.append("LOCATION must be one 'redis://<master name>/<db>' URL naming the "
+                        "master (the store writes; a replica refuses writes)")
+    if problems:
+        return [Error(f"{where} is a Sentinel set up wrongly: {'; '.join(problems)}.",
+                      hint="docs/scale-out.md#sentinel shows a working CACHES entry.",
+                      id="jobguard.E142")]
+    if len(sentinels) < 3:
+        return [Warning(f"{where} names {len(sentinels)} sentinel(s): a failover needs a "
+                        "majority of the sentinels to agree, so fewer than 3 cannot survive "
+                        "losing one, or promote a replica while the old master still takes "
+                        "writes on the other side of a partition.",
+                        hint="Run 3 or more sentinels on separate hosts.",
+                        id="jobguard.W140")]
+    return []
+
+
+def _rate_args(keys: list[str], merged: dict[str, Any], now: Any) -> list[Any]:
+    """ARGV of :data:`_RATE_HIT`: now, then limit and decay of each key."""
+    args: list[Any] = [now]
+    for key in keys:
+        args += list(merged[key])
+    return args
 
 
 def _script_now(at: int | None) -> Any:
@@ -441,6 +723,7 @@ end
 if #blocked > 0 then
   return {'0', string.format('%d', now), string.format('%d', wait), unpack(blocked)}
 end
+if #ARGV > 2 * #KEYS + 1 then return {'1', string.format('%d', now), '0'} end  -- check only
 for i = 1, #KEYS do
   local limit, decay = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   local log = logs[i]
@@ -527,6 +810,34 @@ else
 end
 save()
 return reply('1', '0', 0)
+"""
+
+# Gives back one hit made at ARGV[1] (microseconds) in each window of KEYS: the bucket that
+# took it loses one (and goes when empty); the key keeps its TTL.
+_RATE_UNDO = """
+local at = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  local raw = redis.call('GET', KEYS[i])
+  local head, body = nil, nil
+  if raw then head, body = string.match(raw, '^(rate|[^|]*|[^|]*|)(.*)$') end
+  if head then
+    local log = {}
+    for f, l, c in string.gmatch(body, '(%d+),(%d+),(%d+)') do
+      log[#log + 1] = {tonumber(f), tonumber(l), tonumber(c)}
+    end
+    for j = #log, 1, -1 do
+      if log[j][1] <= at then
+        log[j][3] = log[j][3] - 1
+        if log[j][3] <= 0 then table.remove(log, j) end
+        break
+      end
+    end
+    local parts = {}
+    for j, b in ipairs(log) do parts[j] = string.format('%d,%d,%d', b[1], b[2], b[3]) end
+    redis.call('SET', KEYS[i], head .. table.concat(parts, ';'), 'KEEPTTL')
+  end
+end
+return {'1'}
 """
 
 _RESET_THROTTLE = """

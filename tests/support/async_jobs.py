@@ -107,3 +107,18 @@ class AsyncWrapped(AsyncRecord):
 
     def middleware(self):
         return [SyncOnlyMiddleware()]
+
+
+class AsyncContextProbe(Job):
+    """:class:`tests.support.jobs.ContextProbe` as an async job (its run on the event loop)."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    async def handle(self):
+        from tests.support.jobs import context_seen
+
+        await asyncio.sleep(0)
+        await JobRun.objects.acreate(label=self.label, key=context_seen(),
+                                     job_id=self.job_id or "", pid=os.getpid(),
+                                     started_at=timezone.now())

@@ -133,3 +133,26 @@ class Cooperative(Job):
             run.key = "finished"
         run.ended_at = timezone.now()
         run.save(update_fields=["key", "ended_at"])
+
+
+def context_seen() -> str:
+    """``<language>|<correlation id>``: what a job sees of the dispatcher's context."""
+    from django.utils import translation
+
+    from django_jobguard.carriers import correlation_id
+
+    return f"{translation.get_language()}|{correlation_id() or '-'}"
+
+
+class ContextProbe(Job):
+    """Records (JobRun: label, key) the language and correlation id it runs with, and
+    dispatches ``children`` more generations of itself from inside its run."""
+
+    def __init__(self, label: str, children: int = 0):
+        self.label, self.children = label, children
+
+    def handle(self):
+        JobRun.objects.create(label=self.label, key=context_seen(), job_id=self.job_id or "",
+                              pid=os.getpid(), started_at=timezone.now())
+        if self.children:
+            ContextProbe(f"{self.label}+", children=self.children - 1).dispatch()

@@ -245,10 +245,10 @@ def test_percentile_interpolates_like_percentile_cont():
 
 def test_an_unknown_history_mode_is_refused_by_name():
     with history_settings("everything"):
-        errors = [e for e in run_checks() if e.id == "jobguard.E140"]
+        errors = [e for e in run_checks() if e.id == "jobguard.E150"]
     assert len(errors) == 1 and "'everything'" in errors[0].msg and "'failures'" in errors[0].msg
     with history_settings("failures"):
-        assert not [e for e in run_checks() if e.id == "jobguard.E140"]
+        assert not [e for e in run_checks() if e.id == "jobguard.E150"]
 
 
 # -- the API ------------------------------------------------------------------------------

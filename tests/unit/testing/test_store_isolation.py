@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
+from django_jobguard.stores.base import RateWindow
 from django_jobguard.stores.journal import recording
-from django_jobguard.stores.redis import RedisStore
+from django_jobguard.stores.redis import RedisStore, fence_key
 from django_jobguard.testing import clock
 from tests.support import requires_redis
 from tests.support.throwaway import SETTINGS, run_project
@@ -132,7 +133,8 @@ def test_leaving_the_clock_deletes_what_was_written_at_a_shifted_now(redis_store
         assert not redis_store.hit_rate_limits([window]).allowed
     assert redis_store.hit_rate_limits([window]).allowed  # the future window is gone
     assert redis_store.get_lock("jobguard:unit-isolation:lock") is None
-    assert redis_store.client.exists("jobguard:unit-isolation:lock:fence") == 0
+    assert redis_store.client.exists("jobguard:unit-isolation:lock") == 0
+    assert redis_store.client.exists(fence_key("jobguard:unit-isolation:lock")) == 0
 
 
 def test_isolated_stores_undoes_a_block_and_leaves_other_keys(redis_store):
@@ -185,3 +187,16 @@ def test_a_lock_someone_else_holds_is_not_undone(redis_store):
         assert redis_store.get_lock("jobguard:unit-isolation:theirs").owner == "a-worker"
     finally:
         _forget(other.client, "jobguard:unit-isolation:theirs*")
+
+
+def test_a_prefix_with_glob_characters_lists_only_its_own_keys(redis_store):
+    mine = RedisStore(alias="mine", cache=redis_store.cache_alias, prefix="unit-glob*[x]:")
+    other = RedisStore(alias="other", cache=redis_store.cache_alias, prefix="unit-globby-x:")
+    try:
+        assert other.acquire("jobguard:unique:g:1", "them", ttl=60)
+        assert other.hit_rate_limits([RateWindow("jobguard:rate:g:60s", 5, 60)]).allowed
+        assert mine.locks() == [] and mine.lock_page().locks == [] and mine.throttles() == []
+        assert mine.acquire("jobguard:unique:g:2", "me", ttl=60)
+        assert [info.key for info in mine.locks()] == ["jobguard:unique:g:2"]
+    finally:
+        _forget(redis_store.client, "unit-glob*")
