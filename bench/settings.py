@@ -44,6 +44,10 @@ JOBGUARD = {
     if os.environ.get("JOBGUARD_BENCH_BATCH") else None,
     # Unset: the default (acks commit without waiting for the WAL flush); "1" waits.
     "SYNCHRONOUS_ACKS": os.environ.get("JOBGUARD_BENCH_SYNCHRONOUS_ACKS", "0") == "1",
+    # The finished-job history (bench/history.py compares "off" and "all").
+    "HISTORY": os.environ.get("JOBGUARD_BENCH_HISTORY", "off"),
+    "RETRY_AFTER": float(os.environ.get("JOBGUARD_BENCH_RETRY_AFTER", "90")),
+    "DEFAULT_TIMEOUT": float(os.environ.get("JOBGUARD_BENCH_DEFAULT_TIMEOUT", "60")),
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "root": {"level": "WARNING", "handlers": []}}

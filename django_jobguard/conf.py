@@ -139,6 +139,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Days to keep failed jobs before the workers' housekeeping deletes them; None keeps "
             "them until someone retries, forgets or flushes them (Laravel keeps them too).",
             above=0),
+    Setting("HISTORY", "off", (str,),
+            "Which finished runs to keep as history (FinishedRun rows): 'off', 'failures' or "
+            "'all'; buffered by each worker and inserted together at its heartbeat.",
+            checked_by="jobguard.E150"),
+    Setting("HISTORY_RETENTION_DAYS", 7, (int, float),
+            "Days to keep finished runs (HISTORY) before the workers' housekeeping deletes "
+            "them, in batches of 1,000 per round.", above=0),
     Setting("UNKNOWN_JOB_GRACE", 600, (int, float),
             "Seconds after it was queued that a job whose name this worker does not know is "
             "put back (with back-off) for a newer worker to take, as in a rolling deploy; then "

@@ -10,20 +10,39 @@ workers wrote: no read-modify-write, so no lost update between
 workers. A job is counted in the minute of the heartbeat after it ended (at most one
 heartbeat interval, ``RETRY_AFTER / 3`` capped at 15 s, late). Housekeeping deletes rows
 older than :data:`KEEP`.
+
+The finished-job history (``JOBGUARD["HISTORY"]``: ``"off"``, ``"failures"`` or ``"all"``)
+keeps one :class:`~django_jobguard.models.FinishedRun` row per finished run. The worker's
+:class:`RunRecorder`, hooked into :func:`django_jobguard.observe.job_line` (which every
+final state passes through, after the ack or fail is written, per job or in a group), buffers
+the runs in memory; the heartbeat inserts them in one bulk ``INSERT`` (:meth:`RunRecorder.flush`).
+With history off no recorder is installed: nothing runs per job. A worker killed with
+``kill -9`` loses the runs it finished since its last heartbeat (at most one heartbeat
+interval's); a run is never recorded twice (only the worker whose ack or fail succeeded
+writes it, and a retried flush is ignored by the ``(job_id, finished_at)`` constraint).
+Housekeeping deletes runs older than ``HISTORY_RETENTION_DAYS`` in batches
+(:func:`prune_runs`). :func:`run_statistics` gives runs, failures and runtime/wait
+percentiles per job class and queue.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
 from collections.abc import Mapping
+from typing import Any
 
+from django.db import connections
 from django.db.models import Value
+from django.db.models.constants import OnConflict
+from django.utils import timezone
 
-from django_jobguard import clock
-from django_jobguard.conf import queue_database
+from django_jobguard import clock, observe, signals
+from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import dialect_for
-from django_jobguard.models import QueueMinute
+from django_jobguard.envelope import encoded_size
+from django_jobguard.models import FinishedRun, QueueMinute
 from django_jobguard.outcome import JobState
 
 #: How long minute rows are kept: the 24 h chart plus a day of slack.
@@ -100,3 +119,241 @@ def prune(*, older_than: datetime.timedelta = KEEP, using: str | None = None) ->
     old = QueueMinute.objects.using(using).filter(
         minute__lt=clock.db_now() - Value(older_than))
     return old._raw_delete(using)
+
+
+# -- finished-job history -------------------------------------------------------------------
+
+logger = logging.getLogger("django_jobguard.history")
+
+#: The states a run is recorded in with ``HISTORY = "all"`` (``"failures"``: FAILED only).
+RECORDED_STATES = frozenset({*JobState.finished(), JobState.FAILED})
+#: Rows one housekeeping round deletes at most (the rest waits for the next round).
+PRUNE_BATCH = 1000
+#: Runs kept in memory at most when flushes keep failing (the oldest are dropped, logged).
+MAX_BUFFERED = 50_000
+
+
+def history_mode() -> str:
+    """``JOBGUARD["HISTORY"]``: ``"off"``, ``"failures"`` or ``"all"``."""
+    return str(jobguard_settings.HISTORY)
+
+
+def history_retention() -> datetime.timedelta:
+    """How long finished runs are kept (``HISTORY_RETENTION_DAYS``)."""
+    return datetime.timedelta(days=jobguard_settings.HISTORY_RETENTION_DAYS)
+
+
+class RunRecorder:
+    """A worker's finished runs not written yet (thread-safe): :meth:`record` is called from
+    :func:`~django_jobguard.observe.job_line` in the job's thread, :meth:`flush` from the
+    heartbeat."""
+
+    def __init__(self, worker_id: str, *, failures_only: bool = False) -> None:
+        self.worker_id = worker_id
+        self.states = frozenset({JobState.FAILED}) if failures_only else RECORDED_STATES
+        self._runs: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()
+        #: Result sizes by job id, from ``job_processed`` until the job's line comes.
+        self._sizes: dict[str, int | None] = {}
+
+    def start(self) -> None:
+        """Record the job lines from now on (and the result sizes that precede them)."""
+        observe.add_run_recorder(self)
+        if self.states is RECORDED_STATES:
+            signals.job_processed.connect(self.processed, weak=False,
+                                          dispatch_uid=f"jobguard-history-{id(self)}")
+
+    def stop(self) -> None:
+        """Stop recording (what is buffered stays for :meth:`flush`)."""
+        observe.remove_run_recorder(self)
+        signals.job_processed.disconnect(dispatch_uid=f"jobguard-history-{id(self)}")
+
+    def processed(self, sender: Any = None, *, job_id: Any = None, result: Any = None,
+                  **kwargs: Any) -> None:
+        """``job_processed``: note the size of the result, which the job line does not carry
+        (sent in the pipeline just before the line; the line takes the note)."""
+        if job_id is None:
+            return
+        try:
+            size: int | None = None if result is None else encoded_size(result)
+        except (TypeError, ValueError):
+            size = encoded_size(repr(result))  # stored as its repr, as results.py does
+        with self._lock:
+            self._sizes[str(job_id)] = size
+
+    def __call__(self, worker_id: str, row: Any, state: str, elapsed: float | None,
+                 detail: str) -> None:
+        """Buffer the run of ``row`` that ended in ``state`` (other workers' lines, and
+        states not kept, are ignored)."""
+        with self._lock:  # every line ends the note of its job, whichever worker ran it
+            size = self._sizes.pop(str(row.id), None) if self._sizes else None
+        if state not in self.states or worker_id != self.worker_id:
+            return
+        try:
+            run = run_of(worker_id, row, state, elapsed, detail, result_size=size)
+        except Exception:  # history must never break a job's outcome
+            logger.exception("Could not record the run of %s [%s].", row.name, row.id)
+            return
+        with self._lock:
+            self._runs.append(run)
+            if len(self._runs) > MAX_BUFFERED:
+                del self._runs[:len(self._runs) - MAX_BUFFERED]
+                logger.error("Finished-run history: more than %d runs could not be written; "
+                             "the oldest were dropped.", MAX_BUFFERED)
+
+    def pending(self) -> int:
+        """How many runs wait for the next flush."""
+        with self._lock:
+            return len(self._runs)
+
+    def flush(self, using: str | None = None) -> int:
+        """Insert the buffered runs in one bulk statement; returns how many. If the write
+        fails they are kept for the next flush (and the error raised)."""
+        with self._lock:
+            taken, self._runs = self._runs, []
+        if not taken:
+            return 0
+        try:
+            insert_runs(taken, using=using)
+        except BaseException:
+            with self._lock:
+                self._runs[:0] = taken
+            raise
+        return len(taken)
+
+
+#: The columns of a buffered run, in the order of :func:`run_of`'s tuple.
+COLUMNS = ("job_id", "state", "name", "queue", "arguments", "attempt", "worker", "started_at",
+           "finished_at", "runtime", "wait", "result_size", "error")
+#: The columns whose values the database backend adapts (the others go as they are).
+_ADAPTED = frozenset({"job_id", "arguments", "started_at", "finished_at"})
+
+
+def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
+           detail: str, *, result_size: int | None = None) -> tuple[Any, ...]:
+    """The values (:data:`COLUMNS`) of ``row``'s run that just ended in ``state``: a plain
+    tuple, cheaper than a model instance in the job's thread."""
+    finished = clock.now()
+    started = finished - datetime.timedelta(seconds=elapsed or 0.0)
+    payload = row.payload if isinstance(row.payload, dict) else {}
+    wait = None
+    due, reserved = getattr(row, "available_at", None), getattr(row, "reserved_at", None)
+    if isinstance(due, datetime.datetime) and isinstance(reserved, datetime.datetime):
+        wait = max((reserved - due).total_seconds(), 0.0)
+    return (row.id, str(state), row.name, row.queue,
+            {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})},
+            row.attempts, worker_id[:100], started, finished, elapsed, wait, result_size,
+            detail if state == JobState.FAILED else "")
+
+
+def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> None:
+    """Insert buffered runs in one ``executemany`` that skips a run already there (the
+    ``(job_id, finished_at)`` constraint): ``ON CONFLICT DO NOTHING``, ``INSERT IGNORE`` or
+    ``INSERT OR IGNORE``. Raw SQL of plain tuples: ``bulk_create`` compiled each row's every
+    field."""
+    using = queue_database(using)
+    connection = connections[using]
+    by_name = {field.name: field for field in FinishedRun._meta.concrete_fields}
+    fields = [by_name[name] for name in COLUMNS]
+    adapt = [(i, field) for i, field in enumerate(fields) if field.name in _ADAPTED]
+    ops = connection.ops
+    table = ops.quote_name(FinishedRun._meta.db_table)
+    columns = ", ".join(ops.quote_name(str(field.column)) for field in fields)
+    insert = ops.insert_statement(on_conflict=OnConflict.IGNORE)
+    suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None) or ""
+    row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    params: list[list[Any]] = []
+    for run in runs:
+        values = list(run)
+        for i, field in adapt:
+            values[i] = field.get_db_prep_value(values[i], connection)
+        params.append(values)
+    # One statement's shape for every row: the driver parses it once (psycopg sends the rows
+    # in pipeline mode, mysqlclient folds them into multi-row INSERTs); one huge VALUES list
+    # cost more to parse for its placeholders than the rows themselves.
+    with connection.cursor() as cursor:
+        cursor.executemany(f"{insert} {table} ({columns}) VALUES {row_sql} {suffix}", params)
+
+
+def prune_runs(*, older_than: datetime.timedelta | None = None, using: str | None = None,
+               batch: int = PRUNE_BATCH) -> int:
+    """Delete up to ``batch`` runs older than ``older_than`` (default
+    ``HISTORY_RETENTION_DAYS``), oldest first; returns how many."""
+    using = queue_database(using)
+    cutoff = timezone.now() - (older_than if older_than is not None else history_retention())
+    old = FinishedRun.objects.using(using).filter(finished_at__lt=cutoff)
+    ids = list(old.order_by("finished_at").values_list("id", flat=True)[:batch])
+    if not ids:
+        return 0
+    return FinishedRun.objects.using(using).filter(id__in=ids)._raw_delete(using)
+
+
+#: The windows of :func:`run_statistics`.
+WINDOWS = {"1h": datetime.timedelta(hours=1), "24h": datetime.timedelta(days=1),
+           "7d": datetime.timedelta(days=7)}
+
+
+def run_statistics(window: str = "24h", *, using: str | None = None) -> list[dict[str, Any]]:
+    """Per job class and queue, over the last ``window`` (``"1h"``, ``"24h"``, ``"7d"``):
+    runs, failures, and p50/p95/max of runtime and wait (seconds), slowest p95 first.
+    PostgreSQL computes the percentiles (``percentile_cont``); other databases get them
+    from the rows' runtimes in Python."""
+    if window not in WINDOWS:
+        raise ValueError(f"Unknown window {window!r}: one of {', '.join(WINDOWS)}.")
+    using = queue_database(using)
+    since = timezone.now() - WINDOWS[window]
+    if connections[using].vendor == "postgresql":
+        rows = _statistics_postgresql(since, using)
+    else:
+        rows = _statistics_python(since, using)
+    rows.sort(key=lambda r: (-(r["runtime_p95"] or 0.0), r["name"], r["queue"]))
+    return rows
+
+
+_KEYS = ("name", "queue", "runs", "failures", "runtime_p50", "runtime_p95", "runtime_max",
+         "wait_p50", "wait_p95", "wait_max")
+
+
+def _statistics_postgresql(since: datetime.datetime, using: str) -> list[dict[str, Any]]:
+    table = connections[using].ops.quote_name(FinishedRun._meta.db_table)
+    sql = f"""SELECT name, queue, count(*), count(*) FILTER (WHERE state = 'FAILED'),
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY runtime),
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY runtime), max(runtime),
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY wait),
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY wait), max(wait)
+        FROM {table} WHERE finished_at >= %s GROUP BY name, queue"""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [since])
+        return [dict(zip(_KEYS, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _statistics_python(since: datetime.datetime, using: str) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[tuple[str, float | None, float | None]]] = {}
+    runs = FinishedRun.objects.using(using).filter(finished_at__gte=since)
+    for name, queue, state, runtime, wait in runs.values_list(
+            "name", "queue", "state", "runtime", "wait").iterator():
+        groups.setdefault((name, queue), []).append((state, runtime, wait))
+    out = []
+    for (name, queue), items in groups.items():
+        runtimes = [r for _, r, _ in items if r is not None]
+        waits = [w for _, _, w in items if w is not None]
+        out.append(dict(zip(_KEYS, (
+            name, queue, len(items), sum(1 for s, _, _ in items if s == JobState.FAILED),
+            percentile(runtimes, 0.5), percentile(runtimes, 0.95), max(runtimes, default=None),
+            percentile(waits, 0.5), percentile(waits, 0.95), max(waits, default=None)),
+            strict=True)))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` by linear interpolation (as PostgreSQL's
+    ``percentile_cont``); None for no values."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

@@ -511,3 +511,45 @@ class Dashboard(QueuedJob):
         # The admin index lists an app's models sorted by this name; the leading space (not
         # shown in HTML) puts the dashboard first, above "Batches".
         verbose_name_plural = format_lazy(" {}", _("Dashboard"))
+
+
+class FinishedRun(models.Model):
+    """One finished run of a job (done, failed, cancelled, skipped or deleted), kept when
+    ``JOBGUARD["HISTORY"]`` asks for it: workers buffer the runs they finish and insert them in
+    bulk at each heartbeat (:mod:`django_jobguard.history`); housekeeping deletes the rows older
+    than ``HISTORY_RETENTION_DAYS`` in bounded batches."""
+
+    job_id = models.UUIDField(_("job id"))
+    state = models.CharField(_("state"), max_length=20)
+    name = models.CharField(_("job name"), max_length=255)
+    queue = models.CharField(_("queue"), max_length=100)
+    #: ``{"args": [...], "kwargs": {...}}`` as the job was dispatched.
+    arguments = models.JSONField(_("arguments"), default=dict)
+    attempt = models.PositiveIntegerField(_("attempt"), default=0)
+    worker = models.CharField(_("worker"), max_length=100, blank=True, default="")
+    started_at = models.DateTimeField(_("started at"))
+    finished_at = models.DateTimeField(_("finished at"))
+    #: Seconds from the start of the row's processing to its outcome (as the job line shows).
+    runtime = models.FloatField(_("runtime (s)"), null=True, blank=True)
+    #: Seconds from when the job became due to the start of this run.
+    wait = models.FloatField(_("wait (s)"), null=True, blank=True)
+    #: Bytes of the return value's JSON; null when it returned None or did not succeed.
+    result_size = models.PositiveIntegerField(_("result size"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        verbose_name = _("finished run")
+        verbose_name_plural = _("finished runs")
+        ordering = ["-finished_at"]
+        indexes = [
+            # The lists, the time range, the pruning and the statistics read by finished_at.
+            models.Index(fields=["finished_at"], name="jobguard_run_finished_idx"),
+            models.Index(fields=["name", "finished_at"], name="jobguard_run_name_idx"),
+        ]
+        constraints = [
+            # A flush retried after an ambiguous error inserts the same rows again: ignored.
+            models.UniqueConstraint(fields=["job_id", "finished_at"], name="jobguard_run_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.job_id}] {self.state} at {self.finished_at.isoformat()}"

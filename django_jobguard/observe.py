@@ -19,6 +19,11 @@ from django_jobguard.outcome import JobState
 #: ``recorder(row, state, elapsed)`` for each finished job line (not RUNNING).
 Recorder = Callable[[Any, str, "float | None"], None]
 _recorders: list[Recorder] = []
+#: ``run_recorder(worker_id, row, state, elapsed, detail)`` for each finished job line: the
+#: finished-job history (:class:`django_jobguard.history.RunRecorder`), installed only when
+#: ``JOBGUARD["HISTORY"]`` is not "off".
+RunRecorder = Callable[[str, Any, str, "float | None", str], None]
+_run_recorders: list[RunRecorder] = []
 
 _NO_SPAN = contextlib.nullcontext()
 
@@ -37,6 +42,8 @@ def job_line(worker_id: str, row: Any, state: str, elapsed: float | None = None,
         return
     for record in _recorders:
         record(row, state, elapsed)
+    for record_run in _run_recorders:
+        record_run(worker_id, row, state, elapsed, detail)
     tracing.outcome(state, row.attempts)
 
 
@@ -52,3 +59,15 @@ def recorders() -> tuple[Recorder, ...]:
 def remove_recorder(recorder: Recorder) -> None:
     if recorder in _recorders:
         _recorders.remove(recorder)
+
+
+def add_run_recorder(recorder: RunRecorder) -> None:
+    """Call ``recorder`` with each finished job line (and its worker and detail)."""
+    if recorder not in _run_recorders:
+        _run_recorders.append(recorder)
+
+
+def remove_run_recorder(recorder: RunRecorder) -> None:
+    """Stop calling ``recorder``."""
+    if recorder in _run_recorders:
+        _run_recorders.remove(recorder)

@@ -4,7 +4,8 @@ One module per area, each registering its model admins when imported (Django's a
 imports this package): ``dashboard`` (the dashboard page, first in the section), ``jobs``
 (queued jobs and kept results), ``failed`` (failed jobs), ``workers``, ``queues`` (paused
 queues), ``schedules`` (periodic ticks), ``workflows`` (chains and batches) and ``locks``
-(locks and throttles, views over the store); ``base`` has what they share.
+(locks and throttles, views over the store), ``history`` (finished runs); ``base`` has what
+they share.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from django_jobguard.admin.base import JobNameFilter, JobSearchAdminMixin, ReadOnlyDetailMixin
 from django_jobguard.admin.dashboard import DashboardAdmin
 from django_jobguard.admin.failed import ExceptionFilter, FailedJobAdmin
+from django_jobguard.admin.history import FinishedRunAdmin
 from django_jobguard.admin.jobs import JobResultAdmin, QueuedJobAdmin, ResultNameFilter, StateFilter
 from django_jobguard.admin.locks import LockAdmin, StoreViewAdmin, ThrottleAdmin
 from django_jobguard.admin.queues import PausedQueueAdmin, PauseQueueForm
@@ -21,8 +23,9 @@ from django_jobguard.admin.workflows import BatchAdmin, ChainAdmin
 
 __all__ = [
     "BatchAdmin", "ChainAdmin", "DashboardAdmin", "ExceptionFilter", "FailedJobAdmin",
-    "JobNameFilter", "JobResultAdmin", "JobSearchAdminMixin", "LockAdmin", "PauseQueueForm",
-    "PausedQueueAdmin", "QueuedJobAdmin", "ReadOnlyDetailMixin", "ResultNameFilter",
+    "FinishedRunAdmin", "JobNameFilter", "JobResultAdmin", "JobSearchAdminMixin", "LockAdmin",
+    "PauseQueueForm", "PausedQueueAdmin", "QueuedJobAdmin", "ReadOnlyDetailMixin",
+    "ResultNameFilter",
     "ScheduleTickAdmin", "StateFilter", "StoreViewAdmin", "ThrottleAdmin", "WorkerAdmin",
     "WorkerAliveFilter",
 ]

@@ -26,7 +26,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobguard import operations
+from django_jobguard import history, operations
 from django_jobguard.models import Dashboard
 from django_jobguard.operations import monitoring
 
@@ -48,6 +48,15 @@ def _duration(seconds: float | None) -> str:
     if seconds < 86400:
         return f"{seconds // 3600} h {seconds % 3600 // 60} min"
     return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def _seconds(value: float | None) -> str:
+    """A runtime or wait for the statistics table: ``0.012 s``, ``3.4 s``, ``12 min 5 s``."""
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.3g} s"
+    return _duration(value)
 
 
 def _points(values: list[float], top: float) -> str:
@@ -137,6 +146,7 @@ class DashboardAdmin(admin.ModelAdmin):
                    for worker in data["workers"]]
         context = {
             **self.admin_site.each_context(request),
+            **self._classes(request),
             "opts": self.opts,
             "title": _("Job queue dashboard"),
             "data": data,
@@ -151,6 +161,32 @@ class DashboardAdmin(admin.ModelAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.template_name, context)
+
+    def _classes(self, request: HttpRequest) -> dict[str, Any]:
+        """The per-job-class statistics of the finished-run history (``?window=`` 1h, 24h or
+        7d; ``?sort=failures`` puts the most failing first, else the slowest p95 first)."""
+        if history.history_mode() == "off":
+            return {"history_on": False}
+        window = request.GET.get("window", "24h")
+        if window not in history.WINDOWS:
+            self.message_user(request, _("Unknown window %(w)r: one of 1h, 24h, 7d; showing "
+                                         "24h.") % {"w": window}, messages.ERROR)
+            window = "24h"
+        sort = "failures" if request.GET.get("sort") == "failures" else "slowest"
+        rows = history.run_statistics(window)
+        if sort == "failures":
+            rows.sort(key=lambda r: (-r["failures"], -r["runs"], r["name"], r["queue"]))
+        classes = [{
+            **row,
+            "runtime": " / ".join(_seconds(row[f"runtime_{k}"]) for k in ("p50", "p95", "max")),
+            "wait": " / ".join(_seconds(row[f"wait_{k}"]) for k in ("p50", "p95", "max")),
+            "runs_url": self._admin_url("finishedrun", {"name": row["name"],
+                                                        "queue__exact": row["queue"]}),
+            "failures_url": self._admin_url("finishedrun", {
+                "name": row["name"], "queue__exact": row["queue"], "state__exact": "FAILED"}),
+        } for row in rows]
+        return {"history_on": True, "classes": classes, "window": window, "sort": sort,
+                "windows": list(history.WINDOWS)}
 
     def _admin_url(self, model: str, query: dict[str, str]) -> str:
         url = reverse(f"admin:{self.opts.app_label}_{model}_changelist",

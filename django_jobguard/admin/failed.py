@@ -49,8 +49,8 @@ class ExceptionFilter(admin.SimpleListFilter):
 
 @admin.register(FailedJob)
 class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
-    list_display = ["name_display", "queue", "exception_short", "message_short",
-                    "reason_short", "attempts", "failed_at_display"]
+    list_display = ["name_display", "arguments_display", "queue", "exception_short",
+                    "message_short", "reason_short", "attempts", "failed_at_display"]
     list_filter = ["queue", JobNameFilter, ExceptionFilter, "failed_at"]
     search_fields = ["id", "name", "exception_class", "message", "reason"]
     date_hierarchy = "failed_at"

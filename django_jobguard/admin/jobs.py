@@ -42,8 +42,8 @@ class StateFilter(admin.SimpleListFilter):
 class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
     # Fits at 1280 px beside the admin's navigation: the id is in each row's link and in the
     # search, not a column of its own.
-    list_display = ["name_display", "queue", "state_display", "attempts", "priority",
-                    "available_at_display"]
+    list_display = ["name_display", "arguments_display", "queue", "state_display", "attempts",
+                    "priority", "available_at_display"]
     list_filter = ["queue", StateFilter, JobNameFilter]
     search_fields = ["id", "name"]
     ordering = ["queue", "-priority", "available_at"]

@@ -12,7 +12,7 @@ from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations, registry
 from django_jobguard import queue as job_queue
-from django_jobguard.models import Batch, FailedJob, QueuedJob
+from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
 from django_jobguard.progress import stored_fraction
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
@@ -479,6 +479,59 @@ class StatsHistorySerializer(serializers.Serializer):
     failed_last_minute = serializers.IntegerField()
     stores = StoreOverviewSerializer(many=True)
     history = HistorySerializer()
+
+
+# -- finished runs (history) -------------------------------------------------------------
+
+
+class FinishedRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = FinishedRun
+        fields = ["id", "job_id", "name", "queue", "state", "arguments", "attempt", "worker",
+                  "started_at", "finished_at", "runtime", "wait", "result_size", "error"]
+        read_only_fields = fields
+
+
+class FinishedRunFilterSerializer(QuerySerializer):
+    """Query parameters of ``GET runs/``."""
+
+    name = serializers.CharField(required=False, max_length=255, help_text="Job name (exact).")
+    queue = serializers.CharField(required=False, max_length=100)
+    state = serializers.ChoiceField(required=False, choices=[
+        "DONE", "SKIPPED", "DELETED", "CANCELLED", "FAILED"])
+    arguments = serializers.CharField(required=False, max_length=255,
+                                      help_text="Text the run's arguments (JSON) contain.")
+    since = serializers.DateTimeField(required=False, help_text="Finished at or after.")
+    until = serializers.DateTimeField(required=False, help_text="Finished before.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "since" in attrs and "until" in attrs and attrs["since"] >= attrs["until"]:
+            raise serializers.ValidationError({"until": ["must be later than 'since'."]})
+        return attrs
+
+
+class RunStatisticsQuerySerializer(QuerySerializer):
+    """Query parameters of ``GET runs/statistics/``."""
+
+    window = serializers.ChoiceField(choices=["1h", "24h", "7d"], default="24h", required=False)
+
+
+class RunStatisticSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    queue = serializers.CharField()
+    runs = serializers.IntegerField()
+    failures = serializers.IntegerField()
+    runtime_p50 = serializers.FloatField(allow_null=True)
+    runtime_p95 = serializers.FloatField(allow_null=True)
+    runtime_max = serializers.FloatField(allow_null=True)
+    wait_p50 = serializers.FloatField(allow_null=True)
+    wait_p95 = serializers.FloatField(allow_null=True)
+    wait_max = serializers.FloatField(allow_null=True)
+
+
+class RunStatisticsSerializer(serializers.Serializer):
+    window = serializers.CharField()
+    classes = RunStatisticSerializer(many=True)
 
 
 # -- dispatch ----------------------------------------------------------------------------

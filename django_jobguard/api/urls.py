@@ -15,6 +15,7 @@ router = SimpleRouter()
 router.register("jobs", views.QueuedJobViewSet, basename="job")
 router.register("failed-jobs", views.FailedJobViewSet, basename="failed-job")
 router.register("batches", views.BatchViewSet, basename="batch")
+router.register("runs", views.FinishedRunViewSet, basename="run")
 
 endpoint_patterns = [
     *router.urls,

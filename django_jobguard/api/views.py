@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from django_jobguard import operations, registry, schedules, serialization
+from django_jobguard import history, operations, registry, schedules, serialization
 from django_jobguard.api import serializers as s
 from django_jobguard.api.base import (
     KEY_PARAMS,
@@ -45,7 +45,7 @@ from django_jobguard.api.base import (
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
-from django_jobguard.models import Batch, FailedJob, QueuedJob
+from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
 from django_jobguard.operations import monitoring
 from django_jobguard.workflows import batches
 
@@ -469,6 +469,55 @@ class StatsHistoryView(StatsView):
     @extend_schema(responses={200: s.StatsHistorySerializer, **error_responses(401, 403)})
     def get(self, request):
         return Response(s.StatsHistorySerializer(monitoring.overview()).data)
+
+
+# -- finished runs (history) -------------------------------------------------------------
+
+
+class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                         viewsets.GenericViewSet):
+    """Finished runs (``JOBGUARD["HISTORY"]``), newest first, read only; ``statistics``: runs,
+    failures and runtime/wait percentiles per job class and queue."""
+
+    queryset = FinishedRun.objects.all()
+    serializer_class = s.FinishedRunSerializer
+    model_permissions = {"GET": ["view_finishedrun"]}
+    query_handlers = frozenset({"list", "statistics"})
+
+    def get_queryset(self):
+        qs = FinishedRun.objects.order_by("-finished_at", "-id")
+        if self.action != "list":
+            return qs
+        query = read_query(s.FinishedRunFilterSerializer, self.request)
+        for field in ("name", "queue", "state"):
+            if field in query:
+                qs = qs.filter(**{field: query[field]})
+        if "arguments" in query:
+            qs = qs.filter(arguments__icontains=query["arguments"])
+        if "since" in query:
+            qs = qs.filter(finished_at__gte=query["since"])
+        if "until" in query:
+            qs = qs.filter(finished_at__lt=query["until"])
+        return qs
+
+    @extend_schema(parameters=[s.FinishedRunFilterSerializer], responses={
+        200: s.FinishedRunSerializer(many=True), **error_responses(*READ_ERRORS)})
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: s.FinishedRunSerializer, **error_responses(*ONE_ERRORS)})
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    @extend_schema(parameters=[s.RunStatisticsQuerySerializer], responses={
+        200: s.RunStatisticsSerializer, **error_responses(*READ_ERRORS)})
+    @action(detail=False, methods=["get"], pagination_class=None)
+    def statistics(self, request, *args, **kwargs):
+        """Per job class and queue over ``window`` (1h, 24h, 7d): runs, failures,
+        p50/p95/max runtime and wait in seconds, slowest p95 first."""
+        window = read_query(s.RunStatisticsQuerySerializer, request)["window"]
+        return Response(s.RunStatisticsSerializer(
+            {"window": window, "classes": history.run_statistics(window)}).data)
 
 
 # -- schedules ---------------------------------------------------------------------------

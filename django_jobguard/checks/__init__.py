@@ -41,6 +41,7 @@ Ids:
 - jobguard.E140–E142, W140 a Redis store's topology (Cluster URLs, client-side sharding, a
   Sentinel cache set up half-way, fewer than 3 sentinels): ``stores/redis.py``,
   docs/scale-out.md.
+- jobguard.E150 ``HISTORY`` is not ``"off"``, ``"failures"`` or ``"all"``.
 - jobguard.E020 the queue's database has no ``SELECT ... FOR UPDATE SKIP LOCKED`` (MySQL < 8.0.1,
   MariaDB < 10.6): workers would wait on each other's claims. Tagged ``database`` (it asks the
   server its version): ``manage.py check --database default``, ``migrate`` and ``jobworker``

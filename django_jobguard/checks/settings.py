@@ -1,6 +1,6 @@
 """The checks of the ``JOBGUARD`` setting (``check_settings``: E001, E002, and then E003/W003,
-E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, and each
-store's own: the Redis store's E140-E142, W140) and of the periodic schedules
+E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, E150, and
+each store's own: the Redis store's E140-E142, W140) and of the periodic schedules
 (``check_schedules``: E060-E064, W050)."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     if errors:
         return errors
     return (errors + _check_timeouts() + _check_stores() + _check_dispatchable()
-            + _check_api_permissions() + limiter_errors() + _check_reliability()
+            + _check_api_permissions() + limiter_errors() + _check_reliability() + _check_history()
             + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer()
             + _check_metrics_token() + _check_database()
             + _check_queues())
@@ -90,6 +90,20 @@ def _check_reliability() -> list:
                                  "take a job this one does not know; 0 fails it at once.",
                             id="jobguard.E040"))
     return errors
+
+
+HISTORY_MODES = ("off", "failures", "all")
+
+
+def _check_history() -> list:
+    """jobguard.E150: ``HISTORY`` names no mode."""
+    mode = jobguard_settings.HISTORY
+    if mode in HISTORY_MODES:
+        return []
+    return [Error(f"JOBGUARD['HISTORY'] must be one of {', '.join(map(repr, HISTORY_MODES))}, "
+                  f"not {mode!r}.",
+                  hint="'failures' keeps the runs that failed for good; 'all' every finished "
+                       "run (docs/operate.md, Finished-job history).", id="jobguard.E150")]
 
 
 TEST_MODES = ("", "inline")

@@ -63,6 +63,7 @@ class Housekeeping:
     failed: int = 0
     batches: int = 0  # batches whose callbacks were queued late (a worker died)
     history: int = 0  # per-minute queue counts older than history.KEEP
+    runs: int = 0  # finished runs older than HISTORY_RETENTION_DAYS (one bounded batch)
     quarantined: int = 0  # rows that could never become due, moved to failed jobs
 
 
@@ -109,7 +110,8 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     """Drop the expired locks and throttles of the default store, results kept past
     ``RESULT_RETENTION_DAYS``, failed jobs kept past ``FAILED_RETENTION_DAYS`` (when set) and
     the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases, the dashboard's
-    per-minute counts older than ``history.KEEP``; queue the
+    per-minute counts older than ``history.KEEP``, up to ``history.PRUNE_BATCH`` finished runs
+    older than ``HISTORY_RETENTION_DAYS``; queue the
     callbacks of batches a dying worker left complete but not settled; and, once an hour,
     quarantine rows that can never become due (:func:`quarantine_unreachable`). Any live worker runs
     this every minute; routine, so not in the audit log (one bulk DELETE each)."""
@@ -124,10 +126,11 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     failed = failed_before(keep_failed, using)._raw_delete(using) if keep_failed else 0
     settled = batches.settle_finished(using=using)
     minutes = history.prune(using=using)
+    runs = history.prune_runs(using=using)
     quarantined = 0
     if not _quarantined_at or time.monotonic() - _quarantined_at[-1] >= QUARANTINE_EVERY:
         _quarantined_at[:] = [time.monotonic()]
         quarantined = quarantine_unreachable(using=using)
     return Housekeeping(expired_locks=locks, expired_throttles=throttles, results=pruned,
                         dead_workers=dead, failed=failed, batches=settled, history=minutes,
-                        quarantined=quarantined)
+                        runs=runs, quarantined=quarantined)

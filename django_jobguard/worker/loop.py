@@ -196,6 +196,9 @@ class Worker:
         self._held: frozenset[Any] = frozenset()
         self._recent = RecentOutcomes()
         self._per_queue = history.QueueCounter()  # the dashboard's history, per minute
+        mode = history.history_mode()  # finished runs kept (JOBGUARD["HISTORY"]), or None
+        self._run_history = None if mode == "off" else history.RunRecorder(
+            self.id, failures_only=mode == "failures")
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         self._pause_checked = 0.0
         self._selection = QueueSelection([QueueEntry(name, o.queue_limits.get(name))
@@ -416,8 +419,13 @@ class Worker:
         return self._recent.counts()
 
     def flush_history(self) -> None:
-        """Add the jobs finished since the last call to the dashboard's per-minute counts."""
-        self._per_queue.flush(self.options.using)
+        """Add the jobs finished since the last call to the dashboard's per-minute counts,
+        and insert the finished runs buffered for the history (``HISTORY``)."""
+        try:
+            self._per_queue.flush(self.options.using)
+        finally:
+            if self._run_history is not None:
+                self._run_history.flush(self.options.using)
 
     def held_ids(self) -> frozenset[Any]:
         """Ids of every row this worker holds: running (sync and async), claimed ahead, or
@@ -605,6 +613,8 @@ class Worker:
     def _start(self) -> None:
         o = self.options
         WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self.identity())
+        if self._run_history is not None:
+            self._run_history.start()
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
         self._heartbeat.start()
@@ -626,9 +636,11 @@ class Worker:
         if self._listener is not None:
             self._listener.close()
         try:
-            self._per_queue.flush(self.options.using)  # what ran since the last heartbeat
+            self.flush_history()  # what ran since the last heartbeat
         except (DatabaseError, InterfaceError):
-            pass  # the database is gone: the dashboard's history misses these counts
+            pass  # the database is gone: the dashboard's history misses these counts and runs
+        if self._run_history is not None:
+            self._run_history.stop()
         try:
             WorkerRow.objects.using(self.options.using).filter(id=self.id).delete()
         except (DatabaseError, InterfaceError):

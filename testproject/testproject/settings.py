@@ -129,6 +129,8 @@ JOBGUARD = {
     "API_DISPATCHABLE_JOBS": ["demo.jobs.SyncProfile", "demo.jobs.send_welcome_email"],
     # e.g. '{"reports": {"global_concurrency": 2}}' (tests of the global per-queue cap).
     "QUEUES": json.loads(os.environ.get("JOBGUARD_QUEUES", "{}")),
+    # "off", "failures" or "all" (tests of the finished-job history).
+    "HISTORY": os.environ.get("JOBGUARD_HISTORY", "off"),
 }
 
 LOGGING = {

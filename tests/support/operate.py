@@ -187,6 +187,7 @@ ENDPOINTS = [
     ("post", "queues/default/resume/"), ("post", f"jobs/{_NO_JOB}/cancel/"),
     ("post", "failed-jobs/retry/"), ("post", "failed-jobs/delete/"), ("post", "jobs/delete/"),
     ("post", f"jobs/{_NO_JOB}/requeue/"),
+    ("get", "runs/"), ("get", "runs/1/"), ("get", "runs/statistics/"),
 ]
 
 

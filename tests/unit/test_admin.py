@@ -77,7 +77,7 @@ def test_every_model_but_the_internal_counters_has_an_admin_page(admin_client):
     paged = [model for model in models if model._meta.model_name not in internal]
     assert {model._meta.model_name for model in paged} == {
         "queuedjob", "failedjob", "lock", "throttle", "worker", "pausedqueue", "jobresult",
-        "scheduletick", "chain", "batch", "dashboard"}
+        "scheduletick", "chain", "batch", "dashboard", "finishedrun"}
     body = admin_client.get("/admin/").content.decode()
     for model in paged:
         assert admin.site.is_registered(model), model

@@ -41,6 +41,7 @@ NEEDED = {
     ("post", "dispatch/"): "add_queuedjob",
     ("get", "batches/"): "view_batch",
     ("post", "batches/"): "change_batch",
+    ("get", "runs/"): "view_finishedrun",
 }
 
 

@@ -564,6 +564,8 @@ def test_openapi_schema_is_served_valid_and_complete(api):
         ("POST", "/jobguard/api/jobs/{id}/requeue/"), ("POST", "/jobguard/api/jobs/delete/"),
         ("POST", "/jobguard/api/failed-jobs/retry/"),
         ("POST", "/jobguard/api/failed-jobs/delete/"),
+        ("GET", "/jobguard/api/runs/"), ("GET", "/jobguard/api/runs/{id}/"),
+        ("GET", "/jobguard/api/runs/statistics/"),
     }
     assert operations == expected
     dispatch = schema["paths"]["/jobguard/api/dispatch/"]["post"]
