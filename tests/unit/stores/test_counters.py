@@ -280,8 +280,8 @@ def test_stores_decide_rates_like_the_pure_machine(store_alias, scenario):
     # on a single server. Windows in several slots are hit slot by slot (their refused hits
     # given back: test_topologies.py), which may name another window or wait a little longer
     # than one server would (docs/scale-out.md), so this property holds for one slot only.
-    tag = "{prop-%s}" % uuid.uuid4().hex if store_alias == "redis-cluster" else \
-        f"prop-{uuid.uuid4().hex}"
+    name = f"prop-{uuid.uuid4().hex}"
+    tag = "{" + name + "}" if store_alias == "redis-cluster" else name
     prefix = f"jobguard:rate:{tag}:"
     # Decays of a minute and more: Redis expires keys on its real clock.
     windows = {key: (limit, 60_000_000 + decay) for key, (limit, decay) in windows.items()}
