@@ -38,6 +38,16 @@ class NewJob:
 
 
 
+def clock_value(value: Any) -> datetime.datetime:
+    """The database clock as a driver returned it (an aware or naive UTC datetime, or ISO text
+    on SQLite), as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = datetime.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    return value
+
+
 #: Where the payload is among the queue table's concrete columns (the order claims read them).
 PAYLOAD_INDEX = [f.name for f in QueuedJob._meta.concrete_fields].index("payload")
 #: Where an iterable job's checkpoint is (JSON the claim decodes, see :func:`job_from_values`).

@@ -39,7 +39,7 @@ from django.db.models.functions import Greatest
 from django.db.models.sql import Query
 
 from django_jobguard import clock
-from django_jobguard.dialects.base import Dialect, ThrottleRow, claimed_rows
+from django_jobguard.dialects.base import Dialect, ThrottleRow, claimed_rows, clock_value
 from django_jobguard.models import COUNTER_MAX, Lock, PausedQueue, QueuedJob, Throttle
 
 if TYPE_CHECKING:
@@ -131,11 +131,7 @@ class GenericDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {sql}{connection.features.bare_select_suffix}", params)
             value = cursor.fetchone()[0]
-        if isinstance(value, str):
-            value = datetime.datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        return value
+        return clock_value(value)
 
     # -- queue -----------------------------------------------------------------------------
 

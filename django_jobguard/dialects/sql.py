@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections
 
 from django_jobguard import clock
-from django_jobguard.dialects.base import Dialect, ThrottleRow
+from django_jobguard.dialects.base import Dialect, ThrottleRow, clock_value
 from django_jobguard.models import Lock, Throttle
 
 _RELEASE = "UPDATE {table} SET {owner} = '', {expires_at} = NULL WHERE {key} = %s AND {owner} = %s"
@@ -84,11 +84,7 @@ class SQLDialect(Dialect):
             # "%" then): it runs for every rate-limit hit.
             cursor.execute(self._now_sql)
             value = cursor.fetchone()[0]
-        if isinstance(value, str):
-            value = datetime.datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        return value
+        return clock_value(value)
 
     # -- locks -----------------------------------------------------------------------------
 
