@@ -493,18 +493,29 @@ class FinishedRunSerializer(serializers.ModelSerializer):
 
 
 class FinishedRunFilterSerializer(QuerySerializer):
-    """Query parameters of ``GET runs/``."""
+    """Query parameters of ``GET runs/``. As in the other lists, an empty value is the same as
+    none (DRF reads query strings as form input), so the schema allows it."""
 
-    name = serializers.CharField(required=False, max_length=255, help_text="Job name (exact).")
-    queue = serializers.CharField(required=False, max_length=100)
-    state = serializers.ChoiceField(required=False, choices=[
+    name = serializers.CharField(required=False, allow_blank=True, max_length=255,
+                                 help_text="Job name (exact).")
+    queue = serializers.CharField(required=False, allow_blank=True, max_length=100)
+    state = serializers.ChoiceField(required=False, allow_blank=True, choices=[
         "DONE", "SKIPPED", "DELETED", "CANCELLED", "FAILED"])
-    arguments = serializers.CharField(required=False, max_length=255,
+    arguments = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                       help_text="Text the run's arguments (JSON) contain.")
-    since = serializers.DateTimeField(required=False, help_text="Finished at or after.")
-    until = serializers.DateTimeField(required=False, help_text="Finished before.")
+    since = serializers.CharField(required=False, allow_blank=True, max_length=64,
+                                  help_text="Finished at or after (ISO 8601 date and time).")
+    until = serializers.CharField(required=False, allow_blank=True, max_length=64,
+                                  help_text="Finished before (ISO 8601 date and time).")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = {key: value for key, value in attrs.items() if value != ""}
+        for key in ("since", "until"):
+            if key in attrs:
+                try:
+                    attrs[key] = serializers.DateTimeField().to_internal_value(attrs[key])
+                except serializers.ValidationError as exc:
+                    raise serializers.ValidationError({key: exc.detail}) from None
         if "since" in attrs and "until" in attrs and attrs["since"] >= attrs["until"]:
             raise serializers.ValidationError({"until": ["must be later than 'since'."]})
         return attrs
@@ -513,7 +524,8 @@ class FinishedRunFilterSerializer(QuerySerializer):
 class RunStatisticsQuerySerializer(QuerySerializer):
     """Query parameters of ``GET runs/statistics/``."""
 
-    window = serializers.ChoiceField(choices=["1h", "24h", "7d"], default="24h", required=False)
+    window = serializers.ChoiceField(choices=["1h", "24h", "7d"], default="24h", required=False,
+                                     allow_blank=True)
 
 
 class RunStatisticSerializer(serializers.Serializer):

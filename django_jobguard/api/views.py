@@ -501,7 +501,7 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
         return qs
 
     @extend_schema(parameters=[s.FinishedRunFilterSerializer], responses={
-        200: s.FinishedRunSerializer(many=True), **error_responses(*READ_ERRORS)})
+        200: s.FinishedRunSerializer(many=True), **error_responses(*READ_ERRORS, 404)})
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
@@ -515,7 +515,7 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
     def statistics(self, request, *args, **kwargs):
         """Per job class and queue over ``window`` (1h, 24h, 7d): runs, failures,
         p50/p95/max runtime and wait in seconds, slowest p95 first."""
-        window = read_query(s.RunStatisticsQuerySerializer, request)["window"]
+        window = read_query(s.RunStatisticsQuerySerializer, request)["window"] or "24h"
         return Response(s.RunStatisticsSerializer(
             {"window": window, "classes": history.run_statistics(window)}).data)
 
