@@ -78,7 +78,12 @@ else:
                 "TEST": {"NAME": str(BASE_DIR / f".test-queue-{os.getpid()}.sqlite3")}}
 if os.environ.get("JOBGUARD_QUEUE_DB_NAME"):
     queue_db["NAME"] = os.environ["JOBGUARD_QUEUE_DB_NAME"]
-DATABASES = {**DATABASES, "queue": queue_db}
+# A worker subprocess (JOBGUARD_DB_NAME, tests/support/processes.py) has the queue alias only
+# when its test put the queue there (JOBGUARD_DATABASE): Django 6.1's check of a GeneratedField
+# (the queue's debounce_slot) connects to every alias the app may migrate to, at every
+# command's start, and the queue's test database exists only once a test has asked for it.
+if not os.environ.get("JOBGUARD_DB_NAME") or os.environ.get("JOBGUARD_DATABASE"):
+    DATABASES = {**DATABASES, "queue": queue_db}
 # Password hashing is not what these tests are about: Django's default (PBKDF2, 10^6 rounds)
 # costs about half a CPU-second for each user a test creates or logs in, which adds up to minutes
 # of a suite on a 2-core machine (Django's docs, "Speeding up the tests").

@@ -29,6 +29,9 @@ def test_every_check_is_registered_when_the_app_loads():
     assert Tags.database in checks.check_skip_locked.tags
 
 
+# Django 6.1 checks a GeneratedField (the queue's debounce_slot) on every alias it may
+# migrate to, so a full check run touches the test settings' spare ``queue`` alias too.
+@pytest.mark.django_db(databases=["default", "queue"])
 def test_manage_py_check_runs_the_settings_checks():
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError

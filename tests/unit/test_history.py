@@ -8,7 +8,6 @@ import datetime
 import uuid
 
 import pytest
-from django.core.checks import run_checks
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -16,6 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_jobguard import history, observe, operations, signals
+from django_jobguard.checks import check_settings
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, FinishedRun, QueuedJob
 from django_jobguard.worker import Worker, WorkerOptions
@@ -245,10 +245,10 @@ def test_percentile_interpolates_like_percentile_cont():
 
 def test_an_unknown_history_mode_is_refused_by_name():
     with history_settings("everything"):
-        errors = [e for e in run_checks() if e.id == "jobguard.E150"]
+        errors = [e for e in check_settings() if e.id == "jobguard.E150"]
     assert len(errors) == 1 and "'everything'" in errors[0].msg and "'failures'" in errors[0].msg
     with history_settings("failures"):
-        assert not [e for e in run_checks() if e.id == "jobguard.E150"]
+        assert not [e for e in check_settings() if e.id == "jobguard.E150"]
 
 
 # -- the API ------------------------------------------------------------------------------

@@ -194,6 +194,7 @@ def test_jobworker_at_verbosity_zero_says_nothing():
                 "-v", "0") == ""
 
 
+@pytest.mark.django_db(databases=["default", "queue"])  # Django 6.1's checks visit every alias
 def test_read_only_commands_show_a_settings_error_instead_of_stopping():
     """Issue 30 item 5: a store mistake must not hide the failed jobs from whoever fixes it."""
     from django.core.management.base import SystemCheckError
