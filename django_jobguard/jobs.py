@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from django_jobguard import (
@@ -74,10 +74,17 @@ class Dispatched:
         return outcome_of(job_results.wait_finished(self.id, timeout=timeout, using=self.using))
 
     async def await_result(self, timeout: float | None = None) -> Any:
-        """:meth:`wait` for async code: the waiting runs off the event loop."""
+        """:meth:`wait` for async code: the waiting runs off the event loop, in a thread of
+        its own whose database connections are closed when it is done."""
         from asgiref.sync import sync_to_async
 
-        return await sync_to_async(self.wait, thread_sensitive=False)(timeout)
+        def wait_and_close() -> Any:
+            try:
+                return self.wait(timeout)
+            finally:
+                connections.close_all()  # this thread's: nothing else will close them
+
+        return await sync_to_async(wait_and_close, thread_sensitive=False)()
 
 
 def outcome_of(finished: Any) -> Any:

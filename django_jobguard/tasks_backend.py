@@ -468,11 +468,18 @@ class JobGuardBackend(BaseTaskBackend):
         return self.get_result(result_id)
 
     async def await_result(self, result_id: str, timeout: float | None = None) -> TaskResult:
-        """:meth:`wait_for_result` for async code (the waiting runs off the event loop)."""
+        """:meth:`wait_for_result` for async code (the waiting runs off the event loop, in a
+        thread of its own whose database connections are closed when it is done)."""
         from asgiref.sync import sync_to_async
+        from django.db import connections
 
-        return await sync_to_async(self.wait_for_result, thread_sensitive=False)(
-            result_id, timeout)
+        def wait_and_close() -> TaskResult:
+            try:
+                return self.wait_for_result(result_id, timeout)
+            finally:
+                connections.close_all()  # this thread's: nothing else will close them
+
+        return await sync_to_async(wait_and_close, thread_sensitive=False)()
 
     def to_result(self, row: JobResult, task: Task) -> TaskResult:
         """A ``TaskResult`` from a result row (``task`` is the resolved task object)."""

@@ -9,6 +9,7 @@ import threading
 import uuid
 
 import pytest
+from django.db import connections
 
 from django_jobguard.exceptions import JobFailedError
 from django_jobguard.jobs import Dispatched
@@ -28,7 +29,13 @@ def test_wait_returns_what_handle_returned():
 def test_wait_wakes_when_a_worker_in_another_thread_finishes_the_job():
     handle = Sleeper("b", seconds=0.2, value=7).dispatch()
     seen = []
-    waiter = threading.Thread(target=lambda: seen.append(handle.wait(timeout=30)))
+    def wait() -> None:
+        try:
+            seen.append(handle.wait(timeout=30))
+        finally:
+            connections.close_all()  # the thread's own connection, or the test database stays open
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     drain()
     waiter.join(30)
