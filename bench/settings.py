@@ -46,6 +46,8 @@ JOBGUARD = {
     "SYNCHRONOUS_ACKS": os.environ.get("JOBGUARD_BENCH_SYNCHRONOUS_ACKS", "0") == "1",
     # The finished-job history (bench/history.py compares "off" and "all").
     "HISTORY": os.environ.get("JOBGUARD_BENCH_HISTORY", "off"),
+    # Batched completion (bench/peers.py and bench/throughput.py compare 0 with 0.005).
+    "COMPLETION_WINDOW": float(os.environ.get("JOBGUARD_BENCH_COMPLETION_WINDOW", "0")),
     "RETRY_AFTER": float(os.environ.get("JOBGUARD_BENCH_RETRY_AFTER", "90")),
     "DEFAULT_TIMEOUT": float(os.environ.get("JOBGUARD_BENCH_DEFAULT_TIMEOUT", "60")),
 }

@@ -115,13 +115,15 @@ def jobguard_fill(n: int) -> None:
 
 def jobguard_processing(processes: int, n: int, *, batch: int | None = None,
                         extra: tuple[str, ...] = (), synchronous_acks: bool = False,
-                        cpu: bool = False) -> Run:
+                        completion_window: float = 0.0, cpu: bool = False) -> Run:
     """``processes`` workers through ``n`` no-op jobs; ``batch=None`` is the default
     (adaptive) claim; ``synchronous_acks``: each ack waits for the WAL flush; ``cpu``: also
-    the CPU of the workers and their PostgreSQL backends (``common.CpuMeter``)."""
+    the CPU of the workers and their PostgreSQL backends (``common.CpuMeter``);
+    ``completion_window``: batched completion (``COMPLETION_WINDOW``)."""
     from django_jobguard.conf import jobguard_settings
 
-    env = child_env(JOBGUARD_BENCH_SYNCHRONOUS_ACKS="1" if synchronous_acks else "0")
+    env = child_env(JOBGUARD_BENCH_SYNCHRONOUS_ACKS="1" if synchronous_acks else "0",
+                    JOBGUARD_BENCH_COMPLETION_WINDOW=str(completion_window))
     truncate(*JOBGUARD_TABLES)
     sizing = ("--batch", str(batch)) if batch else ()
     argv = django_command("jobworker", "--queue", "bench", "--sleep", "5", *sizing, *extra)

@@ -100,6 +100,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "commit without waiting for the WAL flush (one fsync per job); a database crash "
             "may then forget its last fraction of a second of acks, and those jobs run again "
             "after their lease (at-least-once). True waits, as other commits do."),
+    Setting("COMPLETION_WINDOW", 0.0, (int, float),
+            "PostgreSQL: seconds a finished job's ack may wait to be written with others in "
+            "one statement (batched completion; 0 = one ack per job). A worker killed loses at "
+            "most the acks of this window: those jobs run again, without using a try "
+            "(docs/guarantees.md). 0.005 is a good value for many short jobs.", at_least=0),
+    Setting("COMPLETION_BATCH_SIZE", 100, (int,),
+            "With COMPLETION_WINDOW: a group of acks is written at once when this many jobs "
+            "finished.", above=0),
     Setting("DATABASE", "default", (str,),
             "Database alias holding the queue's tables (every django_jobguard model). Another "
             "alias than 'default' needs django_jobguard.routers.JobGuardRouter in "

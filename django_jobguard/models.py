@@ -149,6 +149,9 @@ class QueuedJob(models.Model):
     # Set on a claimed row, not columns (annotations only: absent until the claim sets them).
     #: Whether the claim counted this row's attempt (False: claimed ahead, counted at start).
     attempt_counted: bool
+    #: Whether the claim took the row from a holder whose lease ran out (PostgreSQL claims
+    #: say; elsewhere absent): a worker that vanished, or a stale one.
+    recovered: bool
     #: The length of the row's stored payload text, as the claim read it.
     payload_text_length: int | None
 

@@ -256,8 +256,9 @@ def claimed_ahead(row: QueuedJob) -> bool:
     return not getattr(row, "attempt_counted", True)
 
 
-def _counted(row: QueuedJob) -> None:
-    """``row``'s attempt was just counted in the database: the same on the instance."""
+def counted(row: QueuedJob) -> None:
+    """``row``'s attempt was just counted (in the database, or in a completion group that
+    will write it: :mod:`django_jobguard.worker.completer`): the same on the instance."""
     row.attempts += 1
     row.attempt_counted = True
 
@@ -271,7 +272,7 @@ def start(row: QueuedJob, *, using: str | None = None) -> bool:
     if not dialect_for(using).start(row.id, row.reserved_by, row.claims,
                                     relaxed=_relaxed(using, False)):
         return False
-    _counted(row)
+    counted(row)
     return True
 
 
@@ -289,7 +290,7 @@ def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> None:
     QueuedJob.objects.using(using).filter(held, reserved_by=ahead[0].reserved_by).update(
         attempts=F("attempts") + 1)
     for row in ahead:
-        _counted(row)
+        counted(row)
 
 
 def paused(queues: Sequence[str] | None = None, *,
@@ -400,7 +401,7 @@ def ack(row: QueuedJob, *, then: QueuedJob | None = None, using: str | None = No
     acked, started = dialect.ack_and_start(row.id, row.reserved_by, row.claims, then.id,
                                            then.claims, relaxed=relaxed)
     if started:
-        _counted(then)
+        counted(then)
     return acked
 
 
@@ -414,7 +415,7 @@ def ack_counting(row: QueuedJob, batch_id: str, *, then: QueuedJob | None = None
         row.id, row.reserved_by, row.claims, start.id if start else None,
         start.claims if start else None, batch_id, relaxed=_relaxed(using, False))
     if started and start is not None:
-        _counted(start)
+        counted(start)
     return acked, counts
 
 
@@ -443,6 +444,8 @@ def release(
                                "wait_reason": wait_reason[:255], "debounce_key": None}
     if not count_attempt and not claimed_ahead(row):
         changes["attempts"] = F("attempts") - 1
+    elif count_attempt and claimed_ahead(row):  # it ran, its start not written (completer)
+        changes["attempts"] = F("attempts") + 1
     if exception is not None:
         if count_exception:
             changes["exceptions"] = F("exceptions") + 1

@@ -156,6 +156,37 @@ class Dialect(ABC):
             started = self.start(start_id, reserved_by, start_claims, relaxed=relaxed)
         return acked, started
 
+    #: Whether :meth:`claim` marks each row with ``recovered`` (True: its lease ran out in
+    #: another claim, the worker holding it vanished), which batched completion needs
+    #: (:mod:`django_jobguard.worker.completer`).
+    marks_recovered = False
+
+    def complete(self, done: Sequence[tuple[Any, int]], starts: Sequence[tuple[Any, int]],
+                 reserved_by: str, *, relaxed: bool = False) -> tuple[set[Any], set[Any]]:
+        """A completion group: delete the finished rows ``done`` and count the attempts of
+        the running rows ``starts`` (each ``(id, claims)``), owner-checked like :meth:`ack`
+        and :meth:`start`, atomically: ``(ids acked, ids started)``. Default: two
+        statements in one transaction."""
+        from django.db import transaction
+        from django.db.models import F, Q
+
+        def held(pairs: Sequence[tuple[Any, int]]) -> Q:
+            found = Q(pk__in=[])
+            for job_id, claims in pairs:
+                found |= Q(id=job_id, claims=claims)
+            return found
+
+        rows = QueuedJob.objects.using(self.using).filter(reserved_by=reserved_by)
+        with transaction.atomic(using=self.using):
+            acked = set(rows.filter(held(done)).values_list("id", flat=True)) if done else set()
+            if acked:
+                rows.filter(id__in=acked)._raw_delete(self.using)
+            started = set(rows.filter(held(starts)).values_list("id", flat=True)) \
+                if starts else set()
+            if started:
+                rows.filter(id__in=started).update(attempts=F("attempts") + 1)
+        return acked, started
+
     def notify_result(self, job_id: Any) -> None:
         """Wake callers waiting for ``job_id``'s result (after commit); a no-op without
         NOTIFY (the waiters poll)."""

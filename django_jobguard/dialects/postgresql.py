@@ -75,7 +75,7 @@ _NOTIFY_TAIL = f"""
 # another row, so a burst of 20k jobs stalled 4 claimers for minutes (bench/throughput.py).
 _CLAIM_SQL = """
     WITH picked AS MATERIALIZED (
-        SELECT id FROM {table}
+        SELECT id, reserved_by <> '' AS recovered FROM {table}
          WHERE queue = %(queue)s AND available_at <= {now}
            AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s)
          ORDER BY priority DESC, available_at
@@ -87,7 +87,7 @@ _CLAIM_SQL = """
            claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
            available_at = {now} + make_interval(secs => %(lease)s)
       FROM picked WHERE q.id = picked.id
-    RETURNING {columns}, concat_ws('; ', {unloadable})"""
+    RETURNING {columns}, concat_ws('; ', {unloadable}), picked.recovered"""
 
 # The counters saturate at COUNTER_MAX (a row there is quarantined: base.job_from_values), so
 # a claim never fails with "integer out of range". A date column the claim does not write
@@ -142,10 +142,26 @@ _ACK_COUNTING_SQL = """
            (SELECT pending_jobs FROM counted), (SELECT failed_jobs FROM counted){relax}"""
 
 
+# A completion group (worker/completer.py) in one statement: the finished rows deleted and the
+# running rows started, each pair (id, claims) owner-checked as one ack or start is.
+_COMPLETE_SQL = """
+    WITH acked AS (DELETE FROM {table} AS q USING unnest(%s::uuid[], %s::bigint[]) AS d(id, claims)
+                    WHERE q.id = d.id AND q.claims = d.claims AND q.reserved_by = %s
+                   RETURNING q.id),
+         started AS (UPDATE {table} AS q
+                        SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + 1
+                                            ELSE q.attempts END
+                       FROM unnest(%s::uuid[], %s::bigint[]) AS s(id, claims)
+                      WHERE q.id = s.id AND q.claims = s.claims AND q.reserved_by = %s
+                     RETURNING q.id)
+    SELECT ARRAY(SELECT id FROM acked), ARRAY(SELECT id FROM started){relax}"""
+
+
 class PostgreSQLDialect(SQLDialect):
     """PostgreSQL 13+ (psycopg 3 for LISTEN and prepared per-job statements)."""
 
     NOW = "STATEMENT_TIMESTAMP()"
+    marks_recovered = True
     NOW_US = "(EXTRACT(EPOCH FROM STATEMENT_TIMESTAMP()) * 1000000)::bigint"
     IN_SECONDS = "STATEMENT_TIMESTAMP() + MAKE_INTERVAL(secs => %s)"
     GREATEST = "GREATEST"
@@ -181,7 +197,7 @@ class PostgreSQLDialect(SQLDialect):
         # The ack and start statements, each with a commit that waits for the disk (key
         # False) or not (True).
         def both(template: str) -> dict[bool, str]:
-            return {relaxed: template.format(**parts, batch=Batch._meta.db_table,
+            return {relaxed: template.format(**parts, batch=Batch._meta.db_table, max=COUNTER_MAX,
                                              relax=_RELAX if relaxed else "")
                     for relaxed in (False, True)}
 
@@ -189,6 +205,7 @@ class PostgreSQLDialect(SQLDialect):
         self._start_sql = both(_START_SQL)
         self._ack_and_start_sql = both(_ACK_AND_START_SQL)
         self._ack_counting_sql = both(_ACK_COUNTING_SQL)
+        self._complete_sql = both(_COMPLETE_SQL)
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -226,8 +243,13 @@ class PostgreSQLDialect(SQLDialect):
                                                  "worker": worker_id, "lease": lease,
                                                  "count": int(count_attempts)},
                                 fetch=True, prepare=False)
-        return [job_from_values(self.using, list(values[:-1]), [values[-1]] if values[-1]
-                                else ()) for values in fetched]
+        rows = []
+        for values in fetched:
+            row = job_from_values(self.using, list(values[:-2]),
+                                  [values[-2]] if values[-2] else ())
+            row.recovered = values[-1]
+            rows.append(row)
+        return rows
 
     def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         ((acked, *_),) = self._execute(self._ack_sql[relaxed], [job_id, reserved_by, claims],
@@ -310,6 +332,14 @@ class PostgreSQLDialect(SQLDialect):
                        for note in conn.notifies(timeout=PROBE_SECONDS, stop_after=1))
         finally:
             conn.execute(f"UNLISTEN {channel}")
+
+    def complete(self, done: Sequence[tuple[Any, int]], starts: Sequence[tuple[Any, int]],
+                 reserved_by: str, *, relaxed: bool = False) -> tuple[set[Any], set[Any]]:
+        ((acked, started, *_),) = self._execute(self._complete_sql[relaxed], [
+            [job_id for job_id, _ in done], [claims for _, claims in done], reserved_by,
+            [job_id for job_id, _ in starts], [claims for _, claims in starts], reserved_by],
+            fetch=True)
+        return set(acked), set(started)
 
     def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
                  fetch: bool = False, prepare: bool | None = None) -> Any:

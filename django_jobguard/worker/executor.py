@@ -310,6 +310,7 @@ class ThreadExecutor:
                             defaults=main.defaults, log=log, log_running=main.log_running,
                             pause=main.pause, event_loop=main.event_loop)
         pipeline.stopping = main.stopping
+        pipeline.completer, pipeline.grouped_done = main.completer, main.grouped_done
         return pipeline
 
     def free(self) -> int:
@@ -423,7 +424,10 @@ class ThreadExecutor:
                 slot.abandoned = True
                 del self._busy[slot]
             self._publish()
+        completer = self.worker.pipeline.completer
         for _slot, job in running:
+            if completer is not None:
+                completer.take_start(job.row)
             try:
                 if queue.release(job.row, count_attempt=False, wait_reason=_Stopped.detail,
                                  using=self.worker.pipeline.using):

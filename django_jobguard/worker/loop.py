@@ -45,6 +45,7 @@ from django_jobguard.outcome import JobState
 from django_jobguard.retry import Defaults
 from django_jobguard.worker.async_executor import AsyncExecutor
 from django_jobguard.worker.claiming import ClaimSize
+from django_jobguard.worker.completer import Completer
 from django_jobguard.worker.executor import (
     EXIT_STUCK,
     AllThreadsStuck,
@@ -212,6 +213,14 @@ class Worker:
         self._waiting: list[QueuedJob] = []
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
+        #: Finished jobs acked in groups (``COMPLETION_WINDOW``), or one ack per job.
+        self._completer = Completer(
+            worker_id=self.id, using=queue_database(o.using),
+            window=float(jobguard_settings.COMPLETION_WINDOW),
+            batch_size=jobguard_settings.COMPLETION_BATCH_SIZE,
+        ) if Completer.wanted(queue_database(o.using)) else None
+        self.pipeline.completer = self._completer
+        self.pipeline.grouped_done = self._grouped_done
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -270,6 +279,8 @@ class Worker:
                 free = executor.free() + self._async.free()
                 if rows and free:
                     continue  # there may be more due
+                if self._completer is not None:
+                    self._completer.flush()  # about to wait: nothing finished waits with it
                 if not free or self._waiting or (busy and self.options.stop_when_empty):
                     executor.wait(executor.seconds_to_next_check())
                 else:
@@ -300,13 +311,15 @@ class Worker:
             limit = 1 if o.once else self._claim_size.next()
             if o.max_jobs:
                 limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
-            start = 1
+            start = 0 if self._completer is not None else 1
         else:
             # Slots for async jobs only where any job is async: a claim cannot tell the kinds
             # apart, and a sync row claimed for an async slot waits for a thread (its lease
             # renewed, its attempt counted only when it starts).
             start = executor.free()
             limit = start + (self._async.free() if self._has_async_jobs else 0)
+            if self._completer is not None:
+                start = 0  # each row's start is counted as it starts, or in its group
             if o.once or o.max_jobs:
                 limit = min(limit, (1 if o.once else o.max_jobs) - self.jobs_processed
                             - executor.busy - len(self._async))
@@ -382,7 +395,8 @@ class Worker:
         if not self._has_async_jobs:
             return
         starting = [row for row in rows if self._runs_async(row)][:self._async.free()]
-        ahead = [row for row in starting if queue.claimed_ahead(row)]
+        ahead = [row for row in starting if queue.claimed_ahead(row)
+                 and not (self._completer is not None and self._completer.defers(row))]
         if len(ahead) > 1:
             try:
                 queue.start_many(ahead, using=self.options.using)
@@ -400,6 +414,12 @@ class Worker:
         """An async job ended (called from the loop thread)."""
         self.job_finished(state or "", row.queue)
         self._executor.wake()  # the loop may claim into the freed slot
+
+    def _grouped_done(self, row: QueuedJob, state: str) -> None:
+        """A row acked in a completion group (any thread): counted as a job that ended."""
+        with self._finished_lock:
+            self._recent.record(state)
+            self._per_queue.record(row.queue, state)
 
     def job_finished(self, state: str, queue: str) -> None:
         """Count a job of ``queue`` an executor thread finished (any thread)."""
@@ -430,7 +450,8 @@ class Worker:
     def held_ids(self) -> frozenset[Any]:
         """Ids of every row this worker holds: running (sync and async), claimed ahead, or
         waiting for a slot (the heartbeat renews their leases)."""
-        return self._held | self._async.held() | {row.id for row in self._waiting}
+        grouped = self._completer.held() if self._completer is not None else set()
+        return self._held | self._async.held() | {row.id for row in self._waiting} | grouped
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second
@@ -630,6 +651,8 @@ class Worker:
                 "queues": ",".join(self.options.queues)}
 
     def _shutdown(self) -> None:
+        if self._completer is not None:
+            self._completer.close()  # the acks still waiting for their group
         self._stop.set()
         self.halted.set()
         self._heartbeat.join(timeout=5)

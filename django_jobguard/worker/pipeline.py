@@ -59,6 +59,7 @@ from django_jobguard.progress import RunReporter
 from django_jobguard.retry import Defaults, RetryPolicy
 from django_jobguard.serialization import MissingModelError
 from django_jobguard.worker import timeouts
+from django_jobguard.worker.completer import GROUPED, Completer, Finished
 from django_jobguard.worker.timeouts import ThreadTimeoutError, time_limit
 
 if TYPE_CHECKING:
@@ -109,6 +110,12 @@ class Pipeline:
         self.job: JobLike | None = None
         #: Whether the worker is stopping gracefully: what ``job.stopping`` reads.
         self.stopping: Callable[[], bool] = _never
+        #: The worker's completion group (``COMPLETION_WINDOW``), else ``None``: one ack
+        #: per job (:mod:`~django_jobguard.worker.completer`).
+        self.completer: Completer | None = None
+        #: Called with each row acked in a group and its state, once the group committed
+        #: (the worker counts it; :meth:`process` returned :data:`GROUPED` for it).
+        self.grouped_done: Callable[[QueuedJob, str], None] = _ignore
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -125,7 +132,7 @@ class Pipeline:
         claimed again every lease for ever."""
         started = time.monotonic()
         with running(row, self.worker_id):  # the trace span, when tracing is on
-            if not queue.start(row, using=self.using):  # one claimed ahead counts it now
+            if not self._start(row):  # one claimed ahead counts it now
                 return self._lost(row, started)
             job = None
             try:
@@ -172,7 +179,7 @@ class Pipeline:
     def begin(self, row: QueuedJob, started: float) -> str | JobLike:
         """Off the loop (any thread): start and rebuild an async job's row; its state if
         that ended it, else the job (announced as running) for :meth:`acomplete`."""
-        if not queue.start(row, using=self.using):
+        if not self._start(row):
             return self._lost(row, started)
         job = None
         try:
@@ -199,9 +206,22 @@ class Pipeline:
         except Exception as exc:
             return self._unprocessable(row, exc, started)
 
+    def _start(self, row: QueuedJob) -> bool:
+        """Count the attempt of a row claimed ahead as it starts (:func:`queue.start`), or
+        leave that to the completion group; False if the worker no longer holds it."""
+        if self.completer is not None:
+            return self.completer.start(row)
+        return queue.start(row, using=self.using)
+
+    def _per_job(self, row: QueuedJob) -> None:
+        """Before a write of ``row``'s own: its start leaves the completion group."""
+        if self.completer is not None:
+            self.completer.take_start(row)
+
     def _unprocessable(self, row: QueuedJob, exc: Exception, started: float) -> str:
         """Fail ``row`` with ``exc`` if it is still ours (nothing was applied yet); otherwise
         the error came after its outcome was written (a signal receiver) and is raised."""
+        self._per_job(row)
         logger.error("%s [%s] could not be processed: %s", _shown(row), row.id,
                      describe(exc), exc_info=(type(exc), exc, exc.__traceback__))
         try:
@@ -273,6 +293,7 @@ class Pipeline:
         if age < grace:
             # 1 s at first, then half the row's age (60 s at most), never past the grace.
             delay = max(0.5, min(grace - age, 60.0, max(1.0, age / 2)))
+            self._per_job(row)
             why = (f"worker {self.worker_id} cannot rebuild it ({str(exc).partition(': ')[2]})"
                    if incompatible else f"its job is not registered in worker {self.worker_id}")
             if not queue.release(row, due=Due(delay=delay), count_attempt=False,
@@ -462,6 +483,18 @@ class Pipeline:
               detail: str = "", then: QueuedJob | None = None) -> str:
         """Write ``outcome`` to the row and tell everyone; returns the state logged (an ack
         also starts ``then``, the row claimed ahead that runs next)."""
+        completer = self.completer
+        if completer is not None:
+            completer.ran(row.name, time.monotonic() - started)
+            if (job is not None and outcome.kind in (Kind.DONE, Kind.DROPPED)
+                    and not job.keep_result and not workflows.involved(row.payload)
+                    and completer.groups(row)):
+                completer.add(Finished(row, job, outcome, time.monotonic() - started,
+                                       acked=self._group_acked, lost=self._group_lost))
+                return GROUPED
+            completer.take_start(row)
+            if then is not None and completer.defers(then):
+                then = None  # its start waits for the group too
         if outcome.kind is Kind.FAILED:
             return self._fail(row, job, outcome, started)
         if outcome.goes_back:
@@ -496,6 +529,20 @@ class Pipeline:
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
                                    result=outcome.result)
         return self._log(row, outcome.state, started, detail)
+
+    def _group_acked(self, entry: Finished) -> None:
+        """After the group holding ``entry`` committed: what :meth:`_ack` does after one
+        ack (the unique lock released, ``job_processed``, the job line)."""
+        row, job, outcome = entry.row, entry.job, entry.outcome
+        unique_jobs.release(job.context.envelope.unique)
+        signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
+                                   result=outcome.result)
+        state = self._log(row, outcome.state, elapsed=entry.elapsed)
+        self.grouped_done(row, state)
+
+    def _group_lost(self, entry: Finished) -> None:
+        self._log(entry.row, JobState.LOST, elapsed=entry.elapsed,
+                  detail="lease expired; another worker has it")
 
     def _ack_with_results(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, *,
                           keep: bool, then: QueuedJob | None) -> bool:
@@ -587,9 +634,10 @@ class Pipeline:
     # -- log lines -------------------------------------------------------------------------
 
     def _log(self, row: QueuedJob, state: JobState, started: float | None = None,
-             detail: str = "") -> JobState:
+             detail: str = "", *, elapsed: float | None = None) -> JobState:
         """The job line of ``row``: ``logging``, metrics and trace (:mod:`.observe`)."""
-        elapsed = None if started is None else time.monotonic() - started
+        if started is not None:
+            elapsed = time.monotonic() - started
         shown = _shown(row)
         job_line(self.worker_id, row, state, elapsed, detail, name=shown)
         if self.log is not None:
@@ -600,6 +648,10 @@ class Pipeline:
 
 def _never() -> bool:
     return False
+
+
+def _ignore(row: QueuedJob, state: str) -> None:
+    return None
 
 
 def log_finishing_error(row: QueuedJob, exc: BaseException) -> bool:

@@ -131,6 +131,8 @@ JOBGUARD = {
     "QUEUES": json.loads(os.environ.get("JOBGUARD_QUEUES", "{}")),
     # "off", "failures" or "all" (tests of the finished-job history).
     "HISTORY": os.environ.get("JOBGUARD_HISTORY", "off"),
+    # Batched completion (PostgreSQL), e.g. 0.005: its kill tests set it for their workers.
+    "COMPLETION_WINDOW": float(os.environ.get("JOBGUARD_COMPLETION_WINDOW", "0")),
 }
 
 LOGGING = {

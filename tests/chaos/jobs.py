@@ -200,3 +200,25 @@ class AsyncUntimed(Job):
         await asyncio.sleep(self.seconds)
         run.ended_at = timezone.now()
         await run.asave(update_fields=["ended_at"])
+
+
+class RecordOrDie(Job):
+    """Records its run like ``tests.support.jobs.Record``; with ``die`` it then kills its own
+    worker (SIGKILL: no clean-up, no ack), as an OOM kill or a crash in C code would."""
+
+    tries = 1
+    timeout = 0  # no time limit (the chaos settings give jobs 1 s)
+
+    def __init__(self, key: str, die: bool = False, seconds: float = 0.0):
+        self.key, self.die, self.seconds = key, die, seconds
+
+    def handle(self):
+        run = JobRun.objects.create(label="completion", key=self.key, job_id=self.job_id or "",
+                                    pid=os.getpid(), attempt=self.attempts(),
+                                    started_at=timezone.now())
+        if self.die:
+            os.kill(os.getpid(), 9)
+        if self.seconds:
+            time.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])

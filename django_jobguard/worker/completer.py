@@ -1,0 +1,234 @@
+"""Batched completion: finished jobs acknowledged in groups, one statement per group.
+
+A worker with ``JOBGUARD["COMPLETION_WINDOW"]`` above 0 (PostgreSQL) stops paying one ack
+transaction per job. Its :class:`Completer` holds two kinds of rows, and one statement
+(:meth:`~django_jobguard.dialects.base.Dialect.complete`) writes both:
+
+- **finished** rows (``handle()`` returned): deleted in the group, owner-checked like one ack;
+  after the commit each is released from its unique lock, ``job_processed`` is sent and its
+  DONE line is logged, in that order, exactly as after a single ack — never before;
+- **started** rows whose attempt has not been written (a *deferred start*): counted in the
+  group that follows their start, unless they finished first (then the row is simply gone).
+
+A group is written when ``COMPLETION_BATCH_SIZE`` rows finished, ``COMPLETION_WINDOW``
+seconds after its oldest entry (a timer thread, so a long job does not hold back the acks
+of those before it), when the worker goes idle, and when it stops.
+
+**Which rows are grouped.** Only a row whose start was deferred: a row claimed ahead (its
+attempt not counted by the claim), not *recovered* (its previous worker did not vanish
+holding it), of a job class whose last run in this process took less than the window. Its
+start and its end then meet in one group, or its start is written within the window and the
+row is acked on its own. Everything else (the first run of each class, slow classes, kept
+results, chains and batches, releases and failures) takes the per-job path, as without the
+completer, after taking the row's start back from the group (:meth:`Completer.take_start`).
+
+**What a crash costs** (``kill -9``, OOM): the rows finished in the last window run again,
+and so do the rows that started in it. Neither had an attempt written, so the re-run uses
+none: a finished run's repetition never spends a try or fails a job (``tries=1`` included).
+A recovered row always starts with its attempt written, so a job that kills its worker
+within the window is counted from its second run on and ends by its ``tries`` as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from django_jobguard import queue
+from django_jobguard.conf import jobguard_settings
+from django_jobguard.dialects import dialect_for
+
+if TYPE_CHECKING:
+    from django_jobguard.context import JobLike
+    from django_jobguard.models import QueuedJob
+    from django_jobguard.outcome import Outcome
+
+logger = logging.getLogger("django_jobguard.worker")
+
+#: What :meth:`Pipeline.process` returns for a row whose ack joined the group: not a state
+#: yet (nothing counts it); the group logs DONE (or LOST) once written.
+GROUPED = "GROUPED"
+
+
+@dataclass(slots=True)
+class Finished:
+    """A row whose ``handle()`` returned, waiting for its group; ``acked`` is what its
+    pipeline does once the group committed (``lost``: when the row was no longer its)."""
+
+    row: QueuedJob
+    job: JobLike
+    outcome: Outcome
+    elapsed: float
+    acked: Callable[[Finished], None]
+    lost: Callable[[Finished], None]
+
+
+class Completer:
+    """The completion group of one worker (shared by its threads and its event loop)."""
+
+    def __init__(self, *, worker_id: str, using: str, window: float, batch_size: int) -> None:
+        self.worker_id = worker_id
+        self.using = using
+        self.window = window
+        self.batch_size = max(1, batch_size)
+        self._dialect = dialect_for(using)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._finished: list[Finished] = []
+        self._starts: dict[Any, QueuedJob] = {}  # deferred: running, attempt not written
+        self._since: float | None = None  # when the oldest entry came
+        self._runtimes: dict[str, float] = {}  # a class's last run here, in seconds
+        self._closed = False
+        self._timer: threading.Thread | None = None
+
+    @staticmethod
+    def wanted(using: str) -> bool:
+        """Whether a worker on ``using`` groups its completions (the setting is on and the
+        dialect tells recovered rows apart)."""
+        return (float(jobguard_settings.COMPLETION_WINDOW or 0) > 0
+                and dialect_for(using).marks_recovered)
+
+    # -- starts ----------------------------------------------------------------------------
+
+    def defers(self, row: QueuedJob) -> bool:
+        """Whether ``row``'s start may wait for its group (see the module docstring)."""
+        return (queue.claimed_ahead(row) and getattr(row, "recovered", None) is False
+                and not queue.poison(row)
+                and self._runtimes.get(row.name, self.window) < self.window)
+
+    def start(self, row: QueuedJob) -> bool:
+        """Start ``row``: deferred to its group when :meth:`defers`, else written now with
+        the group (one round trip). False if the worker no longer holds it."""
+        if self.defers(row):
+            queue.counted(row)  # the job sees its attempt; the database learns it in the group
+            with self._wake:
+                self._starts[row.id] = row
+                self._entered()
+            return True
+        if not queue.claimed_ahead(row):
+            return True
+        return self.flush(start=row)
+
+    def take_start(self, row: QueuedJob) -> None:
+        """Before a per-job write of ``row``: take its deferred start out of the group, and
+        mark the attempt not written (``queue.release`` then counts it in its own update)."""
+        with self._lock:
+            if self._starts.pop(row.id, None) is not None:
+                row.attempt_counted = False
+
+    def ran(self, name: str, seconds: float) -> None:
+        """A job of class ``name`` ran ``seconds`` (the next one's start may be deferred)."""
+        self._runtimes[name] = seconds
+
+    # -- ends ------------------------------------------------------------------------------
+
+    def groups(self, row: QueuedJob) -> bool:
+        """Whether ``row``'s ack may join the group: its start was deferred and not written."""
+        with self._lock:
+            return row.id in self._starts
+
+    def add(self, entry: Finished) -> None:
+        """``entry`` finished: its ack joins the group (written now when the group is full)."""
+        with self._wake:
+            self._starts.pop(entry.row.id, None)
+            self._finished.append(entry)
+            self._entered()
+            full = len(self._finished) >= self.batch_size
+        if full:
+            self.flush()
+
+    def held(self) -> set[Any]:
+        """Ids of the finished rows waiting for their group (the heartbeat renews them)."""
+        with self._lock:
+            return {entry.row.id for entry in self._finished}
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._finished) + len(self._starts)
+
+    # -- the group ---------------------------------------------------------------------------
+
+    def flush(self, *, start: QueuedJob | None = None) -> bool:
+        """Write the group (and ``start``'s attempt, a row starting now) in one statement,
+        then finish its acked rows; returns whether ``start`` was still held."""
+        with self._lock:
+            finished, self._finished = self._finished, []
+            starts = list(self._starts.values())
+            self._starts.clear()
+            self._since = None
+        if start is not None:
+            starts.append(start)
+        if not finished and not starts:
+            return True
+        try:
+            acked, started = self._dialect.complete(
+                [(e.row.id, e.row.claims) for e in finished],
+                [(row.id, row.claims) for row in starts], self.worker_id,
+                relaxed=not jobguard_settings.SYNCHRONOUS_ACKS)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("Could not write a completion group of %s finished jobs (%s); their "
+                         "leases will run out and they will run again, without using a try.",
+                         len(finished), exc)
+            queue.close_broken_connections()
+            if start is not None:
+                raise
+            return False
+        for row in starts:
+            if row.id in started:
+                row.attempt_counted = True
+        if start is not None and start.id in started:
+            queue.counted(start)
+        for entry in finished:
+            try:
+                (entry.acked if entry.row.id in acked else entry.lost)(entry)
+            except Exception:
+                logger.exception("Error while finishing %s after its group was written.",
+                                 entry.row)
+        return start is None or start.id in started
+
+    def _entered(self) -> None:
+        """Under the lock: an entry came; the timer writes the group at most ``window``
+        after the oldest."""
+        if self._since is None:
+            self._since = time.monotonic()
+            if self._timer is None:
+                self._timer = threading.Thread(target=self._run_timer, daemon=True,
+                                               name=f"jobguard-completer-{self.worker_id}")
+                self._timer.start()
+            self._wake.notify()
+
+    def _run_timer(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._closed and self._since is None:
+                        self._wake.wait()
+                    if self._closed:
+                        return
+                    due = self._since + self.window - time.monotonic()
+                    if due > 0:
+                        self._wake.wait(due)
+                        continue
+                try:
+                    self.flush()
+                except Exception:
+                    logger.exception("The completion timer could not write a group.")
+        finally:
+            connections.close_all()
+
+    def close(self) -> None:
+        """Write what is left and stop the timer (the worker is stopping)."""
+        try:
+            self.flush()
+        finally:
+            with self._wake:
+                self._closed = True
+                self._wake.notify_all()
+            if self._timer is not None:
+                self._timer.join(timeout=5)
