@@ -102,6 +102,12 @@ def settle(procs, minimum: int, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+#: jobguard's best documented configuration for short jobs: batched completion.
+COMPLETION_WINDOW = 0.005
+GROUPED = f"jobguard, COMPLETION_WINDOW {COMPLETION_WINDOW}"
+GROUPED_DURABLE = f"{GROUPED}, SYNCHRONOUS_ACKS"
+
+
 def burn_timeout(n: int) -> float:
     """Seconds a burn-down may take: 10 min, or more at 25 jobs/s for large N."""
     return max(600, n / 25)
@@ -467,6 +473,13 @@ def systems(smoke: bool) -> list[System]:
         System("jobguard --batch 10",
                lambda p, n: throughput.jobguard_processing(p, n, batch=10, cpu=True),
                lambda: None),
+        System(GROUPED,
+               lambda p, n: throughput.jobguard_processing(
+                   p, n, completion_window=COMPLETION_WINDOW, cpu=True), lambda: None),
+        System(GROUPED_DURABLE,
+               lambda p, n: throughput.jobguard_processing(
+                   p, n, completion_window=COMPLETION_WINDOW, synchronous_acks=True,
+                   cpu=True), lambda: None),
         System("PgQueuer (batch 10)", lambda p, n: pgqueuer(p, n, cpu=True),
                _module_missing("pgqueuer")),
         System(f"PgQueuer --batch-size {big}", lambda p, n: pgqueuer(p, n, batch=big, cpu=True),
@@ -558,6 +571,22 @@ def run(*, smoke: bool) -> Report:
 def _goals(report: Report, medians: dict, counts: list[int]) -> None:
     def rate(label: str, processes: int) -> float | None:
         return medians.get(label, {}).get(processes, {}).get("rate")
+
+    for processes in counts:  # issue 29: batched completion against the fastest peers
+        grouped = rate(GROUPED, processes)
+        for peer in ("PgQueuer (batch 10)", f"PgQueuer --batch-size {pgqueuer_batch()}",
+                     f"Oban (burn:{oban_limit()})"):
+            theirs = rate(peer, processes)
+            report.goals.append(Goal(
+                f"{GROUPED} >= 1.5x {peer} at {processes} workers",
+                f"{ratio(grouped, theirs) or 0:.2f}x",
+                grouped >= 1.5 * theirs if grouped and theirs else None))
+    best = max(filter(None, (rate(GROUPED, p) for p in counts)), default=None)
+    durable = max(filter(None, (rate(GROUPED_DURABLE, p) for p in counts)), default=None)
+    report.goals.append(Goal(">= 10,000 no-op jobs/s (batched completion)",
+                             f"{best or 0:,.0f}/s", best >= 10_000 if best else None))
+    report.goals.append(Goal(">= 5,000 no-op jobs/s with SYNCHRONOUS_ACKS=True",
+                             f"{durable or 0:,.0f}/s", durable >= 5_000 if durable else None))
 
     top = counts[-1]
     jg, dtdb = rate("jobguard", top), rate("django-tasks-db", top)

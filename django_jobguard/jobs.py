@@ -299,18 +299,27 @@ class Job:
         return cls(*serialization.decode(envelope.args), **serialization.decode(envelope.kwargs))
 
 
+#: ``build_row``'s default ``context``: capture it for this job.
+_CAPTURE = object()
+
+
 def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | None = None,
-              priority: int | None = None) -> tuple[job_queue.NewJob, Envelope]:
+              priority: int | None = None,
+              context: dict[str, Any] | None | object = _CAPTURE,
+              ) -> tuple[job_queue.NewJob, Envelope]:
     """Validate ``job`` and turn it into the row to insert, due ``when``, with the unique lock
     it would own; nothing touches the database. The envelope is encoded once, and that text
-    is both what the row stores and what ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes)."""
+    is both what the row stores and what ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes).
+    ``context``: what the context carriers captured, when the caller captured it once for
+    many jobs (``dispatch_many``); by default it is captured here."""
     row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
                            at=when.at, delay=when.delay)
     problem = job_queue.queue_name_problem(row.queue)
     if problem is not None:
         raise ValueError(problem)
     envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
-    context = carriers.capture()  # the language, correlation id, tenant... of the caller
+    if context is _CAPTURE:
+        context = carriers.capture()  # the language, correlation id, tenant... of the caller
     if context:
         envelope = envelope.replace(context=context)
     envelope = tracing.dispatched(job.name, row, envelope)  # its trace context, if tracing
@@ -378,8 +387,9 @@ def dispatch_many(
     jobs = list(jobs)
     when = durations.due(delay)
     debounced = [_debounce_of(job, debounce, delay) for job in jobs]
+    context = carriers.capture()  # once: the caller's context is the same for every job
     built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
-                       queue=queue, priority=priority)
+                       queue=queue, priority=priority, context=context)
              for job, rule in zip(jobs, debounced, strict=True)]
     results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
                for job, (row, _) in zip(jobs, built, strict=True)]

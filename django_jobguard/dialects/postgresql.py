@@ -224,7 +224,7 @@ class PostgreSQLDialect(SQLDialect):
             self._execute(sql, [[job.id for job in batch], [job.queue for job in batch],
                                 [job.name for job in batch], [job.payload for job in batch],
                                 [job.priority for job in batch], [job.at for job in batch],
-                                [job.delay for job in batch]], prepare=False)
+                                [job.delay for job in batch]], prepare=False, binary=True)
 
     def notify(self, queues: Iterable[str]) -> None:
         if not jobguard_settings.USE_NOTIFY:
@@ -342,7 +342,7 @@ class PostgreSQLDialect(SQLDialect):
         return set(acked), set(started)
 
     def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
-                 fetch: bool = False, prepare: bool | None = None) -> Any:
+                 fetch: bool = False, prepare: bool | None = None, binary: bool = False) -> Any:
         """Run a statement of the per-job path (push of one job, claim, ack).
 
         With psycopg 3 it goes through a server-binding cursor on Django's connection, so
@@ -351,6 +351,8 @@ class PostgreSQLDialect(SQLDialect):
         connection instead of parsed and planned per job (``prepare=False`` opts a statement
         out). Errors still surface as Django's ``DatabaseError``; with queries logged (DEBUG,
         tests) it takes Django's cursor so they are seen. Returns the rows, or the row count.
+        ``binary``: the parameters travel in PostgreSQL's binary format (arrays of many
+        values: no quoting of each element in Python).
         """
         wrapper = connections[self.using]
         if psycopg is None or wrapper.queries_logged:
@@ -359,6 +361,8 @@ class PostgreSQLDialect(SQLDialect):
                 return cursor.fetchall() if fetch else cursor.rowcount
         wrapper.ensure_connection()
         with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cursor:
+            if binary:  # psycopg's placeholder for a parameter sent in binary
+                sql = sql.replace("%s", "%b")
             cursor.execute(sql, params, prepare=prepare)
             return cursor.fetchall() if fetch else cursor.rowcount
 

@@ -89,10 +89,13 @@ class Completer:
 
     @staticmethod
     def wanted(using: str) -> bool:
-        """Whether a worker on ``using`` groups its completions (the setting is on and the
-        dialect tells recovered rows apart)."""
+        """Whether a worker on ``using`` groups its completions: the setting is on, the
+        dialect tells recovered rows apart, and the worker does not run inside a transaction
+        (a test's, or one around an embedded worker: rows it has not committed are invisible
+        to the timer thread's connection, and its acks would not be its own commits)."""
         return (float(jobguard_settings.COMPLETION_WINDOW or 0) > 0
-                and dialect_for(using).marks_recovered)
+                and dialect_for(using).marks_recovered
+                and not connections[using].in_atomic_block)
 
     # -- starts ----------------------------------------------------------------------------
 
