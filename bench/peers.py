@@ -103,7 +103,7 @@ def settle(procs, minimum: int, timeout: float = 60) -> None:
 
 
 #: jobguard's best documented configuration for short jobs: batched completion.
-COMPLETION_WINDOW = 0.005
+COMPLETION_WINDOW = 0.01
 GROUPED = f"jobguard, COMPLETION_WINDOW {COMPLETION_WINDOW}"
 GROUPED_DURABLE = f"{GROUPED}, SYNCHRONOUS_ACKS"
 

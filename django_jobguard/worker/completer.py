@@ -214,7 +214,9 @@ class Completer:
                         self._wake.wait()
                     if self._closed:
                         return
-                    due = self._since + self.window - time.monotonic()
+                    since = self._since
+                    assert since is not None  # the loop above waited for an entry
+                    due = since + self.window - time.monotonic()
                     if due > 0:
                         self._wake.wait(due)
                         continue
