@@ -17,6 +17,7 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import clock
+from django_jobguard.tags import COLUMN_LENGTH as TAGS_LENGTH
 
 #: The states of a queued job. *waiting*: due now; *delayed*: due later; *reserved*: a worker
 #: holds it (its lease, ``available_at``, has not run out). Judged by the database clock.
@@ -143,6 +144,9 @@ class QueuedJob(models.Model):
     #: An iterable job's checkpoint, ``{"cursor": ..., "done": n}``: written in the
     #: transaction of each item's own writes; the next run resumes after it.
     checkpoint = models.JSONField(_("checkpoint"), null=True, blank=True, editable=False)
+    #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
+    tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
+                            db_default="", editable=False)
 
     objects = QueuedJobQuerySet.as_manager()
 
@@ -204,6 +208,9 @@ class FailedJob(models.Model):
     #: The last exception the job itself raised, with its traceback (whatever ended it).
     last_error = models.TextField(_("last error"), blank=True, default="")
     failed_at = models.DateTimeField(_("failed at"), db_default=Now())
+    #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
+    tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
+                            db_default="", editable=False)
 
     class Meta:
         verbose_name = _("failed job")
@@ -536,6 +543,9 @@ class FinishedRun(models.Model):
     #: Bytes of the return value's JSON; null when it returned None or did not succeed.
     result_size = models.PositiveIntegerField(_("result size"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True, default="")
+    #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
+    tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
+                            db_default="", editable=False)
 
     class Meta:
         verbose_name = _("finished run")

@@ -15,10 +15,12 @@ from django_jobguard.admin.base import (
     JobNameFilter,
     JobSearchAdminMixin,
     ReadOnlyDetailMixin,
+    TagFilter,
     breakable,
     pretty_context,
     pretty_error,
     pretty_json,
+    tags_display,
     timestamp_column,
 )
 from django_jobguard.models import JobResult, QueuedJob, QueuedJobQuerySet
@@ -44,18 +46,19 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     # search, not a column of its own.
     list_display = ["name_display", "arguments_display", "queue", "state_display", "attempts",
                     "priority", "available_at_display"]
-    list_filter = ["queue", StateFilter, JobNameFilter]
+    list_filter = ["queue", StateFilter, JobNameFilter, TagFilter]
     search_fields = ["id", "name"]
     ordering = ["queue", "-priority", "available_at"]
     actions = ["run_now", "requeue", "cancel", "delete_selected"]
     fields = readonly_fields = (
         "id", "name", "queue", "state_display", "progress_display", "attempts", "exceptions",
         "priority", "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
-        "cancel_requested_at", "last_error_pretty", "context_pretty",
+        "cancel_requested_at", "tags_display", "last_error_pretty", "context_pretty",
         "payload_pretty")
     list_per_page = 50
 
     available_at_display = timestamp_column("available_at", _("available at"))
+    tags_display = tags_display
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)

@@ -12,6 +12,7 @@ from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations, registry
 from django_jobguard import queue as job_queue
+from django_jobguard import tags as job_tags
 from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
 from django_jobguard.progress import stored_fraction
 
@@ -162,11 +163,25 @@ class ProgressField(serializers.FloatField):
         return stored_fraction(value)
 
 
+class TagsField(serializers.ListField):
+    """A row's tags as a list of strings (:mod:`django_jobguard.tags`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault("child", serializers.CharField())
+        kwargs.setdefault("help_text", "Tags set at dispatch or on the job class.")
+        super().__init__(**kwargs)
+
+    def to_representation(self, data: Any) -> list[str]:
+        return job_tags.decode(data)
+
+
 class QueuedJobSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=operations.STATES, source="jobguard_state",
                                     read_only=True)
     display_name = DisplayNameField()
     progress = ProgressField()
+    tags = TagsField()
     stale = serializers.SerializerMethodField(
         help_text="Reserved by a worker that is gone (the admin's 'stale' flag): "
                   "POST jobs/{id}/requeue/ frees it now instead of at the lease's end.")
@@ -178,7 +193,7 @@ class QueuedJobSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "display_name", "queue", "state", "attempts", "exceptions",
                   "priority", "available_at", "reserved_at", "reserved_by", "stale",
                   "stale_reason", "created_at", "wait_reason", "cancel_requested_at",
-                  "progress", "progress_message", "last_error", "payload"]
+                  "progress", "progress_message", "last_error", "tags", "payload"]
         read_only_fields = fields
 
     def _stale(self, row: QueuedJob) -> str:
@@ -237,6 +252,8 @@ class JobFilterSerializer(SearchQuerySerializer):
     name = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                  help_text="Job name; a django.tasks task's own dotted name "
                                            "too.")
+    tag = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                help_text="Only jobs carrying this tag.")
 
 
 class BatchSerializer(serializers.ModelSerializer):
@@ -255,11 +272,12 @@ class BatchSerializer(serializers.ModelSerializer):
 
 class FailedJobSerializer(serializers.ModelSerializer):
     display_name = DisplayNameField()
+    tags = TagsField()
 
     class Meta:
         model = FailedJob
         fields = ["id", "name", "display_name", "queue", "attempts", "priority", "reason",
-                  "exception_class", "message", "failed_at", "payload"]
+                  "exception_class", "message", "failed_at", "tags", "payload"]
         read_only_fields = fields
 
 
@@ -283,6 +301,8 @@ class FailedJobFilterSerializer(SearchQuerySerializer):
     exception = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                       help_text="Exception class: its dotted path or its "
                                                 "name alone (TimeoutError).")
+    tag = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                help_text="Only jobs carrying this tag.")
 
 
 class BulkRetriedSerializer(serializers.Serializer):
@@ -485,10 +505,13 @@ class StatsHistorySerializer(serializers.Serializer):
 
 
 class FinishedRunSerializer(serializers.ModelSerializer):
+    tags = TagsField()
+
     class Meta:
         model = FinishedRun
         fields = ["id", "job_id", "name", "queue", "state", "arguments", "attempt", "worker",
-                  "started_at", "finished_at", "runtime", "wait", "result_size", "error"]
+                  "started_at", "finished_at", "runtime", "wait", "result_size", "error",
+                  "tags"]
         read_only_fields = fields
 
 
@@ -503,13 +526,29 @@ class FinishedRunFilterSerializer(QuerySerializer):
         "DONE", "SKIPPED", "DELETED", "CANCELLED", "FAILED"])
     arguments = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                       help_text="Text the run's arguments (JSON) contain.")
+    tag = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                help_text="Only jobs carrying this tag.")
     since = serializers.CharField(required=False, allow_blank=True, max_length=64,
                                   help_text="Finished at or after (ISO 8601 date and time).")
     until = serializers.CharField(required=False, allow_blank=True, max_length=64,
                                   help_text="Finished before (ISO 8601 date and time).")
 
+    def accepted_names(self) -> list[str]:
+        data = self.initial_data if hasattr(self, "initial_data") else {}
+        return super().accepted_names() + [
+            key for key in data if operations.search.is_argument_param(key)]
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {key: value for key, value in attrs.items() if value != ""}
+        data = self.initial_data
+        lists = data.lists() if hasattr(data, "lists") else ((k, [v]) for k, v in data.items())
+        try:
+            attrs["lookups"] = operations.search.parse_arguments(
+                [(key, value) for key, values in lists
+                 if operations.search.is_argument_param(key) for value in values])
+            attrs["tag"] = operations.search.check_tag(attrs.get("tag", ""))
+        except operations.SearchError as exc:
+            raise serializers.ValidationError({exc.param: [exc.message]}) from None
         for key in ("since", "until"):
             if key in attrs:
                 try:
@@ -581,6 +620,14 @@ class DispatchSerializer(StrictSerializer):
     delay = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS,
                                    help_text="Seconds before the job may run.")
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
+    tags = serializers.ListField(child=serializers.CharField(), required=False, default=list,
+                                 help_text="Tags added to the job class's own.")
+
+    def validate_tags(self, value: list) -> list:
+        try:
+            return list(job_tags.validate(value, owner="tags"))
+        except (TypeError, ValueError) as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate_args(self, value: list) -> list:
         check_json_text(value, path="args")

@@ -24,6 +24,7 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from django_jobguard import history, operations, registry, schedules, serialization
+from django_jobguard import tags as job_tags
 from django_jobguard.api import serializers as s
 from django_jobguard.api.base import (
     KEY_PARAMS,
@@ -494,6 +495,9 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
                 qs = qs.filter(**{field: query[field]})
         if "arguments" in query:
             qs = qs.filter(arguments__icontains=query["arguments"])
+        if query.get("tag"):
+            qs = qs.filter(job_tags.lookup(query["tag"]))
+        qs = operations.search.filter_arguments(qs, query.get("lookups", ()), field="arguments")
         if "since" in query:
             qs = qs.filter(finished_at__gte=query["since"])
         if "until" in query:
@@ -635,7 +639,7 @@ class DispatchView(JobGuardAPIView, APIView):
         try:
             job = job_class(*args, **kwargs)
             dispatched = job.dispatch(delay=data.get("delay"), queue=data.get("queue"),
-                                      priority=data.get("priority"))
+                                      priority=data.get("priority"), tags=data["tags"])
         except (TypeError, ValueError) as exc:
             raise exceptions.ValidationError({"non_field_errors": [str(exc)]})
         if not dispatched:
