@@ -31,6 +31,16 @@ COUNTER_MAX = 2**31 - 1
 #: The annotation :meth:`QueuedJobQuerySet.with_state` adds.
 STATE_ANNOTATION = "jobguard_state"
 
+#: The permission to see jobs' arguments (payloads may hold personal data): without it the
+#: admin and the API show jobs, failures and runs with their arguments hidden and refuse
+#: searches by argument. Superusers have it, like every permission.
+VIEW_ARGUMENTS = "django_jobguard.view_job_arguments"
+
+
+def may_view_arguments(user: Any) -> bool:
+    """Whether ``user`` (a request's, maybe anonymous or ``None``) may see job arguments."""
+    return bool(user is not None and user.has_perm(VIEW_ARGUMENTS))
+
 
 def _plain_name(name: str, payload: Any, *, result: bool = False) -> str:
     return name
@@ -159,6 +169,8 @@ class QueuedJob(models.Model):
     class Meta:
         verbose_name = _("queued job")
         verbose_name_plural = _("queued jobs")
+        permissions = [("view_job_arguments", _("Can view the arguments (payloads) of jobs, "
+                                                "failed jobs and finished runs"))]
         indexes = [
             # Serves the claim query: WHERE queue = ? AND available_at <= now
             # ORDER BY priority DESC, available_at.

@@ -20,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import operations, registry
 from django_jobguard import tags as job_tags
+from django_jobguard.models import may_view_arguments
 
 if TYPE_CHECKING:  # the mixins are used only beside ModelAdmin, whose methods they call
     _AdminBase = admin.ModelAdmin
@@ -120,16 +121,48 @@ def split_search(term: str) -> tuple[list[tuple[str, str]], str]:
     return lookups, " ".join(rest)
 
 
-class ArgumentSearchMixin(_AdminBase):
+class HideArgumentsMixin(_AdminBase):
+    """Arguments only for users with ``view_job_arguments`` (payloads may hold personal
+    data): for the others the list columns ``argument_columns``, the detail fields
+    ``argument_fields`` and the search fields ``argument_search_fields`` are left out."""
+
+    argument_columns: tuple[str, ...] = ()
+    argument_fields: tuple[str, ...] = ()
+    argument_search_fields: tuple[str, ...] = ()
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = super().get_list_display(request)
+        if may_view_arguments(request.user):
+            return shown
+        return [column for column in shown if column not in self.argument_columns]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if may_view_arguments(request.user):
+            return fields
+        return [field for field in fields if field not in self.argument_fields]
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        fields = super().get_search_fields(request)
+        if may_view_arguments(request.user):
+            return fields
+        return [field for field in fields if field not in self.argument_search_fields]
+
+
+class ArgumentSearchMixin(HideArgumentsMixin):
     """A list whose search box takes argument lookups (``kwargs__invoice_id=7``,
     ``customer_id=9``, ``args__0="abc"``) beside the usual text search: the JSON of the
     arguments is in ``arguments_field`` (a queued or failed job's payload, a run's
-    arguments)."""
+    arguments). Users without ``view_job_arguments`` cannot search by arguments."""
 
     arguments_field = "payload"
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str):
         lookups, rest = split_search(search_term)
+        if lookups and not may_view_arguments(request.user):
+            self.message_user(request, _("Search: searching by arguments needs the permission "
+                                         "to view job arguments."), messages.ERROR)
+            return queryset.none(), False
         if lookups:
             try:
                 queryset = operations.search.filter_arguments(
@@ -189,6 +222,8 @@ class JobSearchAdminMixin(ArgumentSearchMixin):
 
     search_help_text = _('Ids, names, or arguments as JSON by parameter name: customer_id=9 '
                          'kwargs__invoice_id=7 args__0="abc"')
+    argument_columns = ("arguments_display",)
+    argument_fields = ("payload_pretty", "context_pretty")
 
     class Media:
         css = {"all": ["django_jobguard/admin-lists.css"]}

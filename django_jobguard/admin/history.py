@@ -31,6 +31,9 @@ class FinishedRunAdmin(ArgumentSearchMixin, admin.ModelAdmin):
     search_help_text = _('Names, errors, text in the arguments, or arguments as JSON by '
                          'parameter name: customer_id=9 kwargs__invoice_id=7 args__0="abc"')
     arguments_field = "arguments"
+    argument_columns = ("arguments_short",)
+    argument_fields = ("arguments_pretty",)
+    argument_search_fields = ("arguments",)
     date_hierarchy = "finished_at"
     fields = readonly_fields = (
         "job_id", "name", "queue", "state", "attempt", "worker", "started_at", "finished_at",

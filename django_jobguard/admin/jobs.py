@@ -12,6 +12,7 @@ from django.utils.translation import ngettext
 
 from django_jobguard import debounce, operations, registry
 from django_jobguard.admin.base import (
+    HideArgumentsMixin,
     JobNameFilter,
     JobSearchAdminMixin,
     ReadOnlyDetailMixin,
@@ -241,11 +242,12 @@ class ResultNameFilter(JobNameFilter):
 
 
 @admin.register(JobResult)
-class JobResultAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+class JobResultAdmin(HideArgumentsMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
     list_display = ["name_display", "queue", "status", "attempts", "finished_at_display", "id"]
     list_filter = ["status", "queue", ResultNameFilter]
     search_fields = ["id", "name", "payload__task"]
-    readonly_fields = [f.name for f in JobResult._meta.fields]
+    fields = readonly_fields = tuple(f.name for f in JobResult._meta.fields)
+    argument_fields = ("payload",)
 
     finished_at_display = timestamp_column("finished_at", _("finished at"))
 

@@ -13,7 +13,7 @@ from rest_framework.exceptions import ErrorDetail
 from django_jobguard import operations, registry
 from django_jobguard import queue as job_queue
 from django_jobguard import tags as job_tags
-from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
+from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob, may_view_arguments
 from django_jobguard.progress import stored_fraction
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
@@ -176,7 +176,30 @@ class TagsField(serializers.ListField):
         return job_tags.decode(data)
 
 
-class QueuedJobSerializer(serializers.ModelSerializer):
+class HidesArguments(serializers.Serializer):
+    """A row whose ``argument_fields`` are ``null`` for a user without ``view_job_arguments``
+    (payloads may hold personal data); the rest of the row is shown."""
+
+    argument_fields: ClassVar[tuple[str, ...]] = ("payload",)
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if not self._arguments_shown():
+            for name in self.argument_fields:
+                if name in data:
+                    data[name] = None
+        return data
+
+    def _arguments_shown(self) -> bool:
+        shown = self.context.get("jobguard_arguments_shown")
+        if shown is None:  # once per response, not per row
+            request = self.context.get("request")
+            shown = may_view_arguments(getattr(request, "user", None))
+            self.context["jobguard_arguments_shown"] = shown
+        return shown
+
+
+class QueuedJobSerializer(HidesArguments, serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=operations.STATES, source="jobguard_state",
                                     read_only=True)
     display_name = DisplayNameField()
@@ -270,7 +293,7 @@ class BatchSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class FailedJobSerializer(serializers.ModelSerializer):
+class FailedJobSerializer(HidesArguments, serializers.ModelSerializer):
     display_name = DisplayNameField()
     tags = TagsField()
 
@@ -504,8 +527,9 @@ class StatsHistorySerializer(serializers.Serializer):
 # -- finished runs (history) -------------------------------------------------------------
 
 
-class FinishedRunSerializer(serializers.ModelSerializer):
+class FinishedRunSerializer(HidesArguments, serializers.ModelSerializer):
     tags = TagsField()
+    argument_fields = ("arguments",)
 
     class Meta:
         model = FinishedRun

@@ -46,9 +46,24 @@ from django_jobguard.api.base import (
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
-from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
+from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob, may_view_arguments
 from django_jobguard.operations import monitoring
 from django_jobguard.workflows import batches
+
+
+def searched(request: Any, search: operations.JobSearch) -> operations.JobSearch:
+    """``search``, unless it looks inside arguments and the user may not see them
+    (``view_job_arguments``): then a 403 saying so (the search would reveal them)."""
+    refuse_argument_search(request, bool(search.arguments))
+    return search
+
+
+def refuse_argument_search(request: Any, by_arguments: bool) -> None:
+    if by_arguments and not may_view_arguments(request.user):
+        raise exceptions.PermissionDenied(
+            "Searching by arguments needs the view_job_arguments permission.",
+            code="permission_denied")
+
 
 # -- queued jobs -------------------------------------------------------------------------
 
@@ -68,7 +83,8 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def get_queryset(self):
         qs = QueuedJob.objects.with_state().order_by("queue", "-priority", "available_at", "id")
         if self.action in self.query_handlers:
-            qs = read_query(s.JobFilterSerializer, self.request)["search"].apply(qs)
+            qs = searched(self.request, read_query(s.JobFilterSerializer, self.request)[
+                "search"]).apply(qs)
         return qs
 
     def get_serializer(self, *args, **kwargs):
@@ -135,7 +151,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def delete_matching(self, request, *args, **kwargs):
         """Delete every queued job the filters match (no filter: all) that no worker holds,
         freeing unique locks, in batches of 500; reserved ones are counted in ``skipped``."""
-        search = read_query(s.JobFilterSerializer, request)["search"]
+        search = searched(request, read_query(s.JobFilterSerializer, request)["search"])
         result = operations.delete_matching(self.get_queryset(),
                                             actor=request.user.get_username(),
                                             description=search.describe())
@@ -167,7 +183,8 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def get_queryset(self):
         qs = FailedJob.objects.order_by("-failed_at", "id")
         if self.action in self.query_handlers:
-            qs = read_query(s.FailedJobFilterSerializer, self.request)["search"].apply(qs)
+            qs = searched(self.request, read_query(s.FailedJobFilterSerializer, self.request)[
+                "search"]).apply(qs)
         return qs
 
     @extend_schema(parameters=[s.FailedJobFilterSerializer], responses={
@@ -221,7 +238,7 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def retry_matching(self, request, *args, **kwargs):
         """Queue again every failed job the filters match (the list's query parameters; no
         filter: all), in batches of 500; ids queued already are counted in ``skipped``."""
-        search = read_query(s.FailedJobFilterSerializer, request)["search"]
+        search = searched(request, read_query(s.FailedJobFilterSerializer, request)["search"])
         result = operations.retry_matching(self.get_queryset(),
                                            actor=request.user.get_username(),
                                            description=search.describe())
@@ -234,7 +251,7 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def forget_matching(self, request, *args, **kwargs):
         """Forget (delete) every failed job the filters match (no filter: all), in batches
         of 500."""
-        search = read_query(s.FailedJobFilterSerializer, request)["search"]
+        search = searched(request, read_query(s.FailedJobFilterSerializer, request)["search"])
         result = operations.forget_matching(self.get_queryset(),
                                             actor=request.user.get_username(),
                                             description=search.describe())
@@ -490,6 +507,7 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
         if self.action != "list":
             return qs
         query = read_query(s.FinishedRunFilterSerializer, self.request)
+        refuse_argument_search(self.request, bool(query.get("lookups") or "arguments" in query))
         for field in ("name", "queue", "state"):
             if field in query:
                 qs = qs.filter(**{field: query[field]})
