@@ -283,6 +283,11 @@ class Throttle(models.Model):
         return self.key
 
 
+#: What an operator may ask of a worker, in order: a ``stop`` overrides a ``quiet``.
+QUIET, STOP = "quiet", "stop"
+WORKER_COMMANDS = (QUIET, STOP)
+
+
 class Worker(models.Model):
     """A running worker process; ``last_seen_at`` is its heartbeat."""
 
@@ -298,10 +303,23 @@ class Worker(models.Model):
     # Jobs this worker finished in the 60 s before its last heartbeat (for the stats API).
     done_last_minute = models.PositiveIntegerField(_("done in the last minute"), default=0)
     failed_last_minute = models.PositiveIntegerField(_("failed in the last minute"), default=0)
+    #: What an operator asked of the worker (:data:`WORKER_COMMANDS`): ``quiet`` (claim
+    #: nothing new, let the running jobs finish) or ``stop`` (a graceful stop); empty for
+    #: none. Its heartbeat reads it: delivered through the database, so to any host.
+    command = models.CharField(_("command"), max_length=10, blank=True, default="",
+                               db_default="")
+    command_by = models.CharField(_("command by"), max_length=150, blank=True, default="",
+                                  db_default="")
+    command_at = models.DateTimeField(_("command at"), null=True, blank=True)
+    #: What the worker does, as it last wrote: ``running``, ``quiet`` or ``stopping``.
+    state = models.CharField(_("state"), max_length=10, blank=True, default="running",
+                             db_default="running")
 
     class Meta:
         verbose_name = _("worker")
         verbose_name_plural = _("workers")
+        permissions = [("quiet_worker", _("Can quiet workers (they claim nothing new)")),
+                       ("stop_worker", _("Can stop workers (a graceful stop)"))]
 
     def __str__(self) -> str:
         return self.id

@@ -13,7 +13,14 @@ from rest_framework.exceptions import ErrorDetail
 from django_jobguard import operations, registry
 from django_jobguard import queue as job_queue
 from django_jobguard import tags as job_tags
-from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob, may_view_arguments
+from django_jobguard.models import (
+    Batch,
+    FailedJob,
+    FinishedRun,
+    QueuedJob,
+    Worker,
+    may_view_arguments,
+)
 from django_jobguard.progress import stored_fraction
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
@@ -360,6 +367,59 @@ class RetriedSerializer(serializers.Serializer):
 
 
 # -- paused queues -----------------------------------------------------------------------
+
+
+class RunningJobSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField(help_text="The job's class as operators know it; empty when "
+                                           "it finished meanwhile.")
+
+
+class RunningJobsField(serializers.ListField):
+    """The jobs a worker runs now, each with its class (one query per page: the view puts
+    ``running_jobs`` in the context)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=RunningJobSerializer(), read_only=True, source="*",
+                         help_text="The jobs it runs now.", **kwargs)
+
+    def to_representation(self, data: Any) -> list[dict[str, str]]:
+        names = self.context.get("running_jobs")
+        if names is None:
+            names = operations.running_jobs([data])
+        return [{"id": job_id, "name": names.get(job_id, "")}
+                for job_id in data.current_job.split(",") if job_id]
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    """A worker with its verdict, what it runs, and what was asked of it."""
+
+    status = serializers.SerializerMethodField(
+        help_text="alive, ended (its process on this host is gone), silent (no heartbeat for "
+                  "RETRY_AFTER) or unknown.")
+    queues = serializers.SerializerMethodField()
+    running = RunningJobsField()
+
+    class Meta:
+        model = Worker
+        fields = ["id", "hostname", "pid", "queues", "status", "state", "command",
+                  "command_by", "command_at", "running", "jobs_processed", "done_last_minute",
+                  "failed_last_minute", "started_at", "last_seen_at"]
+        read_only_fields = fields
+
+    def get_status(self, row: Worker) -> str:
+        states = self.context.get("worker_states") or {}
+        return states.get(row.id) or operations.worker_states([row.id]).get(row.id, "unknown")
+
+    def get_queues(self, row: Worker) -> list[str]:
+        return [name for name in row.queues.split(",") if name]
+
+
+
+class WorkerCommandedSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    command = serializers.ChoiceField(choices=["quiet", "stop"], help_text=(
+        "What the worker now has: a quiet asked of a stopping worker leaves 'stop'."))
 
 
 class PausedQueueSerializer(serializers.Serializer):

@@ -16,6 +16,7 @@ router.register("jobs", views.QueuedJobViewSet, basename="job")
 router.register("failed-jobs", views.FailedJobViewSet, basename="failed-job")
 router.register("batches", views.BatchViewSet, basename="batch")
 router.register("runs", views.FinishedRunViewSet, basename="run")
+router.register("workers", views.WorkerViewSet, basename="worker")
 
 endpoint_patterns = [
     *router.urls,

@@ -46,7 +46,14 @@ from django_jobguard.api.base import (
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
-from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob, may_view_arguments
+from django_jobguard.models import (
+    Batch,
+    FailedJob,
+    FinishedRun,
+    QueuedJob,
+    Worker,
+    may_view_arguments,
+)
 from django_jobguard.operations import monitoring
 from django_jobguard.workflows import batches
 
@@ -540,6 +547,71 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
         window = read_query(s.RunStatisticsQuerySerializer, request)["window"] or "24h"
         return Response(s.RunStatisticsSerializer(
             {"window": window, "classes": history.run_statistics(window)}).data)
+
+
+# -- workers -----------------------------------------------------------------------------
+
+
+class WorkerViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                    viewsets.GenericViewSet):
+    """Workers with their verdict and the jobs they run; ``quiet`` (claim nothing new, the
+    running jobs finish) and ``stop`` (a graceful stop), delivered through the worker's row
+    within one heartbeat, to a live worker only."""
+
+    queryset = Worker.objects.all()
+    serializer_class = s.WorkerSerializer
+    lookup_value_regex = "[^/]+"
+    model_permissions = {"GET": ["view_worker"]}
+    action_permissions = {"quiet": {"POST": ["quiet_worker"]},
+                          "stop": {"POST": ["stop_worker"]}}
+
+    def get_queryset(self):
+        return Worker.objects.order_by("-last_seen_at", "id")
+
+    def get_serializer(self, *args, **kwargs):
+        serializer = super().get_serializer(*args, **kwargs)
+        if args and self.action in ("list", "retrieve"):  # the page judged at once
+            rows = list(args[0]) if kwargs.get("many") else [args[0]]
+            serializer.context["worker_states"] = operations.worker_states(
+                [row.id for row in rows])
+            serializer.context["running_jobs"] = operations.running_jobs(rows)
+        return serializer
+
+    @extend_schema(responses={200: s.WorkerSerializer(many=True),
+                              **error_responses(*READ_ERRORS, 404)})
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: s.WorkerSerializer, **error_responses(*ONE_ERRORS)})
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    def _command(self, request: Any, worker_id: str, command: str) -> Response:
+        try:
+            now = operations.command_worker(worker_id, command,
+                                            actor=request.user.get_username())
+        except operations.WorkerNotFound as exc:
+            raise Http404(str(exc))
+        except operations.WorkerGoneError as exc:
+            raise Conflict(str(exc), code="worker_gone")
+        return Response({"id": worker_id, "command": now})
+
+    @extend_schema(request=None, responses={200: s.WorkerCommandedSerializer,
+                                            **error_responses(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def quiet(self, request, *args, **kwargs):
+        """Quiet a live worker: it claims nothing new from its next heartbeat, its running
+        jobs finish (``job.stopping`` is true in them), it stays up until stopped (409
+        ``worker_gone`` if it is not alive)."""
+        return self._command(request, kwargs["pk"], "quiet")
+
+    @extend_schema(request=None, responses={200: s.WorkerCommandedSerializer,
+                                            **error_responses(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, *args, **kwargs):
+        """Stop a live worker gracefully: from its next heartbeat it claims nothing new, its
+        running jobs finish, and it exits 0 (as on SIGTERM; ``--stop-timeout`` applies)."""
+        return self._command(request, kwargs["pk"], "stop")
 
 
 # -- schedules ---------------------------------------------------------------------------
