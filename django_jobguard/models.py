@@ -407,6 +407,7 @@ class ScheduleTick(models.Model):
     class Meta:
         verbose_name = _("schedule run")
         verbose_name_plural = _("schedule runs")
+        permissions = [("run_schedule", _("Can run a periodic job now (outside its ticks)"))]
         ordering = ["-tick"]
         constraints = [
             models.UniqueConstraint(fields=["schedule", "tick"], name="jobguard_schedule_tick"),

@@ -739,6 +739,10 @@ class DispatchedSerializer(serializers.Serializer):
     queue = serializers.CharField()
 
 
+class ScheduleRunSerializer(DispatchedSerializer):
+    schedule = serializers.CharField()
+
+
 class SkippedSerializer(serializers.Serializer):
     skipped = serializers.CharField(help_text='"unique": a copy of this unique job is queued.')
     job = serializers.CharField()

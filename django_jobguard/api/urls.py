@@ -30,6 +30,7 @@ endpoint_patterns = [
     path("stats/", views.StatsView.as_view(), name="stats"),
     path("stats/history/", views.StatsHistoryView.as_view(), name="stats-history"),
     path("schedules/", views.ScheduleListView.as_view(), name="schedule-list"),
+    path("schedules/<path:name>/run/", views.RunScheduleView.as_view(), name="schedule-run"),
     path("dispatch/", views.DispatchView.as_view(), name="dispatch"),
 ]
 

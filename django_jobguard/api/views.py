@@ -628,6 +628,30 @@ class ScheduleListView(JobGuardAPIView, APIView):
         return Response(s.ScheduleSerializer(schedules.schedule_status(), many=True).data)
 
 
+class RunScheduleView(JobGuardAPIView, APIView):
+    """Run a schedule's job once now, outside its ticks (the next tick runs as planned)."""
+
+    model_permissions = {"POST": ["run_schedule"]}
+
+    @extend_schema(request=None, responses={
+        201: s.ScheduleRunSerializer,
+        200: OpenApiResponse(s.SkippedSerializer, description="A unique job's copy is queued.")
+        if AutoSchema else s.SkippedSerializer,
+        **error_responses(*ONE_ERRORS)})
+    def post(self, request, name: str):
+        try:
+            result = schedules.run_now(name, actor=request.user.get_username())
+        except schedules.UnknownScheduleError as exc:
+            raise Http404(str(exc))
+        except schedules.ScheduleError as exc:  # its job is not registered (E061)
+            raise exceptions.ValidationError({"schedule": [str(exc)]})
+        if not result:
+            return Response({"skipped": result.skipped, "job": result.job_name},
+                            status=status.HTTP_200_OK)
+        return Response({"id": result.id, "job": result.job_name, "queue": result.queue,
+                         "schedule": name}, status=status.HTTP_201_CREATED)
+
+
 # -- dispatch ----------------------------------------------------------------------------
 
 _SIMPLE_TYPES = {int, float, str, bool, list, dict}

@@ -189,7 +189,7 @@ ENDPOINTS = [
     ("post", f"jobs/{_NO_JOB}/requeue/"),
     ("get", "runs/"), ("get", "runs/1/"), ("get", "runs/statistics/"),
     ("get", "workers/"), ("get", "workers/nohost:1:x/"), ("post", "workers/nohost:1:x/quiet/"),
-    ("post", "workers/nohost:1:x/stop/"),
+    ("post", "workers/nohost:1:x/stop/"), ("post", "schedules/no-such-schedule/run/"),
 ]
 
 

@@ -45,6 +45,7 @@ NEEDED = {
     ("get", "workers/"): "view_worker",
     ("post", "quiet/"): "quiet_worker",
     ("post", "stop/"): "stop_worker",
+    ("post", "run/"): "run_schedule",
 }
 
 

@@ -568,6 +568,7 @@ def test_openapi_schema_is_served_valid_and_complete(api):
         ("GET", "/jobguard/api/runs/statistics/"),
         ("GET", "/jobguard/api/workers/"), ("GET", "/jobguard/api/workers/{id}/"),
         ("POST", "/jobguard/api/workers/{id}/quiet/"), ("POST", "/jobguard/api/workers/{id}/stop/"),
+        ("POST", "/jobguard/api/schedules/{name}/run/"),
     }
     assert operations == expected
     dispatch = schema["paths"]["/jobguard/api/dispatch/"]["post"]
