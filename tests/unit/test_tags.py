@@ -209,3 +209,20 @@ def test_api_dispatch_takes_tags(admin_user):
         bad = client.post(API + "dispatch/", {"job": "tests.tags.Invoice", "args": [3],
                                               "tags": ["a b"]}, format="json")
     assert bad.status_code == 400 and "no spaces or commas" in str(bad.json())
+
+
+def test_jobs_retry_takes_a_tag():
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    Fails().dispatch(tags=["nightly"])
+    Fails().dispatch()
+    work()
+    out = StringIO()
+    call_command("jobs_retry", "--tag", "nightly", stdout=out)
+    assert "1 job(s) queued again." in out.getvalue()
+    assert [tags.decode(t) for t in QueuedJob.objects.values_list("tags", flat=True)] == [
+        ["billing", "fragile", "nightly"]]
+    with pytest.raises(CommandError, match="no spaces or commas"):
+        call_command("jobs_retry", "--tag", "a b")
