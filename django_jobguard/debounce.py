@@ -113,7 +113,7 @@ def _fold_or_push(row: NewJob, key: str, debounce: Debounce, *, using: str) -> t
         payload=json.loads(row.payload),
         available_at=Least(now + Value(datetime.timedelta(seconds=debounce.seconds)),
                            F("debounce_deadline")),
-        debounce_folds=F("debounce_folds") + 1)
+        debounce_folds=F("debounce_folds") + 1, tags=row.tags)  # the last dispatch's
     if folded:  # the row is ours (locked) until the transaction ends
         return str(waiting.values_list("id", flat=True).get()), True
     job_queue.push([row], using=using)

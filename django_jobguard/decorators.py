@@ -75,7 +75,7 @@ class JobFunction:
 
     def using(self, **options: Any) -> JobFunction:
         """A copy whose ``dispatch()`` uses these options (``delay``, ``queue``, ``priority``,
-        ``on_commit``, ``debounce``)."""
+        ``on_commit``, ``debounce``, ``tags``)."""
         return JobFunction(self.func, self.job_class, {**self.options, **options})
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Dispatched:
@@ -122,7 +122,8 @@ def _extend(
 
 
 JOB_OPTIONS = ("queue", "tries", "max_exceptions", "backoff", "timeout", "fail_on_timeout",
-               "priority", "delete_when_missing_models", "keep_result", "debounce")
+               "priority", "delete_when_missing_models", "keep_result", "debounce",
+               "tags")
 
 
 def job(

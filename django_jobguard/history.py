@@ -224,7 +224,7 @@ class RunRecorder:
 
 #: The columns of a buffered run, in the order of :func:`run_of`'s tuple.
 COLUMNS = ("job_id", "state", "name", "queue", "arguments", "attempt", "worker", "started_at",
-           "finished_at", "runtime", "wait", "result_size", "error")
+           "finished_at", "runtime", "wait", "result_size", "error", "tags")
 #: The columns whose values the database backend adapts (the others go as they are).
 _ADAPTED = frozenset({"job_id", "arguments", "started_at", "finished_at"})
 
@@ -243,7 +243,7 @@ def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
     return (row.id, str(state), row.name, row.queue,
             {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})},
             row.attempts, worker_id[:100], started, finished, elapsed, wait, result_size,
-            detail if state == JobState.FAILED else "")
+            detail if state == JobState.FAILED else "", getattr(row, "tags", "") or "")
 
 
 def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> None:

@@ -10,7 +10,7 @@ arguments once into an :class:`~django_jobguard.envelope.Envelope` stored as the
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,6 +30,7 @@ from django_jobguard import (
 from django_jobguard import debounce as debouncing
 from django_jobguard import queue as job_queue
 from django_jobguard import results as job_results
+from django_jobguard import tags as job_tags
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Delay
@@ -132,6 +133,9 @@ class Job:
     #: job, last arguments winning, run ``seconds`` after the last of them but at most
     #: ``max_wait`` after the first (:mod:`django_jobguard.debounce`). ``None``: not debounced.
     debounce: ClassVar[tuple[Any, Any] | None] = None
+    #: Tags every dispatch of the job carries (``dispatch(tags=...)`` adds to them):
+    #: strings for filtering in the admin and the API (:mod:`django_jobguard.tags`).
+    tags: ClassVar[Sequence[str]] = ()
     #: Keep a :class:`~django_jobguard.models.JobResult` when the job ends.
     keep_result: ClassVar[bool] = False
     #: Adapter jobs only (django.tasks): the keys leading to the dotted name of what the job
@@ -156,6 +160,7 @@ class Job:
         if "name" not in cls.__dict__:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
         cls.is_async = aio.check_job_class(cls)  # TypeError for what could never run
+        cls.tags = job_tags.validate(cls.tags, owner=f"{cls.name}.tags")
         if not cls.__dict__.get("abstract", False):
             registry.register(cls)
 
@@ -263,12 +268,13 @@ class Job:
         on_commit: bool | str = False,
         using: str | None = None,
         debounce: tuple[Any, Any] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Dispatched:
         """Queue this job; see :func:`dispatch`."""
         using = queue_database(using)
         return dispatch(
             self, delay=delay, queue=queue, priority=priority, on_commit=on_commit, using=using,
-            debounce=debounce,
+            debounce=debounce, tags=tags,
         )
 
     def dispatch_sync(self) -> Any:
@@ -304,19 +310,23 @@ _CAPTURE = object()
 
 
 def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | None = None,
-              priority: int | None = None,
+              priority: int | None = None, tags: Sequence[str] | None = None,
               context: dict[str, Any] | None | object = _CAPTURE,
               ) -> tuple[job_queue.NewJob, Envelope]:
     """Validate ``job`` and turn it into the row to insert, due ``when``, with the unique lock
-    it would own; nothing touches the database. The envelope is encoded once, and that text
-    is both what the row stores and what ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes).
-    ``context``: what the context carriers captured, when the caller captured it once for
-    many jobs (``dispatch_many``); by default it is captured here."""
+    it would own and the class's tags plus ``tags``; nothing touches the database. The
+    envelope is encoded once, and that text is both what the row stores and what
+    ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes). ``context``: what the context carriers
+    captured, when the caller captured it once for many jobs (``dispatch_many``); by default
+    it is captured here."""
     row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
                            at=when.at, delay=when.delay)
     problem = job_queue.queue_name_problem(row.queue)
     if problem is not None:
         raise ValueError(problem)
+    declared = type(job).tags  # the class's (an instance may use the name for its own data)
+    if tags or declared:
+        row.tags = job_tags.encode(job_tags.merged(declared, tags, owner=job.name))
     envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
     if context is _CAPTURE:
         context = carriers.capture()  # the language, correlation id, tenant... of the caller
@@ -346,12 +356,14 @@ def dispatch(
     on_commit: bool | str = False,
     using: str | None = None,
     debounce: tuple[Any, Any] | None = None,
+    tags: Sequence[str] | None = None,
 ) -> Dispatched:
     """Queue ``job``. Returns a truthy :class:`Dispatched` with the job id, or a falsy one
     with ``skipped="unique"`` when a unique job with the same key is already queued or running.
     A debounced job (``debounce=(seconds, max_wait)`` here or on its class) whose key already
     has a waiting job replaces that job's arguments instead: ``folded`` is True and ``id`` is
-    the waiting job's (:mod:`django_jobguard.debounce`).
+    the waiting job's (:mod:`django_jobguard.debounce`). ``tags`` (strings) are added to the
+    class's ``tags`` on the row, for filtering (:mod:`django_jobguard.tags`).
 
     The row is inserted in the caller's transaction, so a rollback takes it away again;
     ``on_commit=True`` inserts it after the transaction commits instead. With the queue on a
@@ -361,7 +373,7 @@ def dispatch(
     """
     using = queue_database(using)
     return dispatch_many([job], delay=delay, queue=queue, priority=priority,
-                         on_commit=on_commit, using=using, debounce=debounce)[0]
+                         on_commit=on_commit, using=using, debounce=debounce, tags=tags)[0]
 
 
 def dispatch_many(
@@ -374,6 +386,7 @@ def dispatch_many(
     using: str | None = None,
     batch_size: int = 500,
     debounce: tuple[Any, Any] | None = None,
+    tags: Sequence[str] | None = None,
 ) -> list[Dispatched]:
     """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each.
 
@@ -389,7 +402,7 @@ def dispatch_many(
     debounced = [_debounce_of(job, debounce, delay) for job in jobs]
     context = carriers.capture()  # once: the caller's context is the same for every job
     built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
-                       queue=queue, priority=priority, context=context)
+                       queue=queue, priority=priority, tags=tags, context=context)
              for job, rule in zip(jobs, debounced, strict=True)]
     results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
                for job, (row, _) in zip(jobs, built, strict=True)]

@@ -17,6 +17,7 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import clock
+from django_jobguard.tags import COLUMN_LENGTH as TAGS_LENGTH
 
 #: The states of a queued job. *waiting*: due now; *delayed*: due later; *reserved*: a worker
 #: holds it (its lease, ``available_at``, has not run out). Judged by the database clock.
@@ -29,6 +30,16 @@ COUNTER_MAX = 2**31 - 1
 
 #: The annotation :meth:`QueuedJobQuerySet.with_state` adds.
 STATE_ANNOTATION = "jobguard_state"
+
+#: The permission to see jobs' arguments (payloads may hold personal data): without it the
+#: admin and the API show jobs, failures and runs with their arguments hidden and refuse
+#: searches by argument. Superusers have it, like every permission.
+VIEW_ARGUMENTS = "django_jobguard.view_job_arguments"
+
+
+def may_view_arguments(user: Any) -> bool:
+    """Whether ``user`` (a request's, maybe anonymous or ``None``) may see job arguments."""
+    return bool(user is not None and user.has_perm(VIEW_ARGUMENTS))
 
 
 def _plain_name(name: str, payload: Any, *, result: bool = False) -> str:
@@ -143,6 +154,9 @@ class QueuedJob(models.Model):
     #: An iterable job's checkpoint, ``{"cursor": ..., "done": n}``: written in the
     #: transaction of each item's own writes; the next run resumes after it.
     checkpoint = models.JSONField(_("checkpoint"), null=True, blank=True, editable=False)
+    #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
+    tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
+                            db_default="", editable=False)
 
     objects = QueuedJobQuerySet.as_manager()
 
@@ -158,6 +172,8 @@ class QueuedJob(models.Model):
     class Meta:
         verbose_name = _("queued job")
         verbose_name_plural = _("queued jobs")
+        permissions = [("view_job_arguments", _("Can view the arguments (payloads) of jobs, "
+                                                "failed jobs and finished runs"))]
         indexes = [
             # Serves the claim query: WHERE queue = ? AND available_at <= now
             # ORDER BY priority DESC, available_at.
@@ -207,6 +223,9 @@ class FailedJob(models.Model):
     #: The last exception the job itself raised, with its traceback (whatever ended it).
     last_error = models.TextField(_("last error"), blank=True, default="")
     failed_at = models.DateTimeField(_("failed at"), db_default=Now())
+    #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
+    tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
+                            db_default="", editable=False)
 
     class Meta:
         verbose_name = _("failed job")
@@ -267,6 +286,11 @@ class Throttle(models.Model):
         return self.key
 
 
+#: What an operator may ask of a worker, in order: a ``stop`` overrides a ``quiet``.
+QUIET, STOP = "quiet", "stop"
+WORKER_COMMANDS = (QUIET, STOP)
+
+
 class Worker(models.Model):
     """A running worker process; ``last_seen_at`` is its heartbeat."""
 
@@ -282,10 +306,23 @@ class Worker(models.Model):
     # Jobs this worker finished in the 60 s before its last heartbeat (for the stats API).
     done_last_minute = models.PositiveIntegerField(_("done in the last minute"), default=0)
     failed_last_minute = models.PositiveIntegerField(_("failed in the last minute"), default=0)
+    #: What an operator asked of the worker (:data:`WORKER_COMMANDS`): ``quiet`` (claim
+    #: nothing new, let the running jobs finish) or ``stop`` (a graceful stop); empty for
+    #: none. Its heartbeat reads it: delivered through the database, so to any host.
+    command = models.CharField(_("command"), max_length=10, blank=True, default="",
+                               db_default="")
+    command_by = models.CharField(_("command by"), max_length=150, blank=True, default="",
+                                  db_default="")
+    command_at = models.DateTimeField(_("command at"), null=True, blank=True)
+    #: What the worker does, as it last wrote: ``running``, ``quiet`` or ``stopping``.
+    state = models.CharField(_("state"), max_length=10, blank=True, default="running",
+                             db_default="running")
 
     class Meta:
         verbose_name = _("worker")
         verbose_name_plural = _("workers")
+        permissions = [("quiet_worker", _("Can quiet workers (they claim nothing new)")),
+                       ("stop_worker", _("Can stop workers (a graceful stop)"))]
 
     def __str__(self) -> str:
         return self.id
@@ -373,6 +410,7 @@ class ScheduleTick(models.Model):
     class Meta:
         verbose_name = _("schedule run")
         verbose_name_plural = _("schedule runs")
+        permissions = [("run_schedule", _("Can run a periodic job now (outside its ticks)"))]
         ordering = ["-tick"]
         constraints = [
             models.UniqueConstraint(fields=["schedule", "tick"], name="jobguard_schedule_tick"),
@@ -539,6 +577,9 @@ class FinishedRun(models.Model):
     #: Bytes of the return value's JSON; null when it returned None or did not succeed.
     result_size = models.PositiveIntegerField(_("result size"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True, default="")
+    #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
+    tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
+                            db_default="", editable=False)
 
     class Meta:
         verbose_name = _("finished run")

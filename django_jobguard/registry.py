@@ -105,6 +105,24 @@ def signature_problem(job_class: type[JobLike], args: list[Any],
     return ""
 
 
+def positional_index(job_class: type[JobLike], param: str) -> int | None:
+    """Where parameter ``param`` sits among the positional arguments of ``job_class`` (of
+    its function, for an ``@job`` function), or ``None`` when it cannot be passed by
+    position (or the signature is unknown): argument search finds ``customer_id=9`` in
+    ``NotifyCustomer(9, ...)`` with it."""
+    target: Any = getattr(job_class, "func", None) or job_class
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    for index, parameter in enumerate(signature.parameters.values()):
+        if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            return None
+        if parameter.name == param:
+            return index
+    return None
+
+
 def unregister(name: str) -> None:
     """Forget the job registered as ``name`` (tests that define jobs on the fly)."""
     _registry.pop(name, None)

@@ -9,6 +9,10 @@ Time is the database clock, so workers with skewed clocks agree on what is due.
 Missed ticks (no worker ran) follow the schedule's ``catch_up``: ``"none"`` skips them,
 ``"last"`` (default) runs the newest one once, ``"all"`` runs each (at most
 :data:`MAX_CATCH_UP`).
+
+:func:`run_now` (the admin's and the API's "run now") queues one run of a schedule's job at
+once, outside the ticks: it records no tick row, so the cron ticks go on exactly as before
+(the next one is queued once, at its time).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from django_jobguard.cron import CronError, CronExpression, get_zone
 from django_jobguard.dialects import dialect_for
 from django_jobguard.models import ScheduleTick
 
-__all__ = ["CATCH_UP", "MAX_CATCH_UP", "Schedule", "ScheduleError", "ScheduleStatus",
-           "all_schedules", "enqueue_due", "periodic", "problems", "prune_ticks",
-           "schedule_status"]
+__all__ = ["CATCH_UP", "MAX_CATCH_UP", "RUN_NOW_TAG", "Schedule", "ScheduleError",
+           "ScheduleStatus", "UnknownScheduleError", "all_schedules", "enqueue_due", "periodic",
+           "problems", "prune_ticks", "run_now", "schedule_status"]
 
 logger = logging.getLogger("django_jobguard.schedules")
 
@@ -287,6 +291,49 @@ def enqueue_due(*, using: str | None = None,
         except (ScheduleError, TypeError, ValueError) as exc:
             logger.error("Schedule %r was not enqueued: %s", schedule.name, exc)
     return recorded
+
+
+class UnknownScheduleError(LookupError):
+    """No valid schedule has the name."""
+
+
+#: The tag of a job queued by :func:`run_now` (with ``schedule:<name>`` when the schedule's
+#: name is a valid tag).
+RUN_NOW_TAG = "run-now"
+
+
+def run_now(name: str, *, actor: str = "", using: str | None = None) -> Any:
+    """Queue one run of schedule ``name``'s job now, with its arguments and queue, and return
+    the :class:`~django_jobguard.jobs.Dispatched` (falsy, ``skipped="unique"``, when a unique
+    job's copy is queued). A disabled schedule may be run too.
+
+    No :class:`~django_jobguard.models.ScheduleTick` is written: the ticks are cron instants
+    recorded once each, and the newest recorded one is where the next tick is counted from, so
+    a manual run that wrote one (at a cron instant, or after a gap) could take a tick's place
+    or hide missed ones. The job carries the tags ``run-now`` and ``schedule:<name>``.
+    :class:`UnknownScheduleError` for a name no valid schedule has; :class:`ScheduleError`
+    (E061) when its job is not registered."""
+    from django_jobguard import tags
+    from django_jobguard.jobs import dispatch
+    from django_jobguard.operations import audit
+
+    using = queue_database(using)
+    schedule = all_schedules().get(name)
+    if schedule is None:
+        raise UnknownScheduleError(f"No schedule {name!r}: declare it in "
+                                   f"JOBGUARD['SCHEDULE'] or with @periodic.")
+    job_class = schedule.job_class()
+    marks = [RUN_NOW_TAG]
+    try:
+        marks += list(tags.validate([f"schedule:{name}"], owner=name))
+    except (TypeError, ValueError):
+        pass  # a name that is no tag (spaces, too long): "run-now" alone
+    result = dispatch(job_class(*schedule.args, **schedule.kwargs), queue=schedule.queue,
+                      using=using, tags=marks)
+    audit.record("schedule_run_now", 1 if result else 0,
+                 f"Ran schedule {name!r} now (job {result.id})" if result else
+                 f"Ran schedule {name!r} now: skipped, {result.skipped}", actor)
+    return result
 
 
 def prune_ticks(*, older_than: datetime.timedelta = KEEP_TICKS,

@@ -19,6 +19,8 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import operations, registry
+from django_jobguard import tags as job_tags
+from django_jobguard.models import may_view_arguments
 
 if TYPE_CHECKING:  # the mixins are used only beside ModelAdmin, whose methods they call
     _AdminBase = admin.ModelAdmin
@@ -104,23 +106,124 @@ def arguments_preview(payload: Any) -> str:
 
 
 def split_search(term: str) -> tuple[list[tuple[str, str]], str]:
-    """``(argument lookups, the rest of the search)`` from the search box's text."""
+    """``(argument lookups, the rest of the search)`` from the search box's text. A bare
+    parameter name (``customer_id=9``) is a ``kwargs__`` lookup, which also finds the
+    argument passed by position (:func:`~django_jobguard.operations.search.filter_arguments`)."""
     lookups, rest = [], []
     for token in _SEARCH_TOKEN.findall(term or ""):
         name, sep, value = token.partition("=")
         if sep and operations.search.is_argument_param(name):
             lookups.append((name, value))
+        elif sep and name.isidentifier() and name not in operations.search.ARGUMENT_ROOTS:
+            lookups.append((f"kwargs__{name}", value))
         else:
             rest.append(token)
     return lookups, " ".join(rest)
 
 
-class JobSearchAdminMixin(_AdminBase):
+class HideArgumentsMixin(_AdminBase):
+    """Arguments only for users with ``view_job_arguments`` (payloads may hold personal
+    data): for the others the list columns ``argument_columns``, the detail fields
+    ``argument_fields`` and the search fields ``argument_search_fields`` are left out."""
+
+    argument_columns: tuple[str, ...] = ()
+    argument_fields: tuple[str, ...] = ()
+    argument_search_fields: tuple[str, ...] = ()
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = super().get_list_display(request)
+        if may_view_arguments(request.user):
+            return shown
+        return [column for column in shown if column not in self.argument_columns]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if may_view_arguments(request.user):
+            return fields
+        return [field for field in fields if field not in self.argument_fields]
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        fields = super().get_search_fields(request)
+        if may_view_arguments(request.user):
+            return fields
+        return [field for field in fields if field not in self.argument_search_fields]
+
+
+class ArgumentSearchMixin(HideArgumentsMixin):
+    """A list whose search box takes argument lookups (``kwargs__invoice_id=7``,
+    ``customer_id=9``, ``args__0="abc"``) beside the usual text search: the JSON of the
+    arguments is in ``arguments_field`` (a queued or failed job's payload, a run's
+    arguments). Users without ``view_job_arguments`` cannot search by arguments."""
+
+    arguments_field = "payload"
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str):
+        lookups, rest = split_search(search_term)
+        if lookups and not may_view_arguments(request.user):
+            self.message_user(request, _("Search: searching by arguments needs the permission "
+                                         "to view job arguments."), messages.ERROR)
+            return queryset.none(), False
+        if lookups:
+            try:
+                queryset = operations.search.filter_arguments(
+                    queryset, operations.search.parse_arguments(lookups),
+                    field=self.arguments_field)
+            except operations.SearchError as exc:
+                if not getattr(request, "_jobguard_search_error", False):
+                    setattr(request, "_jobguard_search_error", True)  # noqa: B010
+                    self.message_user(request, _("Search: %(error)s") % {"error": exc.message},
+                                      messages.ERROR)
+                return queryset.none(), False
+        narrowed = queryset  # the list's filters (and argument lookups) applied
+        queryset, duplicates = super().get_search_results(request, queryset, rest)
+        if rest:
+            queryset = self.also_found(queryset, narrowed, rest)
+        return queryset, duplicates
+
+    def also_found(self, found: Any, narrowed: Any, text: str) -> Any:
+        """``found`` (the text search's rows) with the rows of ``narrowed`` that ``text``
+        finds beyond ``search_fields``: none here."""
+        return found
+
+
+class TagFilter(admin.SimpleListFilter):
+    """Rows carrying a tag (``?tag=billing``): the tags of the first rows found are offered."""
+
+    title = _("tag")
+    parameter_name = "tag"
+
+    def lookups(self, request, model_admin):
+        rows = model_admin.model._default_manager.using(model_admin.get_queryset(request).db)
+        texts = rows.exclude(tags="").values_list("tags", flat=True).distinct().order_by()[:200]
+        return [(tag, tag) for tag in sorted({tag for text in texts
+                                              for tag in job_tags.decode(text)})]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value:
+            return queryset.filter(job_tags.lookup(value))
+        return queryset
+
+
+@admin.display(description=_("tags"))
+def tags_display(model_admin: Any, obj: Any) -> str:
+    """A row's tags for a list or a detail page (``-`` for none): a ModelAdmin method
+    (``tags_display = tags_display`` in the class)."""
+    found = job_tags.decode(obj.tags)
+    if not found:
+        return "-"
+    return format_html_join(" ", '<code class="jobguard-tag">{}</code>', ((t,) for t in found))
+
+
+class JobSearchAdminMixin(ArgumentSearchMixin):
     """The queued and failed job lists: names shown (and filtered) as operators know them
     (a django.tasks task's own name), the search box taking argument lookups, and bulk
     actions over everything the list matches, confirmed with a count first."""
 
-    search_help_text = _('Ids, names, or arguments as JSON: kwargs__invoice_id=7 args__0="abc"')
+    search_help_text = _('Ids, names, or arguments as JSON by parameter name: customer_id=9 '
+                         'kwargs__invoice_id=7 args__0="abc"')
+    argument_columns = ("arguments_display",)
+    argument_fields = ("payload_pretty", "context_pretty")
 
     class Media:
         css = {"all": ["django_jobguard/admin-lists.css"]}
@@ -134,25 +237,12 @@ class JobSearchAdminMixin(_AdminBase):
     def arguments_display(self, obj: Any) -> str:
         return arguments_preview(obj.payload)
 
-    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str):
-        lookups, rest = split_search(search_term)
-        if lookups:
-            try:
-                queryset = operations.JobSearch(
-                    arguments=operations.search.parse_arguments(lookups)).apply(queryset)
-            except operations.SearchError as exc:
-                if not getattr(request, "_jobguard_search_error", False):
-                    setattr(request, "_jobguard_search_error", True)  # noqa: B010
-                    self.message_user(request, _("Search: %(error)s") % {"error": exc.message},
-                                      messages.ERROR)
-                return queryset.none(), False
-        narrowed = queryset  # the list's filters (and argument lookups) applied
-        queryset, duplicates = super().get_search_results(request, queryset, rest)
-        if rest:  # the names operators see: a django.tasks task's own dotted name
-            for adapter, keys in registry.display_paths().items():
-                queryset |= narrowed.filter(name=adapter, **{
-                    "payload__" + "__".join(keys) + "__icontains": rest})
-        return queryset, duplicates
+    def also_found(self, found: Any, narrowed: Any, text: str) -> Any:
+        """The names operators see: a django.tasks task's own dotted name."""
+        for adapter, keys in registry.display_paths().items():
+            found |= narrowed.filter(name=adapter, **{
+                "payload__" + "__".join(keys) + "__icontains": text})
+        return found
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
         queue = request.GET.get("queue")

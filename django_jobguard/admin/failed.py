@@ -20,9 +20,11 @@ from django_jobguard.admin.base import (
     JobNameFilter,
     JobSearchAdminMixin,
     ReadOnlyDetailMixin,
+    TagFilter,
     pretty_context,
     pretty_error,
     pretty_json,
+    tags_display,
     timestamp_column,
 )
 from django_jobguard.models import FailedJob
@@ -51,18 +53,19 @@ class ExceptionFilter(admin.SimpleListFilter):
 class FailedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
     list_display = ["name_display", "arguments_display", "queue", "exception_short",
                     "message_short", "reason_short", "attempts", "failed_at_display"]
-    list_filter = ["queue", JobNameFilter, ExceptionFilter, "failed_at"]
+    list_filter = ["queue", JobNameFilter, ExceptionFilter, TagFilter, "failed_at"]
     search_fields = ["id", "name", "exception_class", "message", "reason"]
     date_hierarchy = "failed_at"
     actions = ["retry", "delete_selected"]
     fields = readonly_fields = (
         "id", "name", "queue", "attempts", "priority", "failed_at", "reason", "exception_class",
-        "message", "traceback_pretty", "last_error_pretty", "context_pretty",
+        "message", "tags_display", "traceback_pretty", "last_error_pretty", "context_pretty",
         "payload_pretty")
     list_per_page = 50
     change_form_template = "admin/django_jobguard/failedjob/change_form.html"
 
     failed_at_display = timestamp_column("failed_at", _("failed at"))
+    tags_display = tags_display
 
     @admin.display(description=_("exception"), ordering="exception_class")
     def exception_short(self, obj: FailedJob) -> str:

@@ -12,13 +12,16 @@ from django.utils.translation import ngettext
 
 from django_jobguard import debounce, operations, registry
 from django_jobguard.admin.base import (
+    HideArgumentsMixin,
     JobNameFilter,
     JobSearchAdminMixin,
     ReadOnlyDetailMixin,
+    TagFilter,
     breakable,
     pretty_context,
     pretty_error,
     pretty_json,
+    tags_display,
     timestamp_column,
 )
 from django_jobguard.models import JobResult, QueuedJob, QueuedJobQuerySet
@@ -44,18 +47,19 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     # search, not a column of its own.
     list_display = ["name_display", "arguments_display", "queue", "state_display", "attempts",
                     "priority", "available_at_display"]
-    list_filter = ["queue", StateFilter, JobNameFilter]
+    list_filter = ["queue", StateFilter, JobNameFilter, TagFilter]
     search_fields = ["id", "name"]
     ordering = ["queue", "-priority", "available_at"]
     actions = ["run_now", "requeue", "cancel", "delete_selected"]
     fields = readonly_fields = (
         "id", "name", "queue", "state_display", "progress_display", "attempts", "exceptions",
         "priority", "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
-        "cancel_requested_at", "last_error_pretty", "context_pretty",
+        "cancel_requested_at", "tags_display", "last_error_pretty", "context_pretty",
         "payload_pretty")
     list_per_page = 50
 
     available_at_display = timestamp_column("available_at", _("available at"))
+    tags_display = tags_display
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)
@@ -238,11 +242,12 @@ class ResultNameFilter(JobNameFilter):
 
 
 @admin.register(JobResult)
-class JobResultAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
+class JobResultAdmin(HideArgumentsMixin, ReadOnlyDetailMixin, admin.ModelAdmin):
     list_display = ["name_display", "queue", "status", "attempts", "finished_at_display", "id"]
     list_filter = ["status", "queue", ResultNameFilter]
     search_fields = ["id", "name", "payload__task"]
-    readonly_fields = [f.name for f in JobResult._meta.fields]
+    fields = readonly_fields = tuple(f.name for f in JobResult._meta.fields)
+    argument_fields = ("payload",)
 
     finished_at_display = timestamp_column("finished_at", _("finished at"))
 

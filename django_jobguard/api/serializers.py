@@ -12,7 +12,15 @@ from rest_framework.exceptions import ErrorDetail
 
 from django_jobguard import operations, registry
 from django_jobguard import queue as job_queue
-from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
+from django_jobguard import tags as job_tags
+from django_jobguard.models import (
+    Batch,
+    FailedJob,
+    FinishedRun,
+    QueuedJob,
+    Worker,
+    may_view_arguments,
+)
 from django_jobguard.progress import stored_fraction
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
@@ -162,11 +170,48 @@ class ProgressField(serializers.FloatField):
         return stored_fraction(value)
 
 
-class QueuedJobSerializer(serializers.ModelSerializer):
+class TagsField(serializers.ListField):
+    """A row's tags as a list of strings (:mod:`django_jobguard.tags`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault("child", serializers.CharField())
+        kwargs.setdefault("help_text", "Tags set at dispatch or on the job class.")
+        super().__init__(**kwargs)
+
+    def to_representation(self, data: Any) -> list[str]:
+        return job_tags.decode(data)
+
+
+class HidesArguments(serializers.Serializer):
+    """A row whose ``argument_fields`` are ``null`` for a user without ``view_job_arguments``
+    (payloads may hold personal data); the rest of the row is shown."""
+
+    argument_fields: ClassVar[tuple[str, ...]] = ("payload",)
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if not self._arguments_shown():
+            for name in self.argument_fields:
+                if name in data:
+                    data[name] = None
+        return data
+
+    def _arguments_shown(self) -> bool:
+        shown = self.context.get("jobguard_arguments_shown")
+        if shown is None:  # once per response, not per row
+            request = self.context.get("request")
+            shown = may_view_arguments(getattr(request, "user", None))
+            self.context["jobguard_arguments_shown"] = shown
+        return shown
+
+
+class QueuedJobSerializer(HidesArguments, serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=operations.STATES, source="jobguard_state",
                                     read_only=True)
     display_name = DisplayNameField()
     progress = ProgressField()
+    tags = TagsField()
     stale = serializers.SerializerMethodField(
         help_text="Reserved by a worker that is gone (the admin's 'stale' flag): "
                   "POST jobs/{id}/requeue/ frees it now instead of at the lease's end.")
@@ -178,7 +223,7 @@ class QueuedJobSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "display_name", "queue", "state", "attempts", "exceptions",
                   "priority", "available_at", "reserved_at", "reserved_by", "stale",
                   "stale_reason", "created_at", "wait_reason", "cancel_requested_at",
-                  "progress", "progress_message", "last_error", "payload"]
+                  "progress", "progress_message", "last_error", "tags", "payload"]
         read_only_fields = fields
 
     def _stale(self, row: QueuedJob) -> str:
@@ -237,6 +282,8 @@ class JobFilterSerializer(SearchQuerySerializer):
     name = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                  help_text="Job name; a django.tasks task's own dotted name "
                                            "too.")
+    tag = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                help_text="Only jobs carrying this tag.")
 
 
 class BatchSerializer(serializers.ModelSerializer):
@@ -253,13 +300,14 @@ class BatchSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class FailedJobSerializer(serializers.ModelSerializer):
+class FailedJobSerializer(HidesArguments, serializers.ModelSerializer):
     display_name = DisplayNameField()
+    tags = TagsField()
 
     class Meta:
         model = FailedJob
         fields = ["id", "name", "display_name", "queue", "attempts", "priority", "reason",
-                  "exception_class", "message", "failed_at", "payload"]
+                  "exception_class", "message", "failed_at", "tags", "payload"]
         read_only_fields = fields
 
 
@@ -283,6 +331,8 @@ class FailedJobFilterSerializer(SearchQuerySerializer):
     exception = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                       help_text="Exception class: its dotted path or its "
                                                 "name alone (TimeoutError).")
+    tag = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                help_text="Only jobs carrying this tag.")
 
 
 class BulkRetriedSerializer(serializers.Serializer):
@@ -317,6 +367,59 @@ class RetriedSerializer(serializers.Serializer):
 
 
 # -- paused queues -----------------------------------------------------------------------
+
+
+class RunningJobSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField(help_text="The job's class as operators know it; empty when "
+                                           "it finished meanwhile.")
+
+
+class RunningJobsField(serializers.ListField):
+    """The jobs a worker runs now, each with its class (one query per page: the view puts
+    ``running_jobs`` in the context)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=RunningJobSerializer(), read_only=True, source="*",
+                         help_text="The jobs it runs now.", **kwargs)
+
+    def to_representation(self, data: Any) -> list[dict[str, str]]:
+        names = self.context.get("running_jobs")
+        if names is None:
+            names = operations.running_jobs([data])
+        return [{"id": job_id, "name": names.get(job_id, "")}
+                for job_id in data.current_job.split(",") if job_id]
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    """A worker with its verdict, what it runs, and what was asked of it."""
+
+    status = serializers.SerializerMethodField(
+        help_text="alive, ended (its process on this host is gone), silent (no heartbeat for "
+                  "RETRY_AFTER) or unknown.")
+    queues = serializers.SerializerMethodField()
+    running = RunningJobsField()
+
+    class Meta:
+        model = Worker
+        fields = ["id", "hostname", "pid", "queues", "status", "state", "command",
+                  "command_by", "command_at", "running", "jobs_processed", "done_last_minute",
+                  "failed_last_minute", "started_at", "last_seen_at"]
+        read_only_fields = fields
+
+    def get_status(self, row: Worker) -> str:
+        states = self.context.get("worker_states") or {}
+        return states.get(row.id) or operations.worker_states([row.id]).get(row.id, "unknown")
+
+    def get_queues(self, row: Worker) -> list[str]:
+        return [name for name in row.queues.split(",") if name]
+
+
+
+class WorkerCommandedSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    command = serializers.ChoiceField(choices=["quiet", "stop"], help_text=(
+        "What the worker now has: a quiet asked of a stopping worker leaves 'stop'."))
 
 
 class PausedQueueSerializer(serializers.Serializer):
@@ -484,11 +587,15 @@ class StatsHistorySerializer(serializers.Serializer):
 # -- finished runs (history) -------------------------------------------------------------
 
 
-class FinishedRunSerializer(serializers.ModelSerializer):
+class FinishedRunSerializer(HidesArguments, serializers.ModelSerializer):
+    tags = TagsField()
+    argument_fields = ("arguments",)
+
     class Meta:
         model = FinishedRun
         fields = ["id", "job_id", "name", "queue", "state", "arguments", "attempt", "worker",
-                  "started_at", "finished_at", "runtime", "wait", "result_size", "error"]
+                  "started_at", "finished_at", "runtime", "wait", "result_size", "error",
+                  "tags"]
         read_only_fields = fields
 
 
@@ -503,13 +610,29 @@ class FinishedRunFilterSerializer(QuerySerializer):
         "DONE", "SKIPPED", "DELETED", "CANCELLED", "FAILED"])
     arguments = serializers.CharField(required=False, allow_blank=True, max_length=255,
                                       help_text="Text the run's arguments (JSON) contain.")
+    tag = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                help_text="Only jobs carrying this tag.")
     since = serializers.CharField(required=False, allow_blank=True, max_length=64,
                                   help_text="Finished at or after (ISO 8601 date and time).")
     until = serializers.CharField(required=False, allow_blank=True, max_length=64,
                                   help_text="Finished before (ISO 8601 date and time).")
 
+    def accepted_names(self) -> list[str]:
+        data = self.initial_data if hasattr(self, "initial_data") else {}
+        return super().accepted_names() + [
+            key for key in data if operations.search.is_argument_param(key)]
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {key: value for key, value in attrs.items() if value != ""}
+        data = self.initial_data
+        lists = data.lists() if hasattr(data, "lists") else ((k, [v]) for k, v in data.items())
+        try:
+            attrs["lookups"] = operations.search.parse_arguments(
+                [(key, value) for key, values in lists
+                 if operations.search.is_argument_param(key) for value in values])
+            attrs["tag"] = operations.search.check_tag(attrs.get("tag", ""))
+        except operations.SearchError as exc:
+            raise serializers.ValidationError({exc.param: [exc.message]}) from None
         for key in ("since", "until"):
             if key in attrs:
                 try:
@@ -581,6 +704,14 @@ class DispatchSerializer(StrictSerializer):
     delay = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS,
                                    help_text="Seconds before the job may run.")
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
+    tags = serializers.ListField(child=serializers.CharField(), required=False, default=list,
+                                 help_text="Tags added to the job class's own.")
+
+    def validate_tags(self, value: list) -> list:
+        try:
+            return list(job_tags.validate(value, owner="tags"))
+        except (TypeError, ValueError) as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate_args(self, value: list) -> list:
         check_json_text(value, path="args")
@@ -606,6 +737,10 @@ class DispatchedSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     job = serializers.CharField()
     queue = serializers.CharField()
+
+
+class ScheduleRunSerializer(DispatchedSerializer):
+    schedule = serializers.CharField()
 
 
 class SkippedSerializer(serializers.Serializer):

@@ -16,6 +16,7 @@ router.register("jobs", views.QueuedJobViewSet, basename="job")
 router.register("failed-jobs", views.FailedJobViewSet, basename="failed-job")
 router.register("batches", views.BatchViewSet, basename="batch")
 router.register("runs", views.FinishedRunViewSet, basename="run")
+router.register("workers", views.WorkerViewSet, basename="worker")
 
 endpoint_patterns = [
     *router.urls,
@@ -29,6 +30,7 @@ endpoint_patterns = [
     path("stats/", views.StatsView.as_view(), name="stats"),
     path("stats/history/", views.StatsHistoryView.as_view(), name="stats-history"),
     path("schedules/", views.ScheduleListView.as_view(), name="schedule-list"),
+    path("schedules/<path:name>/run/", views.RunScheduleView.as_view(), name="schedule-run"),
     path("dispatch/", views.DispatchView.as_view(), name="dispatch"),
 ]
 

@@ -24,6 +24,7 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from django_jobguard import history, operations, registry, schedules, serialization
+from django_jobguard import tags as job_tags
 from django_jobguard.api import serializers as s
 from django_jobguard.api.base import (
     KEY_PARAMS,
@@ -45,9 +46,31 @@ from django_jobguard.api.base import (
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.decorators import FunctionJob
 from django_jobguard.jobs import Job
-from django_jobguard.models import Batch, FailedJob, FinishedRun, QueuedJob
+from django_jobguard.models import (
+    Batch,
+    FailedJob,
+    FinishedRun,
+    QueuedJob,
+    Worker,
+    may_view_arguments,
+)
 from django_jobguard.operations import monitoring
 from django_jobguard.workflows import batches
+
+
+def searched(request: Any, search: operations.JobSearch) -> operations.JobSearch:
+    """``search``, unless it looks inside arguments and the user may not see them
+    (``view_job_arguments``): then a 403 saying so (the search would reveal them)."""
+    refuse_argument_search(request, bool(search.arguments))
+    return search
+
+
+def refuse_argument_search(request: Any, by_arguments: bool) -> None:
+    if by_arguments and not may_view_arguments(request.user):
+        raise exceptions.PermissionDenied(
+            "Searching by arguments needs the view_job_arguments permission.",
+            code="permission_denied")
+
 
 # -- queued jobs -------------------------------------------------------------------------
 
@@ -67,7 +90,8 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def get_queryset(self):
         qs = QueuedJob.objects.with_state().order_by("queue", "-priority", "available_at", "id")
         if self.action in self.query_handlers:
-            qs = read_query(s.JobFilterSerializer, self.request)["search"].apply(qs)
+            qs = searched(self.request, read_query(s.JobFilterSerializer, self.request)[
+                "search"]).apply(qs)
         return qs
 
     def get_serializer(self, *args, **kwargs):
@@ -134,7 +158,7 @@ class QueuedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def delete_matching(self, request, *args, **kwargs):
         """Delete every queued job the filters match (no filter: all) that no worker holds,
         freeing unique locks, in batches of 500; reserved ones are counted in ``skipped``."""
-        search = read_query(s.JobFilterSerializer, request)["search"]
+        search = searched(request, read_query(s.JobFilterSerializer, request)["search"])
         result = operations.delete_matching(self.get_queryset(),
                                             actor=request.user.get_username(),
                                             description=search.describe())
@@ -166,7 +190,8 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def get_queryset(self):
         qs = FailedJob.objects.order_by("-failed_at", "id")
         if self.action in self.query_handlers:
-            qs = read_query(s.FailedJobFilterSerializer, self.request)["search"].apply(qs)
+            qs = searched(self.request, read_query(s.FailedJobFilterSerializer, self.request)[
+                "search"]).apply(qs)
         return qs
 
     @extend_schema(parameters=[s.FailedJobFilterSerializer], responses={
@@ -220,7 +245,7 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def retry_matching(self, request, *args, **kwargs):
         """Queue again every failed job the filters match (the list's query parameters; no
         filter: all), in batches of 500; ids queued already are counted in ``skipped``."""
-        search = read_query(s.FailedJobFilterSerializer, request)["search"]
+        search = searched(request, read_query(s.FailedJobFilterSerializer, request)["search"])
         result = operations.retry_matching(self.get_queryset(),
                                            actor=request.user.get_username(),
                                            description=search.describe())
@@ -233,7 +258,7 @@ class FailedJobViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveMo
     def forget_matching(self, request, *args, **kwargs):
         """Forget (delete) every failed job the filters match (no filter: all), in batches
         of 500."""
-        search = read_query(s.FailedJobFilterSerializer, request)["search"]
+        search = searched(request, read_query(s.FailedJobFilterSerializer, request)["search"])
         result = operations.forget_matching(self.get_queryset(),
                                             actor=request.user.get_username(),
                                             description=search.describe())
@@ -489,11 +514,15 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
         if self.action != "list":
             return qs
         query = read_query(s.FinishedRunFilterSerializer, self.request)
+        refuse_argument_search(self.request, bool(query.get("lookups") or "arguments" in query))
         for field in ("name", "queue", "state"):
             if field in query:
                 qs = qs.filter(**{field: query[field]})
         if "arguments" in query:
             qs = qs.filter(arguments__icontains=query["arguments"])
+        if query.get("tag"):
+            qs = qs.filter(job_tags.lookup(query["tag"]))
+        qs = operations.search.filter_arguments(qs, query.get("lookups", ()), field="arguments")
         if "since" in query:
             qs = qs.filter(finished_at__gte=query["since"])
         if "until" in query:
@@ -520,6 +549,71 @@ class FinishedRunViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.Retrieve
             {"window": window, "classes": history.run_statistics(window)}).data)
 
 
+# -- workers -----------------------------------------------------------------------------
+
+
+class WorkerViewSet(JobGuardAPIView, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                    viewsets.GenericViewSet):
+    """Workers with their verdict and the jobs they run; ``quiet`` (claim nothing new, the
+    running jobs finish) and ``stop`` (a graceful stop), delivered through the worker's row
+    within one heartbeat, to a live worker only."""
+
+    queryset = Worker.objects.all()
+    serializer_class = s.WorkerSerializer
+    lookup_value_regex = "[^/]+"
+    model_permissions = {"GET": ["view_worker"]}
+    action_permissions = {"quiet": {"POST": ["quiet_worker"]},
+                          "stop": {"POST": ["stop_worker"]}}
+
+    def get_queryset(self):
+        return Worker.objects.order_by("-last_seen_at", "id")
+
+    def get_serializer(self, *args, **kwargs):
+        serializer = super().get_serializer(*args, **kwargs)
+        if args and self.action in ("list", "retrieve"):  # the page judged at once
+            rows = list(args[0]) if kwargs.get("many") else [args[0]]
+            serializer.context["worker_states"] = operations.worker_states(
+                [row.id for row in rows])
+            serializer.context["running_jobs"] = operations.running_jobs(rows)
+        return serializer
+
+    @extend_schema(responses={200: s.WorkerSerializer(many=True),
+                              **error_responses(*READ_ERRORS, 404)})
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: s.WorkerSerializer, **error_responses(*ONE_ERRORS)})
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    def _command(self, request: Any, worker_id: str, command: str) -> Response:
+        try:
+            now = operations.command_worker(worker_id, command,
+                                            actor=request.user.get_username())
+        except operations.WorkerNotFound as exc:
+            raise Http404(str(exc))
+        except operations.WorkerGoneError as exc:
+            raise Conflict(str(exc), code="worker_gone")
+        return Response({"id": worker_id, "command": now})
+
+    @extend_schema(request=None, responses={200: s.WorkerCommandedSerializer,
+                                            **error_responses(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def quiet(self, request, *args, **kwargs):
+        """Quiet a live worker: it claims nothing new from its next heartbeat, its running
+        jobs finish (``job.stopping`` is true in them), it stays up until stopped (409
+        ``worker_gone`` if it is not alive)."""
+        return self._command(request, kwargs["pk"], "quiet")
+
+    @extend_schema(request=None, responses={200: s.WorkerCommandedSerializer,
+                                            **error_responses(*ONE_ERRORS, 409)})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, *args, **kwargs):
+        """Stop a live worker gracefully: from its next heartbeat it claims nothing new, its
+        running jobs finish, and it exits 0 (as on SIGTERM; ``--stop-timeout`` applies)."""
+        return self._command(request, kwargs["pk"], "stop")
+
+
 # -- schedules ---------------------------------------------------------------------------
 
 
@@ -532,6 +626,30 @@ class ScheduleListView(JobGuardAPIView, APIView):
     @extend_schema(responses={200: s.ScheduleSerializer(many=True), **error_responses(401, 403)})
     def get(self, request):
         return Response(s.ScheduleSerializer(schedules.schedule_status(), many=True).data)
+
+
+class RunScheduleView(JobGuardAPIView, APIView):
+    """Run a schedule's job once now, outside its ticks (the next tick runs as planned)."""
+
+    model_permissions = {"POST": ["run_schedule"]}
+
+    @extend_schema(request=None, responses={
+        201: s.ScheduleRunSerializer,
+        200: OpenApiResponse(s.SkippedSerializer, description="A unique job's copy is queued.")
+        if AutoSchema else s.SkippedSerializer,
+        **error_responses(*ONE_ERRORS)})
+    def post(self, request, name: str):
+        try:
+            result = schedules.run_now(name, actor=request.user.get_username())
+        except schedules.UnknownScheduleError as exc:
+            raise Http404(str(exc))
+        except schedules.ScheduleError as exc:  # its job is not registered (E061)
+            raise exceptions.ValidationError({"schedule": [str(exc)]})
+        if not result:
+            return Response({"skipped": result.skipped, "job": result.job_name},
+                            status=status.HTTP_200_OK)
+        return Response({"id": result.id, "job": result.job_name, "queue": result.queue,
+                         "schedule": name}, status=status.HTTP_201_CREATED)
 
 
 # -- dispatch ----------------------------------------------------------------------------
@@ -635,7 +753,7 @@ class DispatchView(JobGuardAPIView, APIView):
         try:
             job = job_class(*args, **kwargs)
             dispatched = job.dispatch(delay=data.get("delay"), queue=data.get("queue"),
-                                      priority=data.get("priority"))
+                                      priority=data.get("priority"), tags=data["tags"])
         except (TypeError, ValueError) as exc:
             raise exceptions.ValidationError({"non_field_errors": [str(exc)]})
         if not dispatched:

@@ -34,6 +34,9 @@ class NewJob:
     at: datetime.datetime | None = None   # run at this aware time, or
     delay: float | None = None            # this many seconds after the database's now
     id: uuid.UUID = field(default_factory=uuid.uuid4)
+    #: Its tags as the column stores them (``,a,b,``, :mod:`django_jobguard.tags`); the
+    #: dialects insert the other columns and :func:`django_jobguard.queue.push` sets these.
+    tags: str = ""
 
 
 

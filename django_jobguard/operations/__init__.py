@@ -11,6 +11,7 @@ call, and that the worker's housekeeping runs.
 - :mod:`.search`: the filters of the admin, the API and the commands (name, queue, state,
   exception class, JSON lookups inside the arguments);
 - :mod:`.monitoring`: stats, the monitor's thresholds and the dashboard's overview;
+- :mod:`.workers`: which workers are alive; quiet or stop one (through its row);
 - :mod:`.maintenance`: housekeeping (what every worker does once a minute); pruning results.
 
 Job states are defined once, on the model (:class:`~django_jobguard.models.QueuedJobQuerySet`,
@@ -104,7 +105,11 @@ from django_jobguard.operations.search import (
 )
 from django_jobguard.operations.workers import (
     DEAD_WORKER_AFTER_LEASES,
+    WorkerGoneError,
+    WorkerNotFound,
+    command_worker,
     live_workers,
+    running_jobs,
     stale_reservations,
     worker_states,
 )
@@ -113,7 +118,8 @@ __all__ = [
     "DEAD_WORKER_AFTER_LEASES", "DELETED", "STATES", "STOPPING", "CancelResult", "ClearResult",
     "BulkResult", "NOT_RESERVED", "RequeueRefused", "RequeueResult", "WORKER_ALIVE",
     "delete_matching", "forget_matching", "requeue", "requeue_job", "retry_matching",
-    "stale_reservations", "worker_states",
+    "stale_reservations", "worker_states", "command_worker", "WorkerGoneError", "WorkerNotFound",
+    "running_jobs",
     "FailedJobNotFound", "FailedSelection", "JobSearch", "failed_before", "SearchError", "name_q",
     "result_name_q", "Housekeeping", "JobNotQueuedError", "LOCK_KINDS",
     "LockRow", "LockRowPage", "inspect_lock", "lock_page",

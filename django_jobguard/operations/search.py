@@ -5,7 +5,11 @@ dotted name too, see :func:`~django_jobguard.registry.display_name`), queue, sta
 jobs), exception class (failed jobs) and values inside the arguments: ``args__0=42`` or
 ``kwargs__invoice_id=7``, the value written as JSON (``"abc"`` for a string, ``42``, ``true``,
 ``null``), compared as JSON with Django's ``JSONField`` key lookups on every database, so
-``42`` does not match ``"42"``. Bad input raises :class:`SearchError` naming the parameter.
+``42`` does not match ``"42"``. A ``kwargs__<name>`` lookup also finds the argument passed by
+position, through the job class's signature: ``kwargs__customer_id=9`` finds
+``NotifyCustomer(9, ...)`` when ``customer_id`` is its first parameter. ``tag`` narrows to
+jobs carrying a tag (:mod:`django_jobguard.tags`). Bad input raises :class:`SearchError`
+naming the parameter.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from django.db import connections
 from django.db.models import CharField, Func, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
-from django_jobguard import registry
+from django_jobguard import registry, tags
 from django_jobguard.conf import queue_database
 from django_jobguard.models import STATES, FailedJob, QueuedJob, QueuedJobQuerySet
 from django_jobguard.operations.pausing import QueueNameError, check_queue_name, is_known_queue
@@ -156,6 +160,8 @@ class JobSearch:
     exception: str = ""
     #: ``((("kwargs", "invoice_id"), 7), ...)`` from :func:`parse_arguments`.
     arguments: tuple[tuple[tuple[str, ...], Any], ...] = ()
+    #: Jobs carrying this tag.
+    tag: str = ""
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | Iterable[tuple[str, Any]], *,
@@ -176,16 +182,17 @@ class JobSearch:
                    queue=check_queue(queue, using=using) if queue else "",
                    state=state,
                    exception=(params.get("exception") or "").strip() if failed else "",
-                   arguments=parse_arguments(pairs))
+                   arguments=parse_arguments(pairs), tag=check_tag(params.get("tag") or ""))
 
     def __bool__(self) -> bool:
-        return any((self.name, self.queue, self.state, self.exception, self.arguments))
+        return any((self.name, self.queue, self.state, self.exception, self.arguments,
+                    self.tag))
 
     def describe(self) -> str:
         """``name 'x', queue 'y', kwargs__id = 7`` for messages and the audit log."""
         parts = [f"{label} {value!r}" for label, value in (
             ("name", self.name), ("queue", self.queue), ("state", self.state),
-            ("exception", self.exception)) if value]
+            ("exception", self.exception), ("tag", self.tag)) if value]
         parts += [f"{'__'.join(path)} = {json.dumps(value)}" for path, value in self.arguments]
         return ", ".join(parts) or "everything"
 
@@ -200,15 +207,9 @@ class JobSearch:
             rows = rows.in_state(self.state)
         if self.exception:
             rows = rows.filter(exception_q(self.exception))
-        strict_types = connections[rows.db].vendor == "mysql"
-        for i, (path, value) in enumerate(self.arguments):
-            rows = rows.alias(**{f"jobguard_arg{i}": argument(path)}).filter(
-                **{f"jobguard_arg{i}": value})
-            if strict_types:  # Django compares unquoted text there: 42 would match "42"
-                rows = rows.alias(**{f"jobguard_type{i}": Func(
-                    argument(path), function="JSON_TYPE", output_field=CharField())}).filter(
-                    **{f"jobguard_type{i}__in": _MYSQL_JSON_TYPES[_json_kind(value)]})
-        return rows
+        if self.tag:
+            rows = rows.filter(tags.lookup(self.tag))
+        return filter_arguments(rows, self.arguments)
 
     def queued_jobs(self, *, using: str | None = None) -> QuerySet[QueuedJob]:
         using = queue_database(using)
@@ -217,6 +218,58 @@ class JobSearch:
     def failed_jobs(self, *, using: str | None = None) -> QuerySet[FailedJob]:
         using = queue_database(using)
         return self.apply(FailedJob.objects.using(using).all())
+
+
+def check_tag(value: str) -> str:
+    """``value`` (stripped) if it could be a tag, ``""`` for none; :class:`SearchError`
+    saying what is wrong otherwise."""
+    value = value.strip()
+    if value:
+        try:
+            tags.validate([value], owner="tag")
+        except (TypeError, ValueError) as exc:
+            raise SearchError("tag", str(exc)) from None
+    return value
+
+
+def filter_arguments(rows: QuerySet, arguments: tuple[tuple[tuple[str, ...], Any], ...], *,
+                     field: str = "payload") -> QuerySet:
+    """``rows`` whose arguments (the JSON in ``field``: ``{"args": [...], "kwargs": {...}}``)
+    match every lookup of ``arguments``. A ``kwargs__<name>`` lookup matches the keyword
+    argument, or, for each registered job that takes ``<name>`` by position, that
+    positional argument of its rows (:func:`~django_jobguard.registry.positional_index`)."""
+    strict_types = connections[rows.db].vendor == "mysql"
+    for i, (path, value) in enumerate(arguments):
+        where = Q()
+        for j, (names, at) in enumerate(_alternatives(path)):
+            alias = f"jobguard_arg{i}_{j}"
+            rows = rows.alias(**{alias: argument(at, field)})
+            match = Q(**{alias: value})
+            if strict_types:  # Django compares unquoted text there: 42 would match "42"
+                rows = rows.alias(**{f"{alias}_type": Func(
+                    argument(at, field), function="JSON_TYPE", output_field=CharField())})
+                match &= Q(**{f"{alias}_type__in": _MYSQL_JSON_TYPES[_json_kind(value)]})
+            if names is not None:
+                match &= Q(name__in=names)
+            where |= match
+        rows = rows.filter(where)
+    return rows
+
+
+def _alternatives(path: tuple[str, ...]) -> list[tuple[list[str] | None, tuple[str, ...]]]:
+    """Where the value of lookup ``path`` may be: ``(None, path)`` (any job), and for
+    ``kwargs__<name>…`` ``(job names, ("args", "<index>", …))`` per position that registered
+    jobs take ``<name>`` at."""
+    found: list[tuple[list[str] | None, tuple[str, ...]]] = [(None, path)]
+    if path[0] != "kwargs":
+        return found
+    by_index: dict[int, list[str]] = {}
+    for name, job_class in sorted(registry.all_jobs().items()):
+        index = registry.positional_index(job_class, path[1])
+        if index is not None:
+            by_index.setdefault(index, []).append(name)
+    found += [(names, ("args", str(index), *path[2:])) for index, names in by_index.items()]
+    return found
 
 
 #: What MariaDB's / MySQL's ``JSON_TYPE`` says for each kind of JSON scalar.
@@ -234,11 +287,12 @@ def _json_kind(value: Any) -> str:
     return "string" if isinstance(value, str) else "number"
 
 
-def argument(path: tuple[str, ...]) -> KeyTransform:
-    """The payload's value at ``path`` as a JSON expression: compared with ``=`` it is a JSON
-    comparison (a key lookup), whatever the keys are called (a key named ``contains`` is a
-    key, not Django's lookup of that name)."""
-    expression: Any = "payload"
+def argument(path: tuple[str, ...], field: str = "payload") -> KeyTransform:
+    """The value at ``path`` of the JSON in ``field`` (the payload; a finished run's
+    ``arguments``) as a JSON expression: compared with ``=`` it is a JSON comparison (a key
+    lookup), whatever the keys are called (a key named ``contains`` is a key, not Django's
+    lookup of that name)."""
+    expression: Any = field
     for key in path:
         expression = KeyTransform(key, expression)
     return expression
@@ -249,6 +303,6 @@ def result_name_q(name: str) -> Q:
     return name_q(name, result=True)
 
 
-__all__ = ["ARGUMENT_ROOTS", "JobSearch", "SearchError", "argument",
-           "check_queue", "exception_q", "is_argument_param", "name_q", "parse_argument",
-           "parse_arguments", "result_name_q"]
+__all__ = ["ARGUMENT_ROOTS", "JobSearch", "SearchError", "argument", "check_queue",
+           "check_tag", "exception_q", "filter_arguments", "is_argument_param", "name_q",
+           "parse_argument", "parse_arguments", "result_name_q"]

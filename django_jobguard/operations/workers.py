@@ -1,4 +1,5 @@
-"""Which workers are alive: a recent heartbeat, and a live process when on this host."""
+"""Which workers are alive (a recent heartbeat, and a live process when on this host), and
+what operators ask of them: quiet (claim nothing new) and stop (a graceful stop)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from collections.abc import Iterable
 from django.db.models import BooleanField, Case, Value, When
 from django.db.models.functions import Now
 
+from django_jobguard import registry
 from django_jobguard.conf import jobguard_settings, queue_database
-from django_jobguard.models import QueuedJob, Worker
+from django_jobguard.models import QUIET, STOP, WORKER_COMMANDS, QueuedJob, Worker
+from django_jobguard.operations import audit
 
 #: A worker row whose last heartbeat is older than this many ``RETRY_AFTER`` is deleted.
 DEAD_WORKER_AFTER_LEASES = 10
@@ -103,3 +106,59 @@ def dead_workers(*, using: str | None = None):
     using = queue_database(using)
     gone = Now() - Value(DEAD_WORKER_AFTER_LEASES * heartbeat_grace())
     return Worker.objects.using(using).filter(last_seen_at__lt=gone)
+
+
+class WorkerNotFound(LookupError):
+    """No worker row has the id (it stopped, or never was)."""
+
+
+class WorkerGoneError(RuntimeError):
+    """The worker's row is there but the worker is not alive: nothing would read a command."""
+
+
+def command_worker(worker_id: str, command: str, *, actor: str = "",
+                   using: str | None = None) -> str:
+    """Ask the live worker ``worker_id`` to ``quiet`` (claim nothing new; its running jobs
+    finish) or ``stop`` (a graceful stop: its running jobs finish, it exits 0). Written to
+    that worker's own row, which its heartbeat reads (within one beat, on any host). Returns
+    the command the worker now has: ``stop`` stays ``stop`` when asked to quiet afterwards.
+
+    Owner-checked: the command goes to one worker, by its id (``host:pid:token``, unique
+    per process), only while it is alive (:func:`worker_states`), so a command for a worker
+    that is gone reaches no other process. :class:`WorkerNotFound` without a row,
+    :class:`WorkerGoneError` for a row whose worker is gone."""
+    using = queue_database(using)
+    if command not in WORKER_COMMANDS:
+        raise ValueError(f"Unknown worker command {command!r}; expected one of "
+                         f"{', '.join(WORKER_COMMANDS)}.")
+    state = worker_states([worker_id], using=using).get(worker_id, UNKNOWN)
+    rows = Worker.objects.using(using).filter(id=worker_id)
+    if state == UNKNOWN or not rows.exists():
+        raise WorkerNotFound(f"No worker {worker_id!r} (it has stopped, or never ran).")
+    if state != ALIVE:
+        raise WorkerGoneError(f"Worker {worker_id} is gone ({state}): nothing would "
+                              f"{command} it.")
+    if command == QUIET:
+        rows = rows.exclude(command=STOP)  # a quiet does not take back a stop
+    if rows.update(command=command, command_by=actor[:150], command_at=Now()):
+        audit.record(f"worker_{command}", 1, f"{'Quieted' if command == QUIET else 'Stopped'} "
+                     f"worker {worker_id}", actor)
+        return command
+    return STOP
+
+
+def running_jobs(workers: list[Worker], *, using: str | None = None) -> dict[str, str]:
+    """``{job id: the job's name as operators know it}`` for the jobs ``workers`` run now
+    (one query; a job that finished meanwhile is left out)."""
+    ids = {job_id for worker in workers for job_id in worker.current_job.split(",") if job_id}
+    if not ids:
+        return {}
+    rows = QueuedJob.objects.using(queue_database(using))
+    adapters = registry.display_paths()
+    found: dict[str, str] = {}
+    for row_id, name in rows.filter(id__in=list(ids)).values_list("id", "name"):
+        if name in adapters:  # a django.tasks task: its own dotted name, from the payload
+            payload = rows.filter(id=row_id).values_list("payload", flat=True).first()
+            name = registry.display_name(name, payload)
+        found[str(row_id)] = name
+    return found

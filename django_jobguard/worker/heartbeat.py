@@ -5,8 +5,11 @@ runs its steps in turn, each named after its one job:
 
 1. :meth:`~Heartbeat.renew_leases`: the leases of the rows the worker holds (running, and
    claimed ahead or waiting for a slot), so no other worker takes them;
-2. :meth:`~Heartbeat.say_alive`: the Worker row's ``last_seen_at`` and counts, written again
-   when housekeeping or an operator deleted it;
+2. :meth:`~Heartbeat.say_alive`: the Worker row's ``last_seen_at``, counts and state, written
+   again when housekeeping or an operator deleted it; and what an operator asked of the
+   worker through the row (``command``: quiet or stop), which it then does
+   (:meth:`~django_jobguard.worker.loop.Worker.obey`): so a command from the admin or the API
+   on any host reaches the worker within one beat;
 3. :meth:`~Heartbeat.flush_history`: the per-queue, per-minute counts of the dashboard;
 4. :meth:`~Heartbeat.tick_schedules`: periodic jobs due now (any worker enqueues each tick,
    once);
@@ -57,6 +60,13 @@ class Beating(Protocol):
 
     def identity(self) -> dict[str, Any]:
         """The fields of the Worker row that never change."""
+
+    @property
+    def run_state(self) -> str:
+        """``running``, ``quiet`` or ``stopping``."""
+
+    def obey(self, command: str) -> None:
+        """Do what an operator asked through the Worker row: ``quiet`` or ``stop``."""
 
 
 class Heartbeat:
@@ -117,15 +127,23 @@ class Heartbeat:
         return len(held), renewed
 
     def say_alive(self, *, held: int = 0, renewed: int = 0) -> None:
-        """Write the Worker row's ``last_seen_at`` and counts; write the row again if it is
-        gone (see :meth:`_register_again`)."""
+        """Write the Worker row's ``last_seen_at``, counts and state; write the row again if
+        it is gone (see :meth:`_register_again`); then do what an operator asked through it
+        (its ``command``), reading the row it just wrote: its own, by its unique id."""
         worker = self.worker
         done, failed = worker.recent_counts()
         beat = {"jobs_processed": worker.jobs_processed, "current_job": worker.current_job,
-                "done_last_minute": done, "failed_last_minute": failed}
-        if not WorkerRow.objects.using(self.using).filter(id=worker.id).update(
-                last_seen_at=Now(), **beat):
+                "done_last_minute": done, "failed_last_minute": failed,
+                "state": worker.run_state}
+        row = WorkerRow.objects.using(self.using).filter(id=worker.id)
+        if not row.update(last_seen_at=Now(), **beat):
             self._register_again(beat, held=held, renewed=renewed)
+            return
+        command = row.values_list("command", flat=True).first()
+        if command:
+            worker.obey(command)
+            if worker.run_state != beat["state"]:  # shown at once, not a beat later
+                row.update(state=worker.run_state)
 
     def flush_history(self) -> None:
         """Add the jobs finished since the last beat to the dashboard's per-minute counts."""

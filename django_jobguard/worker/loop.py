@@ -39,7 +39,7 @@ from django.db import DatabaseError, InterfaceError
 from django_jobguard import aio, history, logs, queue, registry
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.exceptions import WorkerStoppedError
-from django_jobguard.models import QueuedJob
+from django_jobguard.models import QUIET, STOP, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.outcome import JobState
 from django_jobguard.retry import Defaults
@@ -170,6 +170,9 @@ class Worker:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.jobs_processed = 0
         self._stop = StopFlag()
+        #: Set when an operator quieted the worker (the admin, the API): it claims nothing
+        #: more, its running jobs finish (``job.stopping`` is true in them), it stays up.
+        self._quiet = threading.Event()
         self.pipeline = Pipeline(
             worker_id=self.id, using=o.using, log=log, log_running=log_running,
             defaults=Defaults(tries=o.tries, timeout=o.timeout, backoff=tuple(o.backoff)),
@@ -178,7 +181,8 @@ class Worker:
         self.halted: threading.Event = threading.Event()
         # job.stopping and --stop-timeout (stopping.py)
         self.graceful = GracefulStop(
-            worker_id=self.id, stop=self._stop, halted=self.halted, max_time=o.max_time,
+            worker_id=self.id, stop=self._stop, quiet=self._quiet, halted=self.halted,
+            max_time=o.max_time,
             stop_timeout=o.stop_timeout, interrupt_running=self.interrupt_running,
             interrupt_here=self.interrupt_job)
         self.pipeline.stopping = self.graceful.stopping
@@ -264,7 +268,10 @@ class Worker:
                 # so an empty claim means an empty queue only if none ran then: otherwise
                 # --stop-when-empty could stop with jobs left that the cap held back.
                 running = self._executor.busy + len(self._async)
-                rows = [] if self._waiting else self._claim()
+                if self._quiet.is_set() and self._waiting:  # claimed, never started: back
+                    waiting, self._waiting = self._waiting, []
+                    self._give_back(waiting)
+                rows = [] if self._waiting or self._quiet.is_set() else self._claim()
                 if may_turn and self._executor.claims_ahead and self._sync_beside_async(rows):
                     self._executor = self._threads(1)
                 self._start_async_ahead(rows)
@@ -355,7 +362,8 @@ class Worker:
         index = 0
         while index < len(waiting):
             row = waiting[index]
-            if solo and (self._stop.is_set() or self._paused_meanwhile(row.queue)):
+            if solo and (self._stop.is_set() or self._quiet.is_set()
+                         or self._paused_meanwhile(row.queue)):
                 self._waiting = waiting[:index]
                 self._give_back(waiting[index:])
                 return
@@ -607,6 +615,33 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to exit after the current job."""
         self._stop.set()
+
+    def quiet(self) -> None:
+        """Claim nothing more and let the running jobs finish; the rows claimed ahead go
+        back to the queue, their attempts unused. The worker stays up (idle) until stopped."""
+        self._quiet.set()
+        self._executor.wake()
+
+    def obey(self, command: str) -> None:
+        """Do what an operator asked through this worker's row (``Worker.command``, read by
+        the heartbeat): ``quiet`` or ``stop`` (a graceful stop, as SIGTERM: the running jobs
+        finish and the worker exits 0)."""
+        if command == STOP and not self._stop.is_set():
+            logger.warning("Worker %s was asked to stop (from the console); finishing the "
+                           "running jobs.", self.id)
+            self.stop()
+            self._executor.wake()
+        elif command == QUIET and not self._quiet.is_set():
+            logger.warning("Worker %s was quieted (from the console): it claims no more jobs; "
+                           "the running ones finish.", self.id)
+            self.quiet()
+
+    @property
+    def run_state(self) -> str:
+        """``running``, ``quiet`` or ``stopping``, as the Worker row shows it."""
+        if self.graceful.stop_asked():
+            return "stopping"
+        return "quiet" if self._quiet.is_set() else "running"
 
     def interrupt_job(self, error: WorkerStoppedError) -> None:
         """In a signal handler: raise ``error`` into the running job, which then goes back to

@@ -1,9 +1,11 @@
 """Graceful stops: what ``job.stopping`` reads, and ``jobworker --stop-timeout``.
 
-A worker stops gracefully on SIGTERM / a first SIGINT, when ``--max-time`` has passed, or for
-a reload; from then on ``job.stopping`` is true in its running jobs, so a long job can stop
-between two steps and go back to the queue with ``self.interrupt()`` (an iterable job does it
-by itself). With ``--stop-timeout S`` a job still running S seconds after the graceful stop
+A worker stops gracefully on SIGTERM / a first SIGINT, when ``--max-time`` has passed, for a
+reload, or when an operator stops it; from then on ``job.stopping`` is true in its running
+jobs, so a long job can stop between two steps and go back to the queue with
+``self.interrupt()`` (an iterable job does it by itself). A worker an operator quieted stays
+up, but its running jobs see ``job.stopping`` too: quiet is a graceful stop for them, without
+``--stop-timeout``. With ``--stop-timeout S`` a job still running S seconds after the graceful stop
 began is interrupted (:class:`~django_jobguard.exceptions.StopTimeoutError` raised in it, as
 a second Ctrl-C does) and goes back to the queue without using an attempt: set S below the
 time your platform waits before SIGKILL (Kubernetes: ``terminationGracePeriodSeconds``).
@@ -46,15 +48,23 @@ class GracefulStop:
     def __init__(self, *, worker_id: str, stop: threading.Event, halted: threading.Event,
                  max_time: float, stop_timeout: float | None,
                  interrupt_running: Callable[[type[StopTimeoutError]], bool],
-                 interrupt_here: Callable[[StopTimeoutError], None]) -> None:
+                 interrupt_here: Callable[[StopTimeoutError], None],
+                 quiet: threading.Event | None = None) -> None:
         self.worker_id, self.stop, self.halted = worker_id, stop, halted
+        self.quiet = quiet or threading.Event()
         self.max_time, self.stop_timeout = max_time, stop_timeout
         self._interrupt_running, self._interrupt_here = interrupt_running, interrupt_here
         self.started: float | None = None
         self.began_at: float | None = None  # monotonic time the graceful stop was seen
 
     def stopping(self) -> bool:
-        """Whether the worker is stopping: a stop was asked for, or ``--max-time`` passed."""
+        """Whether the worker is stopping: a stop was asked for, ``--max-time`` passed, or
+        an operator quieted it (its running jobs may hand themselves back: ``interrupt()``)."""
+        return self.quiet.is_set() or self.stop_asked()
+
+    def stop_asked(self) -> bool:
+        """Whether the worker is to exit: a stop was asked for, or ``--max-time`` passed (a
+        quiet worker stays up, and ``--stop-timeout`` does not cut its jobs off)."""
         if self.stop.is_set():
             return True
         max_time = self.max_time
@@ -75,7 +85,7 @@ class GracefulStop:
 
     def _watch(self, timeout: float) -> None:
         halted = self.halted
-        while not self.stopping():
+        while not self.stop_asked():
             if halted.wait(0.2):
                 return
         self.stop.set()  # --max-time passed in a job: stop claiming as well

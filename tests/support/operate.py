@@ -188,6 +188,8 @@ ENDPOINTS = [
     ("post", "failed-jobs/retry/"), ("post", "failed-jobs/delete/"), ("post", "jobs/delete/"),
     ("post", f"jobs/{_NO_JOB}/requeue/"),
     ("get", "runs/"), ("get", "runs/1/"), ("get", "runs/statistics/"),
+    ("get", "workers/"), ("get", "workers/nohost:1:x/"), ("post", "workers/nohost:1:x/quiet/"),
+    ("post", "workers/nohost:1:x/stop/"), ("post", "schedules/no-such-schedule/run/"),
 ]
 
 

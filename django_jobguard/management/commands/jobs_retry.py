@@ -1,4 +1,4 @@
-"""``manage.py jobs_retry <id…|all>`` or ``jobs_retry --name/--queue/--exception/--arg``:
+"""``manage.py jobs_retry <id…|all>`` or ``jobs_retry --name/--queue/--exception/--tag/--arg``:
 queue failed jobs again (``queue:retry``)."""
 
 from django.core.management.base import BaseCommand, CommandError
@@ -8,7 +8,7 @@ from django_jobguard import operations
 
 class Command(BaseCommand):
     help = ("Queue failed jobs again with fresh attempts: ids, 'all' (optionally --queue), or "
-            "every failed job matching --name / --queue / --exception / --arg.")
+            "every failed job matching --name / --queue / --exception / --tag / --arg.")
 
     def add_arguments(self, parser):
         parser.add_argument("ids", nargs="*", help="Failed job ids, or 'all'.")
@@ -17,6 +17,7 @@ class Command(BaseCommand):
                                            "name too).")
         parser.add_argument("--exception", help="Only failures with this exception: its "
                                                 "dotted path or class name (TimeoutError).")
+        parser.add_argument("--tag", help="Only failed jobs carrying this tag.")
         parser.add_argument("--arg", action="append", default=[], metavar="LOOKUP=JSON",
                             help="Only jobs whose argument matches, e.g. kwargs__invoice_id=7 "
                                  "or args__0='\"abc\"' (repeat to narrow).")
@@ -25,7 +26,8 @@ class Command(BaseCommand):
         ids = opts["ids"]
         if ids != ["all"] and "all" in ids:
             raise CommandError("Give either 'all' or ids, not both.")
-        filters = {"name": opts["name"], "exception": opts["exception"], "queue": opts["queue"]}
+        filters = {"name": opts["name"], "exception": opts["exception"], "queue": opts["queue"],
+                   "tag": opts["tag"]}
         lookups = []
         for item in opts["arg"]:
             name, sep, value = item.partition("=")
@@ -34,12 +36,13 @@ class Command(BaseCommand):
                                    f"kwargs__invoice_id=7.")
             lookups.append((name, value))
         if ids and ids != ["all"]:
-            if any(filters[k] for k in ("name", "exception")) or lookups:
-                raise CommandError("Give ids or filters (--name, --exception, --arg), not both.")
+            if any(filters[k] for k in ("name", "exception", "tag")) or lookups:
+                raise CommandError("Give ids or filters (--name, --exception, --tag, --arg), "
+                                   "not both.")
             return self.retry_ids(ids, queue=opts["queue"])
         if not ids and not any(filters.values()) and not lookups:
             raise CommandError("Give failed job ids, 'all', or a filter (--name, --queue, "
-                               "--exception, --arg).")
+                               "--exception, --tag, --arg).")
         try:
             for name, _value in lookups:
                 if not operations.search.is_argument_param(name):

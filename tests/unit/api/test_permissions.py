@@ -42,6 +42,10 @@ NEEDED = {
     ("get", "batches/"): "view_batch",
     ("post", "batches/"): "change_batch",
     ("get", "runs/"): "view_finishedrun",
+    ("get", "workers/"): "view_worker",
+    ("post", "quiet/"): "quiet_worker",
+    ("post", "stop/"): "stop_worker",
+    ("post", "run/"): "run_schedule",
 }
 
 

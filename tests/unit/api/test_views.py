@@ -566,6 +566,9 @@ def test_openapi_schema_is_served_valid_and_complete(api):
         ("POST", "/jobguard/api/failed-jobs/delete/"),
         ("GET", "/jobguard/api/runs/"), ("GET", "/jobguard/api/runs/{id}/"),
         ("GET", "/jobguard/api/runs/statistics/"),
+        ("GET", "/jobguard/api/workers/"), ("GET", "/jobguard/api/workers/{id}/"),
+        ("POST", "/jobguard/api/workers/{id}/quiet/"), ("POST", "/jobguard/api/workers/{id}/stop/"),
+        ("POST", "/jobguard/api/schedules/{name}/run/"),
     }
     assert operations == expected
     dispatch = schema["paths"]["/jobguard/api/dispatch/"]["post"]
