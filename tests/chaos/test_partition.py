@@ -28,7 +28,8 @@ How the run goes, once per store (overlap locks in the database, then in Redis):
 3. the cut host is healed while the other host still runs the held job: its run resumes and
    ends. Its commit is refused by the fence, its progress write by the owner check (the row's
    progress is still the other host's), its lock release by the owner check (the other host
-   still holds the lock, with its own token), and its ack finds the row someone else's (LOST);
+   still holds the lock, with its own token), and its ack finds the row someone else's (LOST),
+   so the count of the held job's batch (a batch of one) does not move;
 4. the other host finishes; it is stopped, more jobs are dispatched, and the healed host runs
    them all; then it is stopped too (exit 0).
 
@@ -58,7 +59,7 @@ from demo.models import JobRun
 from django.db import connection
 from django.utils import timezone
 
-from django_jobguard import dispatch_many
+from django_jobguard import batch, dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.stores import get_store
@@ -200,9 +201,12 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
     host that was cut off, the jobs dispatched and the round's figures. ``mode`` "late": the
     heal delivers what the cut host sent; "reset": its connections are closed first."""
     lock_key = Record(key).middleware()[0].lock_key(Record(key))
-    held = Record(key, hold=True).dispatch()
-    job_ids = [held.id]
-    first = _wait("the held job runs", lambda: _run(held.id), both)
+    # A batch of one: its counts are written in the statement of the member's ack, so a late
+    # ack that is refused must count nothing.
+    members = batch([Record(key, hold=True)], name="partition").dispatch()
+    [held_id] = members.job_ids
+    job_ids = [held_id]
+    first = _wait("the held job runs", lambda: _run(held_id), both)
     cut = next(h for h in both if h.pid == first.pid)
     other = next(h for h in both if h is not cut)
     other_worker = other.worker_id
@@ -212,13 +216,13 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
     during = dispatch_many([Record(KEYS[i % len(KEYS)]) for i in range(6)])
     job_ids += [h.id for h in during]
     second = _wait("the lease passes to the other host",
-                   lambda: _run(held.id, pid=other.pid), both)
+                   lambda: _run(held_id, pid=other.pid), both)
     passed_after = (second.started_at - cut.cut_at[-1]).total_seconds()
     assert second.token > first.token, (first.token, second.token)
     assert second.started_at > cut.cut_at[-1]
-    assert QueuedJob.objects.get(id=held.id).reserved_by == other_worker
+    assert QueuedJob.objects.get(id=held_id).reserved_by == other_worker
 
-    JobRun.objects.create(label="go", key=held.id, pid=cut.pid, started_at=timezone.now())
+    JobRun.objects.create(label="go", key=held_id, pid=cut.pid, started_at=timezone.now())
     held_bytes = sum(p.held_bytes for p in cut.proxies)
     if mode == "reset":  # the partition outlasted the clients' timeouts: connections drop
         for proxy in cut.proxies:
@@ -229,25 +233,30 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
     # then its lock release (owner-checked) and its ack (the row is the other host's: LOST).
     # "reset": its next query meets the closed connection, so the run ends before its commit;
     # the release and the outcome meet it too, or find the lock and the row someone else's.
-    ended = re.compile(rf"\[{held.id}\] \.+ LOST|finishing \S+ \[{held.id}\]")
+    ended = re.compile(rf"\[{held_id}\] \.+ LOST|finishing \S+ \[{held_id}\]")
     _wait("the cut host's run ends", lambda: ended.search(cut.output()), both)
     ended_after_heal = time.monotonic() - healed_at
-    refused = list(JobRun.objects.filter(label="fence-refused", job_id=held.id))
+    refused = list(JobRun.objects.filter(label="fence-refused", job_id=held_id))
     if mode == "late":
         assert "LOST" in ended.search(cut.output()).group(0)
         assert [(r.pid, r.key, r.token) for r in refused] == [(cut.pid, "end", first.token)]
     else:
         assert refused == []
-    assert _run(held.id, pid=cut.pid).ended_at is None  # its commit never counted
+    assert _run(held_id, pid=cut.pid).ended_at is None  # its commit never counted
     lock = store.get_lock(lock_key)  # the late release left the other host's lock alone
     assert lock is not None and lock.token == second.token, (lock, second.token)
-    row = QueuedJob.objects.get(id=held.id)  # the late progress write was refused
+    row = QueuedJob.objects.get(id=held_id)  # the late progress write was refused
     assert (row.reserved_by, row.progress_message) == (other_worker,
                                                        f"{other.pid} started"), row
+    members.refresh()  # the late ack counted nothing
+    assert (members.pending_jobs, members.failed_jobs, members.finished_at) == (1, 0, None)
     assert cut.proc.poll() is None
 
-    JobRun.objects.create(label="go", key=held.id, pid=other.pid, started_at=timezone.now())
+    JobRun.objects.create(label="go", key=held_id, pid=other.pid, started_at=timezone.now())
     _wait("every job done", lambda: not QueuedJob.objects.exists(), both)
+    members.refresh()
+    assert (members.pending_jobs, members.failed_jobs, members.total_jobs) == (0, 0, 1)
+    assert members.finished_at is not None
     return cut, job_ids, {"mode": mode, "held_bytes": held_bytes,
                           "passed_after_s": round(passed_after, 2),
                           "ended_after_heal_s": round(ended_after_heal, 2)}
