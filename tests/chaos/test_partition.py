@@ -212,6 +212,7 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
     other_worker = other.worker_id
     assert store.get_lock(lock_key).token == first.token  # inside handle(), holding it
 
+    held_before = sum(p.held_bytes for p in cut.proxies)
     cut.cut()
     during = dispatch_many([Record(KEYS[i % len(KEYS)]) for i in range(6)])
     job_ids += [h.id for h in during]
@@ -223,7 +224,7 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
     assert QueuedJob.objects.get(id=held_id).reserved_by == other_worker
 
     JobRun.objects.create(label="go", key=held_id, pid=cut.pid, started_at=timezone.now())
-    held_bytes = sum(p.held_bytes for p in cut.proxies)
+    held_bytes = sum(p.held_bytes for p in cut.proxies) - held_before
     if mode == "reset":  # the partition outlasted the clients' timeouts: connections drop
         for proxy in cut.proxies:
             proxy.reset()
@@ -254,9 +255,9 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
 
     JobRun.objects.create(label="go", key=held_id, pid=other.pid, started_at=timezone.now())
     _wait("every job done", lambda: not QueuedJob.objects.exists(), both)
-    members.refresh()
+    # settled just after the ack, by the worker that made it
+    _wait("the batch finished", lambda: members.refresh().finished_at, both)
     assert (members.pending_jobs, members.failed_jobs, members.total_jobs) == (0, 0, 1)
-    assert members.finished_at is not None
     return cut, job_ids, {"mode": mode, "held_bytes": held_bytes,
                           "passed_after_s": round(passed_after, 2),
                           "ended_after_heal_s": round(ended_after_heal, 2)}
