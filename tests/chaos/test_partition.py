@@ -30,8 +30,13 @@ How the run goes, once per store (overlap locks in the database, then in Redis):
    progress is still the other host's), its lock release by the owner check (the other host
    still holds the lock, with its own token), and its ack finds the row someone else's (LOST),
    so the count of the held job's batch (a batch of one) does not move;
-4. the other host finishes; it is stopped, more jobs are dispatched, and the healed host runs
-   them all; then it is stopped too (exit 0).
+4. the other host finishes.
+
+That is one cut; a run makes two, the second one healed after the cut host's connections
+were closed (what its client timeouts do to a partition that lasts longer): its run then ends
+at its next query, before its commit, and the rest holds as in the first. Then the other host
+is stopped, more jobs are dispatched, and the host cut last runs them all; then it is stopped
+too (exit 0).
 
 Asserted: the held job's lease passed (its second run is the other host's, with a newer token,
 started after the cut); the late writes above were refused; every job has exactly one committed
@@ -53,6 +58,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import IO
 
 import pytest
 from demo.models import JobRun
@@ -99,7 +105,7 @@ class Host:
     name: str
     proc: subprocess.Popen
     proxies: list[NetProxy]
-    log: object = field(repr=False)
+    log: IO[str] = field(repr=False)
     cut_at: list = field(default_factory=list)
 
     @property
@@ -120,8 +126,8 @@ class Host:
             proxy.heal()
 
     def output(self) -> str:
-        self.log.seek(0)  # type: ignore[attr-defined]
-        return self.log.read()  # type: ignore[attr-defined]
+        self.log.seek(0)
+        return self.log.read()
 
     def stop(self, timeout: float = 30) -> int:
         self.proc.terminate()
@@ -138,7 +144,7 @@ class Host:
             self.proc.wait()
         for proxy in self.proxies:
             proxy.close()
-        self.log.close()  # type: ignore[attr-defined]
+        self.log.close()
 
 
 def _redis_upstream() -> tuple[str, int, int]:
