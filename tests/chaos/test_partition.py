@@ -213,6 +213,10 @@ def _cut_round(both: list[Host], key: str, store, mode: str) -> tuple[Host, list
     [held_id] = members.job_ids
     job_ids = [held_id]
     first = _wait("the held job runs", lambda: _run(held_id), both)
+    # Cut between its two fenced writes. (Cut before the first, the run's registration is held
+    # in the partition and refused as it arrives after the newer holder's: the same refusal.)
+    _wait("the held run registered its token", lambda: JobRun.objects.filter(
+        label="fence", key=key, token=first.token).exists(), both)
     cut = next(h for h in both if h.pid == first.pid)
     other = next(h for h in both if h is not cut)
     other_worker = other.worker_id
