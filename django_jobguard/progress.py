@@ -54,11 +54,12 @@ def stored_fraction(value: Any) -> float | None:
 
 class RunReporter:
     """Progress writes and cancel reads of one run of one job (``job_id`` held by
-    ``worker_id`` in ``using``), throttled to one database round trip a second each."""
+    ``worker_id`` in ``using``, under its claim number ``claims`` when given), throttled to one
+    database round trip a second each."""
 
-    def __init__(self, job_id: str, *, worker_id: str, using: str,
+    def __init__(self, job_id: str, *, worker_id: str, using: str, claims: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.job_id, self.worker_id, self.using = job_id, worker_id, using
+        self.job_id, self.worker_id, self.using, self.claims = job_id, worker_id, using, claims
         self._clock = clock
         self._lock = threading.Lock()
         self._written_at = -INTERVAL
@@ -92,7 +93,7 @@ class RunReporter:
             self._written_at = self._clock()
         try:
             queue.write_progress(self.job_id, *pending, worker_id=self.worker_id,
-                                 using=self.using)
+                                 claims=self.claims, using=self.using)
             self.writes += 1
         except DatabaseError as exc:  # progress is advice: never fail the job for it
             logger.warning("Could not store the progress of %s (%s).", self.job_id, exc)

@@ -376,11 +376,15 @@ def request_cancel(job_id: Any, *, using: str | None = None) -> bool:
 
 
 def write_progress(job_id: Any, fraction: float, message: str, *, worker_id: str,
-                   using: str | None = None) -> bool:
-    """Store a running job's progress (only while ``worker_id`` holds it)."""
+                   claims: int | None = None, using: str | None = None) -> bool:
+    """Store a running job's progress (only while ``worker_id`` holds it, and with ``claims``
+    only under that claim: a run that lost its lease and whose worker claimed the row again
+    since, such as a run resuming after a network partition, writes nothing)."""
     using = queue_database(using)
-    return bool(QueuedJob.objects.using(using).filter(id=job_id, reserved_by=worker_id).update(
-        progress=fraction, progress_message=message[:255]))
+    rows = QueuedJob.objects.using(using).filter(id=job_id, reserved_by=worker_id)
+    if claims is not None:
+        rows = rows.filter(claims=claims)
+    return bool(rows.update(progress=fraction, progress_message=message[:255]))
 
 
 # -- finishing -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ test database only for tests that ask for it. Worker subprocesses get its test n
 ``JOBGUARD_QUEUE_DB_NAME`` and the queue's alias in ``JOBGUARD_DATABASE``.
 """
 
+import json
 import os
 import re
 
@@ -40,6 +41,7 @@ if (_WORKER and os.environ.get("JOBGUARD_REDIS_URL")
 from testproject.settings import *  # noqa: E402,F401,F403
 from testproject.settings import (  # noqa: E402
     BASE_DIR,
+    CACHES,
     DATABASE_URL,
     DATABASES,
     JOBGUARD,
@@ -65,6 +67,23 @@ if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
     if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT") == "1":
         DATABASES["listen"] = _direct
         JOBGUARD["LISTEN_DATABASE"] = "listen"
+
+# Worker subprocesses of the partition tests (tests/chaos/test_partition.py): a "host" whose
+# database connections go through the test's fault-injecting proxy (tests/support/netproxy.py)
+# on JOBGUARD_TEST_DB_PORT, with the connection OPTIONS of JOBGUARD_TEST_DB_OPTIONS (JSON:
+# connect_timeout, statement_timeout, keepalives), and its Redis cache with the django-redis
+# OPTIONS of JOBGUARD_TEST_REDIS_OPTIONS (SOCKET_TIMEOUT...); its JOBGUARD_REDIS_URL names the
+# proxy already.
+if os.environ.get("JOBGUARD_TEST_DB_PORT"):
+    DATABASES["default"] = {**DATABASES["default"], "HOST": "127.0.0.1",
+                            "PORT": os.environ["JOBGUARD_TEST_DB_PORT"]}
+if os.environ.get("JOBGUARD_TEST_DB_OPTIONS"):
+    DATABASES["default"] = {**DATABASES["default"], "OPTIONS": {
+        **DATABASES["default"].get("OPTIONS", {}),
+        **json.loads(os.environ["JOBGUARD_TEST_DB_OPTIONS"])}}
+if os.environ.get("JOBGUARD_TEST_REDIS_OPTIONS"):
+    _redis_options = json.loads(os.environ["JOBGUARD_TEST_REDIS_OPTIONS"])
+    CACHES = {**CACHES, "default": {**CACHES["default"], "OPTIONS": _redis_options}}
 
 if os.environ.get("JOBGUARD_DATABASE"):  # a worker subprocess of a separate-queue test
     JOBGUARD["DATABASE"] = os.environ["JOBGUARD_DATABASE"]

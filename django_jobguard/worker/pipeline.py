@@ -361,7 +361,8 @@ class Pipeline:
             last_error=row.last_error,
             policy=RetryPolicy.for_job(job, defaults=self.defaults,
                                        retry_until=envelope.retry_until),
-            reporter=RunReporter(str(row.id), worker_id=self.worker_id, using=self.using),
+            reporter=RunReporter(str(row.id), worker_id=self.worker_id, using=self.using,
+                                 claims=row.claims),
             stopping=self.stopping, claims=row.claims, checkpoint=row.checkpoint,
         )
         return job

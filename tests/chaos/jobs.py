@@ -9,6 +9,7 @@ import sys
 import time
 
 from demo.models import JobRun
+from django.db.models import F
 from django.utils import timezone
 
 from django_jobguard import Job, ShouldBeUnique, WithoutOverlapping
@@ -161,7 +162,6 @@ class EndsTheProcess(Job):
         raise KeyboardInterrupt
 
 
-
 class AsyncUniqueRecord(ShouldBeUnique, Job):
     """:class:`UniqueRecord` as an async job (``--async-concurrency``): a unique job whose
     run records itself through the async ORM."""
@@ -222,3 +222,67 @@ class RecordOrDie(Job):
             time.sleep(self.seconds)
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
+
+
+class PartitionRecord(Job):
+    """For tests/chaos/test_partition.py: one run at a time per ``key`` (``WithoutOverlapping``
+    with ``renew``, shared key), and a resource the lock guards, fenced by the lock's token.
+
+    The resource is the ``fence`` row of the key (the test creates it with token 0): a run
+    *registers* its token there as it starts (the row takes it unless a newer holder's token
+    came first) and *commits* there as it ends (the counter in ``attempt`` goes up by one, only
+    while the row still holds a token no newer than the run's). A refused write is recorded as
+    ``fence-refused`` (``pid``, ``token``, the stage in ``key``) and the run stops. A run
+    records itself as ``partition`` (pid, attempt, token, start), and its end only once its
+    commit was accepted. It reports progress at the start and just before its commit (``<pid>
+    started`` / ``<pid> finishing``: more than a second apart for a held run, since progress
+    is written at most once a second).
+
+    With ``hold`` a run waits, up to a minute, for a ``go`` row of its job and its process
+    (``key`` = job id, ``pid``) before it ends. No time limit (``timeout = 0``): a run cut off
+    by a partition goes on once it heals, as a paused process would.
+    """
+
+    LABEL = "partition"
+    OVERLAP_TTL = 3.0  # WithoutOverlapping(expire_after=...), renewed every second
+    tries = 5
+    timeout = 0
+
+    def __init__(self, key: str, hold: bool = False):
+        self.key, self.hold = key, hold
+
+    def middleware(self):
+        return [WithoutOverlapping(f"partition:{self.key}", shared=True, release_after=0.2,
+                                   expire_after=self.OVERLAP_TTL, renew=True)]
+
+    def _fenced(self, count: int) -> bool:
+        return bool(JobRun.objects.filter(label="fence", key=self.key,
+                                          token__lte=self.lock_token).update(
+            token=self.lock_token, attempt=F("attempt") + count))
+
+    def _refused(self, stage: str) -> None:
+        JobRun.objects.create(label="fence-refused", key=stage, job_id=self.job_id or "",
+                              pid=os.getpid(), attempt=self.attempts(), token=self.lock_token,
+                              started_at=timezone.now())
+
+    def handle(self):
+        pid = os.getpid()
+        run = JobRun.objects.create(label=self.LABEL, key=self.key, job_id=self.job_id or "",
+                                    pid=pid, attempt=self.attempts(), token=self.lock_token,
+                                    started_at=timezone.now())
+        if not self._fenced(0):
+            return self._refused("start")
+        self.progress(0.1, f"{pid} started")
+        if self.hold:
+            deadline = time.monotonic() + 60
+            while (not JobRun.objects.filter(label="go", key=self.job_id, pid=pid).exists()
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+        else:
+            time.sleep(0.05)
+        self.progress(0.9, f"{pid} finishing")
+        if not self._fenced(1):
+            return self._refused("end")
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])
+        return None

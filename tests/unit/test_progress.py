@@ -4,9 +4,12 @@ admin."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_jobguard import dispatch, queue
@@ -64,6 +67,20 @@ def test_progress_is_not_written_to_a_row_another_worker_holds():
     row = _running()
     RunReporter(str(row.id), worker_id="someone-else", using="default").progress(0.5)
     assert QueuedJob.objects.get(id=row.id).progress is None
+
+
+def test_progress_of_a_run_that_lost_its_claim_is_not_written_to_a_later_claim():
+    """A run cut off by a network partition resumes after its lease passed on, and the row
+    may have come back to the same worker since: its late progress must not land there."""
+    row = _running()
+    QueuedJob.objects.filter(id=row.id).update(available_at=timezone.now()
+                                               - datetime.timedelta(seconds=1))
+    [again] = queue.claim(["default"], worker_id="w1")  # its lease ran out: claimed again
+    assert (again.id, again.claims) == (row.id, row.claims + 1)
+    RunReporter(str(row.id), worker_id="w1", using="default", claims=row.claims).progress(0.5)
+    assert QueuedJob.objects.get(id=row.id).progress is None
+    RunReporter(str(row.id), worker_id="w1", using="default", claims=again.claims).progress(0.6)
+    assert QueuedJob.objects.get(id=row.id).progress == 0.6
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "half", None])
