@@ -15,6 +15,7 @@ from django_jobguard.exceptions import JobFailedError
 from django_jobguard.jobs import Dispatched
 from django_jobguard.models import QueuedJob
 from django_jobguard.testing import drain
+from tests.support import requires_postgres
 from tests.support.long_jobs import DebouncedRecord, FailsWithResult, Sleeper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,3 +89,58 @@ def test_the_tasks_backend_waits_for_a_task_result():
     drain()
     assert wait(result, timeout=5) is result
     assert result.return_value == 5 and result.status == "SUCCESSFUL"
+
+
+@requires_postgres
+def test_a_closed_result_listener_keeps_its_connection_for_the_next_wait_without_listening():
+    """A new connection per ``wait()`` was most of its latency on a loaded machine
+    (docs/benchmarks.md): a closed listener's connection is kept, its LISTEN ended."""
+    from django_jobguard.dialects import dialect_for
+    from django_jobguard.dialects.postgresql import RESULT_CHANNEL, close_idle_result_connections
+
+    dialect = dialect_for("default")
+    first = dialect.listen_results()
+    pid = first._conn.info.backend_pid
+    first.close()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        assert cursor.fetchone()[0] == 1  # kept open ...
+        cursor.execute("SELECT pg_notify(%s, 'x')", [RESULT_CHANNEL])
+    second = dialect.listen_results()
+    try:
+        assert second._conn.info.backend_pid == pid  # ... and taken again
+        assert second.wait(0.05) == set()  # nothing heard while it was kept
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, 'y')", [RESULT_CHANNEL])
+        assert second.wait(5) == {"y"}  # listening again
+    finally:
+        second.close()
+    close_idle_result_connections()
+    third = dialect.listen_results()
+    try:
+        assert third._conn.info.backend_pid != pid
+    finally:
+        third.close()
+        close_idle_result_connections()
+
+
+@requires_postgres
+def test_a_kept_connection_that_died_is_replaced():
+    from django_jobguard.dialects import dialect_for
+    from django_jobguard.dialects.postgresql import RESULT_CHANNEL, close_idle_result_connections
+
+    dialect = dialect_for("default")
+    first = dialect.listen_results()
+    pid = first._conn.info.backend_pid
+    first.close()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    second = dialect.listen_results()
+    try:
+        assert second._conn.info.backend_pid != pid
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, 'z')", [RESULT_CHANNEL])
+        assert second.wait(5) == {"z"}
+    finally:
+        second.close()
+        close_idle_result_connections()
