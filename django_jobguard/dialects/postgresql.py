@@ -6,6 +6,7 @@ through psycopg's server-binding cursor so that they can be prepared once per co
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -386,6 +387,7 @@ class IdleConnections:
     def __init__(self) -> None:
         self._kept: dict[str, list[tuple[Any, float]]] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def take(self, key: str) -> Any | None:
         """A kept connection for ``key``, the most recently used, or ``None``."""
@@ -409,16 +411,18 @@ class IdleConnections:
             _close_quietly(old)
 
     def close_all(self) -> None:
+        stale = self._expire()  # after a fork, forgets the parent's first
         with self._lock:
             kept, self._kept = self._kept, {}
-        for conns in kept.values():
-            for conn, _ in conns:
-                _close_quietly(conn)
+        for conn in [*stale, *(conn for conns in kept.values() for conn, _ in conns)]:
+            _close_quietly(conn)
 
     def _expire(self) -> list[Any]:
         horizon = time.monotonic() - self.MAX_IDLE
         stale: list[Any] = []
         with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's, neither used nor closed
+                self._kept, self._pid = {}, os.getpid()
             for key, kept in self._kept.items():
                 stale += [conn for conn, since in kept if since < horizon]
                 self._kept[key] = [(conn, since) for conn, since in kept if since >= horizon]

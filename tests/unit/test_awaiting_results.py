@@ -153,3 +153,19 @@ def test_a_kept_connection_that_died_is_replaced():
         assert second._conn.info.backend_pid != pid
         _sql("SELECT pg_notify(%s, 'z')", RESULT_CHANNEL)
         assert second.wait(5) == {"z"}
+
+
+@requires_postgres
+def test_a_forked_child_neither_takes_nor_closes_the_connections_its_parent_kept():
+    from django_jobguard.dialects.postgresql import _idle_result_connections as idle
+
+    pid = _closed_listener_pid()
+    parents = [conn for conns in idle._kept.values() for conn, _ in conns]
+    idle._pid = -1  # what a forked child finds: they belong to another process
+    try:
+        with _listener() as child:
+            assert child._conn.info.backend_pid != pid
+        assert _sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", pid) == 1
+    finally:
+        for conn in parents:
+            conn.close()
