@@ -15,8 +15,12 @@ The finished-job history (``JOBGUARD["HISTORY"]``: ``"off"``, ``"failures"`` or 
 keeps one :class:`~django_jobguard.models.FinishedRun` row per finished run. The worker's
 :class:`RunRecorder`, hooked into :func:`django_jobguard.observe.job_line` (which every
 final state passes through, after the ack or fail is written, per job or in a group), buffers
-the runs in memory; the heartbeat inserts them in one bulk ``INSERT`` (:meth:`RunRecorder.flush`).
-With history off no recorder is installed: nothing runs per job. A worker killed with
+the runs in memory: one tuple of the row's fields and a timestamp per run, appended under a
+lock, nothing formatted, converted or encoded in the job's thread. The heartbeat describes
+them (:func:`run_of`: datetimes, wait, the arguments) and inserts them in one statement
+(:meth:`RunRecorder.flush`; on PostgreSQL one ``INSERT ... SELECT FROM unnest(...)`` of one
+array per column, elsewhere one ``executemany``). With history off no recorder is installed:
+nothing runs per job. A worker killed with
 ``kill -9`` loses the runs it finished since its last heartbeat (at most one heartbeat
 interval's); a run is never recorded twice (only the worker whose ack or fail succeeded
 writes it, and a retried flush is ignored by the ``(job_id, finished_at)`` constraint).
@@ -28,9 +32,11 @@ percentiles per job class and queue.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connections
@@ -44,6 +50,11 @@ from django_jobguard.dialects import dialect_for
 from django_jobguard.envelope import encoded_size
 from django_jobguard.models import FinishedRun, QueueMinute
 from django_jobguard.outcome import JobState
+
+try:
+    import psycopg
+except ImportError:  # psycopg2: the executemany path
+    psycopg = None  # type: ignore[assignment]
 
 #: How long minute rows are kept: the 24 h chart plus a day of slack.
 KEEP = datetime.timedelta(days=2)
@@ -146,12 +157,15 @@ def history_retention() -> datetime.timedelta:
 class RunRecorder:
     """A worker's finished runs not written yet (thread-safe): :meth:`record` is called from
     :func:`~django_jobguard.observe.job_line` in the job's thread, :meth:`flush` from the
-    heartbeat."""
+    heartbeat.
+
+    The job's thread only appends a :data:`Note` (the row's fields as they are, the time, the
+    result size): the conversions wait for the flush, off the jobs' path."""
 
     def __init__(self, worker_id: str, *, failures_only: bool = False) -> None:
         self.worker_id = worker_id
         self.states = frozenset({JobState.FAILED}) if failures_only else RECORDED_STATES
-        self._runs: list[tuple[Any, ...]] = []
+        self._runs: list[Note] = []
         self._lock = threading.Lock()
         #: Result sizes by job id, from ``job_processed`` until the job's line comes.
         self._sizes: dict[str, int | None] = {}
@@ -171,11 +185,12 @@ class RunRecorder:
     def processed(self, sender: Any = None, *, job_id: Any = None, result: Any = None,
                   **kwargs: Any) -> None:
         """``job_processed``: note the size of the result, which the job line does not carry
-        (sent in the pipeline just before the line; the line takes the note)."""
-        if job_id is None:
+        (sent in the pipeline just before the line; the line takes the note). ``None`` (no
+        result) is what a missing note means: nothing to note."""
+        if job_id is None or result is None:
             return
         try:
-            size: int | None = None if result is None else encoded_size(result)
+            size: int | None = encoded_size(result)
         except (TypeError, ValueError):
             size = encoded_size(repr(result))  # stored as its repr, as results.py does
         with self._lock:
@@ -185,17 +200,21 @@ class RunRecorder:
                  detail: str) -> None:
         """Buffer the run of ``row`` that ended in ``state`` (other workers' lines, and
         states not kept, are ignored)."""
-        with self._lock:  # every line ends the note of its job, whichever worker ran it
-            size = self._sizes.pop(str(row.id), None) if self._sizes else None
+        size = None
+        if self._sizes:  # every line ends the note of its job, whichever worker ran it
+            with self._lock:
+                size = self._sizes.pop(str(row.id), None)
         if state not in self.states or worker_id != self.worker_id:
             return
         try:
-            run = run_of(worker_id, row, state, elapsed, detail, result_size=size)
+            note = (row.id, state, row.name, row.queue, row.payload, row.attempts,
+                    getattr(row, "available_at", None), getattr(row, "reserved_at", None),
+                    elapsed, detail, time.time(), size, getattr(row, "tags", "") or "")
         except Exception:  # history must never break a job's outcome
-            logger.exception("Could not record the run of %s [%s].", row.name, row.id)
+            logger.exception("Could not record the run of %s.", getattr(row, "id", row))
             return
         with self._lock:
-            self._runs.append(run)
+            self._runs.append(note)
             if len(self._runs) > MAX_BUFFERED:
                 del self._runs[:len(self._runs) - MAX_BUFFERED]
                 logger.error("Finished-run history: more than %d runs could not be written; "
@@ -207,19 +226,39 @@ class RunRecorder:
             return len(self._runs)
 
     def flush(self, using: str | None = None) -> int:
-        """Insert the buffered runs in one bulk statement; returns how many. If the write
-        fails they are kept for the next flush (and the error raised)."""
+        """Insert the buffered runs in one statement; returns how many. If the write fails
+        they are kept for the next flush (and the error raised): described again from the
+        same notes, they are the same rows, and the ones already written are skipped."""
         with self._lock:
             taken, self._runs = self._runs, []
         if not taken:
             return 0
         try:
-            insert_runs(taken, using=using)
+            insert_runs(self.describe(taken), using=using)
         except BaseException:
             with self._lock:
                 self._runs[:0] = taken
             raise
         return len(taken)
+
+    def describe(self, notes: Sequence[Note]) -> list[tuple[Any, ...]]:
+        """The rows (:data:`COLUMNS`) of ``notes``; a note that cannot be described is
+        dropped and logged (one bad row must not hold back every flush after it)."""
+        shift = clock.offset()
+        runs = []
+        for note in notes:
+            try:
+                runs.append(run_of(self.worker_id, note, shift=shift))
+            except Exception:
+                logger.exception("Could not record the run of %s.", note[0])
+        return runs
+
+
+#: What :meth:`RunRecorder.__call__` buffers per run: ``(id, state, name, queue, payload,
+#: attempts, available_at, reserved_at, elapsed, detail, time.time() at the end,
+#: result_size, tags)``.
+Note = tuple[Any, str, str, str, Any, int, Any, Any, "float | None", str, float, "int | None",
+             str]
 
 
 #: The columns of a buffered run, in the order of :func:`run_of`'s tuple.
@@ -229,30 +268,47 @@ COLUMNS = ("job_id", "state", "name", "queue", "arguments", "attempt", "worker",
 _ADAPTED = frozenset({"job_id", "arguments", "started_at", "finished_at"})
 
 
-def run_of(worker_id: str, row: Any, state: str, elapsed: float | None,
-           detail: str, *, result_size: int | None = None) -> tuple[Any, ...]:
-    """The values (:data:`COLUMNS`) of ``row``'s run that just ended in ``state``: a plain
-    tuple, cheaper than a model instance in the job's thread."""
-    finished = clock.now()
+def run_of(worker_id: str, note: Note, *, shift: float = 0.0) -> tuple[Any, ...]:
+    """The values (:data:`COLUMNS`) of the run buffered as ``note`` (:data:`Note`);
+    ``shift``: the test clock's offset (:func:`django_jobguard.clock.offset`)."""
+    (job_id, state, name, queue, payload, attempts, due, reserved, elapsed, detail, ended,
+     result_size, tags) = note
+    finished = datetime.datetime.fromtimestamp(ended + shift, tz=datetime.UTC)
     started = finished - datetime.timedelta(seconds=elapsed or 0.0)
-    payload = row.payload if isinstance(row.payload, dict) else {}
+    payload = payload if isinstance(payload, dict) else {}
     wait = None
-    due, reserved = getattr(row, "available_at", None), getattr(row, "reserved_at", None)
     if isinstance(due, datetime.datetime) and isinstance(reserved, datetime.datetime):
         wait = max((reserved - due).total_seconds(), 0.0)
-    return (row.id, str(state), row.name, row.queue,
+    return (job_id, str(state), name, queue,
             {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})},
-            row.attempts, worker_id[:100], started, finished, elapsed, wait, result_size,
-            detail if state == JobState.FAILED else "", getattr(row, "tags", "") or "")
+            attempts, worker_id[:100], started, finished, elapsed, wait, result_size,
+            detail if state == JobState.FAILED else "", tags)
+
+
+def note_of(row: Any, state: str, elapsed: float | None = None, detail: str = "", *,
+            ended: float | None = None, result_size: int | None = None) -> Note:
+    """The :data:`Note` of ``row``'s run ending now (or at ``ended``, a ``time.time()``), as
+    :class:`RunRecorder` buffers it: for callers and tests that write runs themselves."""
+    return (row.id, state, row.name, row.queue, row.payload, row.attempts,
+            getattr(row, "available_at", None), getattr(row, "reserved_at", None), elapsed,
+            detail, time.time() if ended is None else ended, result_size,
+            getattr(row, "tags", "") or "")
 
 
 def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> None:
-    """Insert buffered runs in one ``executemany`` that skips a run already there (the
-    ``(job_id, finished_at)`` constraint): ``ON CONFLICT DO NOTHING``, ``INSERT IGNORE`` or
-    ``INSERT OR IGNORE``. Raw SQL of plain tuples: ``bulk_create`` compiled each row's every
-    field."""
+    """Insert runs (:data:`COLUMNS` tuples) in one statement that skips a run already there
+    (the ``(job_id, finished_at)`` constraint). PostgreSQL with psycopg 3: one
+    ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`` of one array per column,
+    bound on the server (:func:`_insert_runs_unnest`). Elsewhere one ``executemany`` of a
+    one-row ``INSERT`` (``INSERT IGNORE``, ``INSERT OR IGNORE``). Raw SQL of plain tuples:
+    ``bulk_create`` compiled each row's every field."""
+    if not runs:
+        return
     using = queue_database(using)
     connection = connections[using]
+    if psycopg is not None and connection.vendor == "postgresql":
+        _insert_runs_unnest(runs, connection)
+        return
     by_name = {field.name: field for field in FinishedRun._meta.concrete_fields}
     fields = [by_name[name] for name in COLUMNS]
     adapt = [(i, field) for i, field in enumerate(fields) if field.name in _ADAPTED]
@@ -273,6 +329,49 @@ def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> Non
     # cost more to parse for its placeholders than the rows themselves.
     with connection.cursor() as cursor:
         cursor.executemany(f"{insert} {table} ({columns}) VALUES {row_sql} {suffix}", params)
+
+
+def _insert_runs_unnest(runs: list[tuple[Any, ...]], connection: Any) -> None:
+    """PostgreSQL: the runs as one array per column, unnested into one ``INSERT``, through a
+    server-binding psycopg cursor on Django's connection (no client-side quoting of the
+    arrays; Django's own cursor when it logs queries, so tests see the statement). The
+    server runs one statement instead of one per row; the arguments go as ``text[]`` of
+    JSON, cast to ``jsonb`` in the ``SELECT``."""
+    columns = [list(column) for column in zip(*runs, strict=True)]
+    arguments = COLUMNS.index("arguments")
+    columns[arguments] = [json.dumps(value) for value in columns[arguments]]
+    sql = _unnest_sql(connection)
+    if connection.queries_logged:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, columns)
+        return
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, columns, prepare=False)
+
+
+_unnest_statement: str | None = None
+
+
+def _unnest_sql(connection: Any) -> str:
+    """The ``INSERT ... SELECT FROM unnest(...)`` of :func:`_insert_runs_unnest` (built once:
+    the table's column types, JSON as text)."""
+    global _unnest_statement
+    if _unnest_statement is None:
+        by_name = {field.name: field for field in FinishedRun._meta.concrete_fields}
+        quote = connection.ops.quote_name
+        columns = [quote(str(by_name[name].column)) for name in COLUMNS]
+        types = ["text" if name == "arguments" else by_name[name].db_type(connection)
+                 for name in COLUMNS]
+        selected = [f"{column}::jsonb" if name == "arguments" else column
+                    for name, column in zip(COLUMNS, columns, strict=True)]
+        _unnest_statement = (
+            f"INSERT INTO {quote(FinishedRun._meta.db_table)} ({', '.join(columns)}) "
+            f"SELECT {', '.join(selected)} FROM unnest("
+            f"{', '.join(f'%b::{kind}[]' for kind in types)}) AS r({', '.join(columns)}) "
+            f"ON CONFLICT DO NOTHING")
+    return _unnest_statement
 
 
 def prune_runs(*, older_than: datetime.timedelta | None = None, using: str | None = None,

@@ -5,7 +5,10 @@ runs in **one transaction on the queue's database** with the write of its checkp
 job's row: the item's own ORM writes and the checkpoint commit together or not at all. The
 checkpoint write is owner-checked (this worker, this claim): a worker whose lease was lost
 (another worker took the job) finds its row changed, and its item's transaction rolls back,
-so no item is ever written twice.
+so no item is ever written twice. The same statement renews the row's lease (as the
+heartbeat does): a run that commits items keeps its row even when its heartbeat is starved
+(on SQLite the item transactions, back to back, can keep the heartbeat's write waiting past
+``RETRY_AFTER``, and another worker then took the row from a live run and spent an attempt).
 
 Between items the job stops when the worker stops gracefully (``job.stopping``: SIGTERM,
 ``--max-time``, a reload), when ``max_run_time`` has passed in this run, or when an operator
@@ -15,13 +18,17 @@ after the last committed item. A hard kill loses only the item in flight (rolled
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 from django.db import transaction
+from django.db.models import Value
 
+from django_jobguard import clock
+from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import WorkerStoppedError
 from django_jobguard.jobs import Job
 from django_jobguard.models import QueuedJob
@@ -116,7 +123,8 @@ class IterableJob(Job):
                     and time.monotonic() - started >= self.max_run_time)
 
     def _commit(self, cursor: Any, item: Any, total: int | None) -> None:
-        """``each(item)`` and the checkpoint after it, in one transaction."""
+        """``each(item)`` and the checkpoint after it, in one transaction; the checkpoint's
+        statement renews the lease too (see the module)."""
         context = self.context
         checkpoint = {"cursor": cursor, "done": self.items_done + 1}
         try:
@@ -126,6 +134,7 @@ class IterableJob(Job):
                             f"yield ids or strings as cursors.") from None
         done = checkpoint["done"]
         assert context.job_id is not None  # handle() ran the items without a row otherwise
+        lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
         with transaction.atomic(using=context.using):
             self.each(item)
             held = QueuedJob.objects.using(context.using).filter(
@@ -134,7 +143,8 @@ class IterableJob(Job):
             if not held.update(checkpoint=checkpoint,
                                progress=min(done / total, 1.0) if total else None,
                                progress_message=f"{done} of {total} items" if total
-                               else f"{done} items"):
+                               else f"{done} items",
+                               available_at=clock.db_now() + Value(lease)):
                 raise LeaseLostError(LeaseLostError.detail)  # rolls the item back
         context.checkpoint = checkpoint
 

@@ -6,6 +6,9 @@ through psycopg's server-binding cursor so that they can be prepared once per co
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -289,13 +292,22 @@ class PostgreSQLDialect(SQLDialect):
     def listen_results(self, via: str | None = None) -> ResultListener | None:
         if psycopg is None or not jobguard_settings.USE_NOTIFY:
             return None
-        conn = psycopg.connect(**_session_params(via or self.using), autocommit=True)
+        params = _session_params(via or self.using)
+        key = repr(sorted(params.items()))
+        conn = _idle_result_connections.take(key)
+        if conn is not None:
+            try:
+                conn.execute(f"LISTEN {RESULT_CHANNEL}")
+                return PostgreSQLResultListener(conn, key)
+            except Exception:  # gone while it was kept: a new one
+                _close_quietly(conn)
+        conn = psycopg.connect(**params, autocommit=True)
         try:
             conn.execute(f"LISTEN {RESULT_CHANNEL}")
         except BaseException:
             conn.close()
             raise
-        return PostgreSQLResultListener(conn)
+        return PostgreSQLResultListener(conn, key)
 
     def listen(self, via: str | None = None) -> Listener | None:
         if psycopg is None:
@@ -387,11 +399,85 @@ def _session_params(alias: str) -> dict[str, Any]:
     return params
 
 
-class PostgreSQLResultListener(ResultListener):
-    """LISTEN for written results on its own autocommit connection."""
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
 
-    def __init__(self, raw_connection: Any) -> None:
+
+class IdleConnections:
+    """The connections of closed result listeners, kept (without their LISTEN) for the next
+    ``wait()``: a new connection costs several milliseconds (14 ms at the median on a loaded
+    2-core machine, docs/benchmarks.md), mostly while the job it waits for is ending, and a
+    LISTEN one round trip. At most :data:`KEPT` per set of connection parameters, each closed
+    once unused for :data:`MAX_IDLE` seconds (when the next listener is taken or put back),
+    or by :meth:`close_all` (the pytest plugin's, after each test: an open session would keep
+    the test database from being dropped)."""
+
+    KEPT = 4
+    MAX_IDLE = 60.0
+
+    def __init__(self) -> None:
+        self._kept: dict[str, list[tuple[Any, float]]] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def take(self, key: str) -> Any | None:
+        """A kept connection for ``key``, the most recently used, or ``None``."""
+        stale = self._expire()
+        with self._lock:
+            kept = self._kept.get(key)
+            conn = kept.pop()[0] if kept else None
+        for old in stale:
+            _close_quietly(old)
+        return conn
+
+    def put(self, key: str, conn: Any) -> None:
+        """Keep ``conn`` (its LISTEN ended, nothing pending) or close it when enough are."""
+        stale = self._expire()
+        with self._lock:
+            kept = self._kept.setdefault(key, [])
+            if len(kept) < self.KEPT:
+                kept.append((conn, time.monotonic()))
+                conn = None
+        for old in stale if conn is None else [*stale, conn]:
+            _close_quietly(old)
+
+    def close_all(self) -> None:
+        stale = self._expire()  # after a fork, forgets the parent's first
+        with self._lock:
+            kept, self._kept = self._kept, {}
+        for conn in [*stale, *(conn for conns in kept.values() for conn, _ in conns)]:
+            _close_quietly(conn)
+
+    def _expire(self) -> list[Any]:
+        horizon = time.monotonic() - self.MAX_IDLE
+        stale: list[Any] = []
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's, neither used nor closed
+                self._kept, self._pid = {}, os.getpid()
+            for key, kept in self._kept.items():
+                stale += [conn for conn, since in kept if since < horizon]
+                self._kept[key] = [(conn, since) for conn, since in kept if since >= horizon]
+        return stale
+
+
+_idle_result_connections = IdleConnections()
+
+
+def close_idle_result_connections() -> None:
+    """Close the connections kept for the next ``wait()`` (see :class:`IdleConnections`)."""
+    _idle_result_connections.close_all()
+
+
+class PostgreSQLResultListener(ResultListener):
+    """LISTEN for written results on an autocommit connection of its own; :meth:`close`
+    ends the LISTEN and keeps the connection for the next listener (:class:`IdleConnections`)."""
+
+    def __init__(self, raw_connection: Any, key: str = "") -> None:
         self._conn = raw_connection
+        self._key = key
 
     def wait(self, timeout: float) -> set[str]:
         heard = {note.payload for note in self._conn.notifies(timeout=timeout, stop_after=1)}
@@ -400,10 +486,21 @@ class PostgreSQLResultListener(ResultListener):
         return heard
 
     def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
         try:
-            self._conn.close()
+            conn.execute(f"UNLISTEN {RESULT_CHANNEL}")  # kept idle, it must hear nothing
+            for _ in conn.notifies(timeout=0):  # what came before the UNLISTEN
+                pass
+            reusable = bool(self._key) and (
+                conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
         except Exception:
-            pass
+            reusable = False
+        if reusable:
+            _idle_result_connections.put(self._key, conn)
+        else:
+            _close_quietly(conn)
 
 
 class PostgreSQLListener(Listener):

@@ -14,6 +14,7 @@ rate windows, circuits): Redis is not rolled back with the test's transaction (s
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,16 @@ def _jobguard_undo_store_writes() -> Iterator[None]:
 
     with recording():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _jobguard_close_result_connections() -> Iterator[None]:
+    """Close the connections ``handle.wait()`` keeps for the next wait on PostgreSQL, when
+    the test ends: an open session would keep the test database from being dropped."""
+    yield
+    postgresql = sys.modules.get("django_jobguard.dialects.postgresql")
+    if postgresql is not None:
+        postgresql.close_idle_result_connections()
 
 
 def _needs_pytest_django(request: pytest.FixtureRequest) -> None:

@@ -1,18 +1,28 @@
 """Helpers for the fault-injection tests: a fleet of real worker processes that can be killed
-and replaced, and the outcome of a run read back from the database."""
+and replaced, the outcome of a run read back from the database and what kills may explain in
+it, and a redis-server of a test's own that it can restart."""
 
 from __future__ import annotations
 
+import random
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 import pytest
 from demo.models import JobRun
+from django.test import override_settings
 
+from django_jobguard import stores
+from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.support import MANAGE, ROOT, wait_for, worker_env
 
@@ -84,6 +94,23 @@ class Fleet:
             codes.append(proc.returncode)
         return codes
 
+    def kill_as_it_goes(self, label: str, total: int, kills: int) -> None:
+        """SIGKILL a random living worker ``kills`` times, spread over the run by progress,
+        not by wall-clock time (the k-th once ``k * total / (kills + 2)`` runs of ``label``
+        were recorded, so each lands while jobs are in flight), each replaced by a new one."""
+        rng = random.Random()  # seeded by pytest-randomly
+        for k in range(1, kills + 1):
+            wait_for(lambda k=k: JobRun.objects.filter(label=label).count()
+                     >= k * total // (kills + 2), timeout=120)
+            self.kill(rng.choice(self.alive))
+            self.start(1)
+
+    def finish(self) -> None:
+        """Wait for the queue to empty, then stop the workers: each must exit with 0."""
+        wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
+        codes = self.stop_all()  # a graceful stop flushes what ran since the last heartbeat
+        assert codes and all(code == 0 for code in codes), self.errors()
+
     def errors(self) -> str:
         """Everything the workers logged (warnings and errors go to stderr)."""
         out = []
@@ -138,3 +165,135 @@ class Outcome:
     def completed(self) -> set[str]:
         return {job_id for job_id, runs in self.runs.items()
                 if any(r["ended_at"] is not None for r in runs)}
+
+    def assert_only_kills_repeat(self, killed: set[int]) -> None:
+        """At-least-once with lease recovery (docs/guarantees.md): a run cut short, or a
+        completed run followed by another, only in a worker that was ``killed`` (between
+        ``handle()`` returning and its ack); each re-run is a new attempt; no surviving
+        worker completed a job twice."""
+        for job_id, runs in self.runs.items():
+            for run in runs:
+                if run["ended_at"] is None:  # cut short: only by a kill
+                    assert run["pid"] in killed, (job_id, runs)
+            done = [r for r in runs if r["ended_at"] is not None]
+            for earlier in done[:-1]:  # repeated after completing: only if killed before the ack
+                assert earlier["pid"] in killed, (job_id, runs)
+            attempts = [r["attempt"] for r in runs]
+            assert attempts == sorted(set(attempts)), (job_id, runs)  # each re-run an attempt
+        survivors_done = [r for runs in self.runs.values() for r in runs
+                          if r["ended_at"] is not None and r["pid"] not in killed]
+        assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
+
+
+def stop_and_read(procs: Sequence[subprocess.Popen | None], logs: Sequence[IO[str]]
+                  ) -> list[str]:
+    """SIGTERM the workers still running (resumed first, if a test stopped them with
+    SIGSTOP), wait for them, and return what each log file holds (closing it)."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    return outputs
+
+
+# -- a redis-server of the test's own ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PrivateRedis:
+    """A redis-server of this test alone, keeping its files in ``directory``: without
+    persistence, or (``persistent``) with an append-only file that is fsynced before Redis
+    answers a write (``appendfsync always``), so even SIGKILL loses no acknowledged write."""
+
+    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
+        self.port = _free_port()
+        self.directory = directory
+        self.persistent = persistent
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start (again, on the same port and files); returns once it answers PING, i.e.
+        after it has loaded its append-only file."""
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent \
+            else ["--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir",
+             str(self.directory), "--save", "", *persistence],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.answers, timeout=20)
+
+    def answers(self) -> bool:
+        return subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
+                              text=True).stdout.strip() == "PONG"
+
+    def shutdown(self) -> None:
+        """``SHUTDOWN NOSAVE``: without persistence, everything it held is gone."""
+        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
+                       capture_output=True)
+        if self.proc is not None:
+            self.proc.wait(timeout=20)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown work at all (what the append-only file survives)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+
+    def restart_midway(self, label: str, total: int, *, finished_meanwhile: int) -> None:
+        """Once a quarter of the ``total`` jobs ran (runs of ``label``), shut this server down
+        until ``finished_meanwhile`` more of them finished without it (only their lock
+        release fails), then start it again."""
+        wait_for(lambda: JobRun.objects.filter(label=label).count() >= total // 4, timeout=60)
+        self.shutdown()
+        ended = JobRun.objects.filter(label=label, ended_at__isnull=False)
+        down_at = ended.count()
+        wait_for(lambda: ended.count() >= down_at + finished_meanwhile, timeout=60)
+        self.start()
+
+
+@contextmanager
+def _redis_store_on(server: PrivateRedis) -> Iterator[PrivateRedis]:
+    """Run ``server`` as this process's Redis store; shut it down afterwards."""
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url,
+                          "KEY_PREFIX": "jgchaos"}}
+    try:
+        with override_settings(CACHES=caches,
+                               JOBGUARD={**jobguard_settings.user_settings, "STORE": "redis"}):
+            stores.reset()
+            yield server
+    finally:
+        stores.reset()
+        server.shutdown()
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A :class:`PrivateRedis` without persistence, this process's Redis store."""
+    server = PrivateRedis(tmp_path)
+    server.start()
+    with _redis_store_on(server):
+        yield server
+
+
+@pytest.fixture
+def aof_redis(tmp_path):
+    """A :class:`PrivateRedis` with its append-only file, this process's Redis store."""
+    server = PrivateRedis(tmp_path, persistent=True)
+    server.start()
+    with _redis_store_on(server):
+        yield server

@@ -8,7 +8,6 @@ through real worker processes.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -22,8 +21,8 @@ from django.db import connection
 from django_jobguard import aio, dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
-from tests.chaos.test_redis_restart import private_redis  # noqa: F401  (a fixture)
+from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env, stop_and_read
+from tests.chaos.test_redis_restart import assert_unique_jobs_outlived_the_restart
 from tests.support import MANAGE, ROOT, async_jobs, requires_postgres, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -41,31 +40,13 @@ def test_kill_9_async_workers_loses_no_job(fleet):
     handles = _records("async-kill", total, 0.2)
     workers = fleet(*ASYNC, "--tries", "5", env=chaos_env(**LONG_LEASE))
     workers.start(2)
-    rng = random.Random()  # seeded by pytest-randomly
-    for k in range(1, kills + 1):  # spread by progress, each while jobs are in flight
-        wait_for(lambda k=k: JobRun.objects.filter(label="async-kill").count()
-                 >= k * total // (kills + 2), timeout=120)
-        workers.kill(rng.choice(workers.alive))
-        workers.start(1)
-    wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
-    codes = workers.stop_all()
-    assert codes and all(code == 0 for code in codes), workers.errors()
+    workers.kill_as_it_goes("async-kill", total, kills)
+    workers.finish()
 
     out = Outcome.read((h.id for h in handles), "async-kill")
     assert out.queued == 0
     assert out.completed == out.ids and not out.failed  # five tries outlast two kills
-    for job_id, runs in out.runs.items():
-        for run in runs:
-            if run["ended_at"] is None:  # cut short: only by a kill
-                assert run["pid"] in workers.killed, (job_id, runs)
-        done = [r for r in runs if r["ended_at"] is not None]
-        for earlier in done[:-1]:  # repeated after completing: only if killed before the ack
-            assert earlier["pid"] in workers.killed, (job_id, runs)
-        attempts = [r["attempt"] for r in runs]
-        assert attempts == sorted(set(attempts)), (job_id, runs)  # each re-run is an attempt
-    survivors_done = [r for runs in out.runs.values() for r in runs
-                      if r["ended_at"] is not None and r["pid"] not in workers.killed]
-    assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
+    out.assert_only_kills_repeat(workers.killed)
 
 
 APP = "jobguard-chaos-async"
@@ -118,29 +99,15 @@ def test_async_jobs_reconnect_after_their_connections_are_terminated(fleet):
 @pytest.mark.skipif(os.environ.get("JOBGUARD_CHAOS_REDIS_RESTART") != "1",
                     reason="restarts a redis-server: set JOBGUARD_CHAOS_REDIS_RESTART=1")
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
-def test_redis_restart_under_async_unique_jobs_loses_no_job(fleet, private_redis):  # noqa: F811
+def test_redis_restart_under_async_unique_jobs_loses_no_job(fleet, private_redis):
     total = 60
     handles = dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)])
     assert all(handles)
     workers = fleet(*ASYNC, env=chaos_env(JOBGUARD_REDIS_URL=private_redis.url,
                                           JOBGUARD_STORE="redis", **LONG_LEASE))
     procs = workers.start(2)
-    wait_for(lambda: JobRun.objects.filter(label="async-unique").count() >= total // 4,
-             timeout=60)
-    private_redis.shutdown()
-    down_at = JobRun.objects.filter(label="async-unique", ended_at__isnull=False).count()
-    # jobs keep finishing while Redis is down (only their lock release fails)
-    wait_for(lambda: JobRun.objects.filter(label="async-unique", ended_at__isnull=False)
-             .count() >= down_at + 5, timeout=60)
-    private_redis.start()
-
-    wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
-    assert all(p.poll() is None for p in procs)  # no worker died
-    assert all(code == 0 for code in workers.stop_all())
-    assert "Could not release unique lock" in workers.errors()
-    out = Outcome.read((h.id for h in handles), "async-unique")
-    assert out.queued == 0 and not FailedJob.objects.exists()
-    assert out.completed == out.ids
+    private_redis.restart_midway("async-unique", total, finished_meanwhile=5)
+    assert_unique_jobs_outlived_the_restart(workers, procs, handles, "async-unique")
     assert all(dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)]))
 
 
@@ -170,16 +137,7 @@ def test_an_async_job_whose_lease_was_taken_over_changes_nothing_when_it_ends():
                  and JobRun.objects.filter(label="takeover", ended_at__isnull=True).count()
                  == 0, timeout=60)
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
+        outputs = stop_and_read((first, second), logs)
     assert first.returncode == 0 and second.returncode == 0, outputs
     runs = list(JobRun.objects.filter(label="takeover").order_by("started_at"))
     assert [r.pid for r in runs] == [first.pid, second.pid]

@@ -18,7 +18,7 @@ from demo.models import JobRun
 
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.worker.timeouts import hard_limit
-from tests.chaos.conftest import chaos_env
+from tests.chaos.conftest import chaos_env, stop_and_read
 from tests.chaos.gil_jobs import HoldsTheGil, HoldsTheGilAsync
 from tests.support import MANAGE, ROOT, wait_for
 
@@ -77,15 +77,7 @@ def test_a_job_holding_the_gil_is_killed_at_its_hard_limit_and_never_copied(mode
         wait_for(lambda: FailedJob.objects.filter(id=job.id).exists(), timeout=60)
         assert second.poll() is None  # and goes on
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
+        outputs = stop_and_read((first, second), logs)
     assert "hard time limit" in outputs[0] and f"killing worker pid {first.pid}" in outputs[0]
     assert killed_after < LEASE, f"killed {killed_after:.1f} s after the job started"
     runs = list(JobRun.objects.filter(label="gil"))

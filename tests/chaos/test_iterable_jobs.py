@@ -65,11 +65,15 @@ def test_sigterm_and_sigkill_never_write_an_item_twice_or_lose_one(fleet):
     assert all(code == 0 for code in codes), workers.errors()
 
     written = list(JobRun.objects.filter(label="item").values_list("key", flat=True))
+    runs = list(JobRun.objects.filter(label="run").values_list("attempt", flat=True))
+    # The figures docs/long-jobs.md quotes (shown with pytest -s).
+    print(f"\niterable chaos: {ITEMS} items, {SECONDS:g} s of signals, {terms} SIGTERMs, "
+          f"{kills} SIGKILLs, {len(runs)} runs, attempts {sorted(runs)}, "
+          f"{len(written) - len(set(written))} written twice")
     assert len(written) == ITEMS  # 0 written twice ...
     assert set(written) == {f"chaos:{i}" for i in range(ITEMS)}  # ... and none lost
     assert JobRun.objects.filter(label="finished").count() == 1
     assert not FailedJob.objects.exists()
-    runs = list(JobRun.objects.filter(label="run").values_list("attempt", flat=True))
     assert terms + kills >= 1 and len(runs) >= 2  # it was stopped and resumed
     # Attempts go up only by the kills (a killed run's attempt is spent), never by a SIGTERM.
     assert max(runs) <= 1 + kills, (runs, terms, kills)

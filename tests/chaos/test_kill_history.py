@@ -8,15 +8,12 @@ a worker killed with ``kill -9`` loses only the runs it acked since its last hea
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from demo.models import JobRun
 
 from django_jobguard import dispatch_many
-from django_jobguard.models import FinishedRun, QueuedJob
+from django_jobguard.models import FinishedRun
 from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
-from tests.support import POSTGRES, jobs, wait_for
+from tests.support import POSTGRES, jobs
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -33,15 +30,8 @@ def test_kill_9_threaded_workers_records_each_run_once_and_loses_only_the_killed
     workers = fleet("--sleep", "0.2", "--tries", "5", "--threads", "3",
                     env=chaos_env(**LONG_LEASE, JOBGUARD_HISTORY="all"))
     workers.start(2)
-    rng = random.Random()  # seeded by pytest-randomly
-    for k in range(1, kills + 1):
-        wait_for(lambda k=k: JobRun.objects.filter(label="history").count()
-                 >= k * total // (kills + 2), timeout=120)
-        workers.kill(rng.choice(workers.alive))
-        workers.start(1)
-    wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
-    codes = workers.stop_all()  # a graceful stop flushes what ran since the last heartbeat
-    assert codes and all(code == 0 for code in codes), workers.errors()
+    workers.kill_as_it_goes("history", total, kills)
+    workers.finish()  # a graceful stop flushes what ran since the last heartbeat
 
     out = Outcome.read((h.id for h in handles), "history")
     assert out.queued == 0 and out.completed | set(out.failed) == out.ids

@@ -13,15 +13,11 @@ A job's row is deleted (acked) only after ``handle()`` returned, so
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from demo.models import JobRun
 
 from django_jobguard import dispatch_many
-from django_jobguard.models import QueuedJob
 from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
-from tests.support import POSTGRES, jobs, wait_for
+from tests.support import POSTGRES, jobs
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -32,16 +28,8 @@ def test_kill_9_random_workers_loses_no_job(fleet):
                              for i in range(total)])
     workers = fleet("--sleep", "0.2", "--tries", "5", env=chaos_env(**LONG_LEASE))
     workers.start(processes)
-    rng = random.Random()  # seeded by pytest-randomly
-    for k in range(1, kills + 1):
-        # spread the kills over the run by progress, not by wall-clock time
-        wait_for(lambda k=k: JobRun.objects.filter(label="chaos").count()
-                 >= k * total // (kills + 2), timeout=120)
-        workers.kill(rng.choice(workers.alive))
-        workers.start(1)
-    wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
-    codes = workers.stop_all()
-    assert codes and all(code == 0 for code in codes), workers.errors()
+    workers.kill_as_it_goes("chaos", total, kills)
+    workers.finish()
 
     out = Outcome.read((h.id for h in handles), "chaos")
     assert out.queued == 0  # nothing lost in the queue, nothing left reserved
@@ -51,16 +39,5 @@ def test_kill_9_random_workers_loses_no_job(fleet):
         assert failed.exception_class.endswith("MaxAttemptsExceededError"), failed.message
         assert "attempted too many times" in failed.message
         assert all(r["pid"] in workers.killed for r in out.runs.get(str(failed.id), []))
-    for job_id, runs in out.runs.items():
-        for run in runs:
-            if run["ended_at"] is None:  # cut short: only by a kill
-                assert run["pid"] in workers.killed, (job_id, runs)
-        done = [r for r in runs if r["ended_at"] is not None]
-        for earlier in done[:-1]:  # repeated after completing: only if killed before the ack
-            assert earlier["pid"] in workers.killed, (job_id, runs)
-        attempts = [r["attempt"] for r in runs]
-        assert attempts == sorted(set(attempts)), (job_id, runs)  # each re-run is an attempt
-    survivors_done = [r for runs in out.runs.values() for r in runs
-                      if r["ended_at"] is not None and r["pid"] not in workers.killed]
-    assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
+    out.assert_only_kills_repeat(workers.killed)
     assert len(workers.killed) == kills

@@ -27,27 +27,21 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import socket
-import subprocess
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from demo.models import JobRun
 from django.db import transaction
-from django.test import override_settings
 from django.utils import timezone
 
-from django_jobguard import dispatch_many, stores
-from django_jobguard.conf import jobguard_settings
+from django_jobguard import dispatch_many
 from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import LockInfo, get_store
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import Outcome, chaos_env
+from tests.chaos.conftest import Outcome, PrivateRedis, chaos_env
 from tests.support import wait_for
 
 pytestmark = [
@@ -58,87 +52,6 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class PrivateRedis:
-    """A redis-server of this test alone, keeping its files in ``directory``: without
-    persistence, or (``persistent``) with an append-only file that is fsynced before Redis
-    answers a write (``appendfsync always``), so even SIGKILL loses no acknowledged write."""
-
-    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
-        self.port = _free_port()
-        self.directory = directory
-        self.persistent = persistent
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        """Start (again, on the same port and files); returns once it answers PING, i.e.
-        after it has loaded its append-only file."""
-        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent \
-            else ["--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir",
-             str(self.directory), "--save", "", *persistence],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.answers, timeout=20)
-
-    def answers(self) -> bool:
-        return subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
-                              text=True).stdout.strip() == "PONG"
-
-    def shutdown(self) -> None:
-        """``SHUTDOWN NOSAVE``: without persistence, everything it held is gone."""
-        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
-                       capture_output=True)
-        if self.proc is not None:
-            self.proc.wait(timeout=20)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown work at all (what the append-only file survives)."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=20)
-
-
-@contextmanager
-def _redis_store_on(server: PrivateRedis) -> Iterator[PrivateRedis]:
-    """Run ``server`` as this process's Redis store; shut it down afterwards."""
-    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url,
-                          "KEY_PREFIX": "jgchaos"}}
-    try:
-        with override_settings(CACHES=caches,
-                               JOBGUARD={**jobguard_settings.user_settings, "STORE": "redis"}):
-            stores.reset()
-            yield server
-    finally:
-        stores.reset()
-        server.shutdown()
-
-
-@pytest.fixture
-def private_redis(tmp_path):
-    server = PrivateRedis(tmp_path)
-    server.start()
-    with _redis_store_on(server):
-        yield server
-
-
-@pytest.fixture
-def aof_redis(tmp_path):
-    server = PrivateRedis(tmp_path, persistent=True)
-    server.start()
-    with _redis_store_on(server):
-        yield server
-
-
 def test_redis_restart_loses_no_job_and_leaves_no_stale_lock(fleet, private_redis):
     total = 300
     handles = dispatch_many([chaos_jobs.UniqueRecord(str(i)) for i in range(total)])
@@ -146,26 +59,23 @@ def test_redis_restart_loses_no_job_and_leaves_no_stale_lock(fleet, private_redi
     workers = fleet("--sleep", "0.2", env=chaos_env(JOBGUARD_REDIS_URL=private_redis.url,
                                                     JOBGUARD_STORE="redis"))
     procs = workers.start(2)
-    wait_for(lambda: JobRun.objects.filter(label="unique").count() >= total // 4, timeout=60)
+    private_redis.restart_midway("unique", total, finished_meanwhile=10)
+    assert_unique_jobs_outlived_the_restart(workers, procs, handles, "unique")
+    # no lock outlived its job: every key can be dispatched again
+    again = dispatch_many([chaos_jobs.UniqueRecord(str(i)) for i in range(total)])
+    assert all(again)
 
-    private_redis.shutdown()
-    down_at = JobRun.objects.filter(label="unique", ended_at__isnull=False).count()
-    # jobs keep finishing while Redis is down (only their lock release fails)
-    wait_for(lambda: JobRun.objects.filter(label="unique", ended_at__isnull=False).count()
-             >= down_at + 10, timeout=60)
-    private_redis.start()
 
+def assert_unique_jobs_outlived_the_restart(workers, procs, handles, label: str) -> None:
+    """After a Redis restart under unique jobs: every job ran, none failed or stayed queued,
+    no worker died, and the releases that met Redis down were logged."""
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
     assert all(p.poll() is None for p in procs)  # no worker died
     assert all(code == 0 for code in workers.stop_all())
     assert "Could not release unique lock" in workers.errors()
-
-    out = Outcome.read((h.id for h in handles), "unique")
+    out = Outcome.read((h.id for h in handles), label)
     assert out.queued == 0 and not FailedJob.objects.exists()
     assert out.completed == out.ids
-    # no lock outlived its job: every key can be dispatched again
-    again = dispatch_many([chaos_jobs.UniqueRecord(str(i)) for i in range(total)])
-    assert all(again)
 
 
 # -- overlap locks across a restart ------------------------------------------------------------

@@ -163,6 +163,33 @@ class ItemWriter(IterableJob):
         return "finished"
 
 
+class LeaseProbe(IterableJob):
+    """Two items. The first lets the row's lease run out inside its transaction, before its
+    checkpoint (as it would behind a heartbeat starved past ``RETRY_AFTER``); the second
+    records (label ``lease``) whether the row's lease lies in the future again: ``held``
+    or ``expired``."""
+
+    tries = 0
+    timeout = 0
+
+    def items(self, cursor):
+        return ((i, i) for i in range(0 if cursor is None else cursor + 1, 2))
+
+    def each(self, item: int) -> None:
+        import datetime
+
+        from django_jobguard.models import QueuedJob
+
+        row = QueuedJob.objects.filter(id=self.job_id)
+        if item == 0:
+            row.update(available_at=timezone.now() - datetime.timedelta(hours=1))
+            return
+        held = row.filter(available_at__gt=timezone.now()).exists()
+        JobRun.objects.create(label="lease", key="held" if held else "expired",
+                              job_id=self.job_id or "", pid=os.getpid(),
+                              attempt=self.attempts(), started_at=timezone.now())
+
+
 class BadCursor(IterableJob):
     tries = 1
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connections
@@ -15,6 +17,7 @@ from django_jobguard.exceptions import JobFailedError
 from django_jobguard.jobs import Dispatched
 from django_jobguard.models import QueuedJob
 from django_jobguard.testing import drain
+from tests.support import requires_postgres
 from tests.support.long_jobs import DebouncedRecord, FailsWithResult, Sleeper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,3 +91,81 @@ def test_the_tasks_backend_waits_for_a_task_result():
     drain()
     assert wait(result, timeout=5) is result
     assert result.return_value == 5 and result.status == "SUCCESSFUL"
+
+
+def _closed_listener_pid() -> int:
+    """Open a result listener and close it (its connection is kept): its backend's pid."""
+    from django_jobguard.dialects import dialect_for
+
+    listener = dialect_for("default").listen_results()
+    pid = listener._conn.info.backend_pid
+    listener.close()
+    return pid
+
+
+def _sql(statement: str, *params: object) -> object:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchone()[0]
+
+
+@contextmanager
+def _listener() -> Iterator:
+    """A result listener, closed with every kept connection when the block ends."""
+    from django_jobguard.dialects import dialect_for
+    from django_jobguard.dialects.postgresql import close_idle_result_connections
+
+    listener = dialect_for("default").listen_results()
+    try:
+        yield listener
+    finally:
+        listener.close()
+        close_idle_result_connections()
+
+
+@requires_postgres
+def test_a_closed_result_listener_keeps_its_connection_for_the_next_wait_without_listening():
+    """A new connection per ``wait()`` was most of its latency on a loaded machine
+    (docs/benchmarks.md): a closed listener's connection is kept, its LISTEN ended."""
+    from django_jobguard.dialects.postgresql import RESULT_CHANNEL, close_idle_result_connections
+
+    pid = _closed_listener_pid()
+    assert _sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", pid) == 1  # kept ...
+    _sql("SELECT pg_notify(%s, 'x')", RESULT_CHANNEL)
+    with _listener() as second:
+        assert second._conn.info.backend_pid == pid  # ... and taken again
+        assert second.wait(0.05) == set()  # nothing heard while it was kept
+        _sql("SELECT pg_notify(%s, 'y')", RESULT_CHANNEL)
+        assert second.wait(5) == {"y"}  # listening again
+    pid = _closed_listener_pid()
+    close_idle_result_connections()
+    with _listener() as third:
+        assert third._conn.info.backend_pid != pid
+
+
+@requires_postgres
+def test_a_kept_connection_that_died_is_replaced():
+    from django_jobguard.dialects.postgresql import RESULT_CHANNEL
+
+    pid = _closed_listener_pid()
+    _sql("SELECT pg_terminate_backend(%s)", pid)
+    with _listener() as second:
+        assert second._conn.info.backend_pid != pid
+        _sql("SELECT pg_notify(%s, 'z')", RESULT_CHANNEL)
+        assert second.wait(5) == {"z"}
+
+
+@requires_postgres
+def test_a_forked_child_neither_takes_nor_closes_the_connections_its_parent_kept():
+    from django_jobguard.dialects.postgresql import _idle_result_connections as idle
+
+    pid = _closed_listener_pid()
+    parents = [conn for conns in idle._kept.values() for conn, _ in conns]
+    idle._pid = -1  # what a forked child finds: they belong to another process
+    try:
+        with _listener() as child:
+            assert child._conn.info.backend_pid != pid
+        assert _sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", pid) == 1
+    finally:
+        for conn in parents:
+            conn.close()

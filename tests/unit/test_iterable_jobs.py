@@ -13,7 +13,7 @@ from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.testing import drain
 from django_jobguard.testing.draining import claim_row
 from django_jobguard.worker.pipeline import Pipeline
-from tests.support.long_jobs import BadCursor, ItemWriter, ThreeSteps
+from tests.support.long_jobs import BadCursor, ItemWriter, LeaseProbe, ThreeSteps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,6 +53,15 @@ def test_a_lost_lease_rolls_the_item_back_and_hands_the_job_back():
     row = QueuedJob.objects.get(id=handle.id)
     assert row.checkpoint == {"cursor": 1, "done": 2}
     assert row.attempts == 0  # interrupted, not failed
+
+
+def test_each_committed_item_renews_the_lease_of_its_row():
+    """A heartbeat starved past RETRY_AFTER (SQLite, with the items' transactions back to
+    back) let another worker take the row of a live run; the checkpoint renews the lease."""
+    LeaseProbe().dispatch()
+    drain()
+    assert list(JobRun.objects.filter(label="lease").values_list("key", flat=True)) == [
+        "held"]
 
 
 def test_max_run_time_splits_the_work_into_runs_without_writing_an_item_twice():
