@@ -26,7 +26,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobguard import history, operations
+from django_jobguard import history, operations, slo
 from django_jobguard.models import Dashboard
 from django_jobguard.operations import monitoring
 
@@ -124,12 +124,20 @@ class DashboardAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         data = monitoring.overview()
+        loads = slo.measure(counts=data["queues"])
+        targets = slo.objectives()
         charts = data["history"]
         queues = []
         for name, counts in data["queues"].items():
             rows = {window: charts[window]["queues"].get(name) for window in ("1h", "24h")}
+            load = loads.get(name)
             queues.append({
                 "name": name, **counts,
+                "breached": list(load.breached) if load else [],
+                "recommended_workers": load.recommended_workers if load else 0,
+                "objectives": ", ".join(
+                    f"{key} {_duration(value) if key == 'max_wait' else f'{value:.0%}'}"
+                    for key, value in targets.get(name, {}).items()),
                 "oldest_waiting": _duration(counts["oldest_waiting_seconds"]),
                 "failed_url": self._admin_url("failedjob", {"queue": name}),
                 "queued_url": self._admin_url("queuedjob", {"queue": name}),
@@ -154,6 +162,7 @@ class DashboardAdmin(admin.ModelAdmin):
             "workers": workers,
             "stores": stores,
             "unserved": [q["name"] for q in queues if q["unserved"]],
+            "breached": [(q["name"], name) for q in queues for name in q["breached"]],
             "exact_up_to": monitoring.EXACT_UP_TO,
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
             "pause_url": self._url("pause"),

@@ -131,6 +131,8 @@ JOBGUARD = {
     "QUEUES": json.loads(os.environ.get("JOBGUARD_QUEUES", "{}")),
     # "off", "failures" or "all" (tests of the finished-job history).
     "HISTORY": os.environ.get("JOBGUARD_HISTORY", "off"),
+    # The URL the queue objectives' webhook posts to (tests of django_jobguard.slo).
+    "SLO_WEBHOOK": os.environ.get("JOBGUARD_SLO_WEBHOOK") or None,
 }
 
 LOGGING = {
