@@ -166,6 +166,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Worker threads inside the web server's process (small apps, development): None "
             "(off) or {'threads': 2, 'queues': ['*'], 'sleep': 3, 'shutdown_timeout': 20, "
             "'tries': 1} (E080)."),
+    Setting("ADMIN_REFRESH_SECONDS", 10, (int, float),
+            "Seconds between two polls of the admin's live pages (the dashboard, the lists, "
+            "locks and throttles refresh themselves; a toggle pauses them); 0: no live "
+            "updates.", at_least=0),
     Setting("METRICS_TOKEN", None, (str, _NONE),
             "The bearer token Prometheus sends to the metrics view; None: only logged-in staff "
             "with the view permission may read it (E130: at least 16 characters)."),

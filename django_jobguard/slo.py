@@ -28,8 +28,8 @@ not retried (the dashboard, the metrics and ``jobs_monitor`` show the state mean
 slots busy on a queue are its arrival rate times the mean runtime (L = λW). The measured
 rate is the queue's throughput over ``SLO_WINDOW`` (the workers' per-minute counts, which the
 dashboard's charts read; in a steady state arrivals equal completions); the mean runtime
-comes from the finished-run history (``HISTORY = "all"``), and without it the jobs running
-now stand for λW. To that it adds the slots that drain the waiting backlog within
+comes from the finished-run history (``HISTORY = "all"``); without it, from the jobs running
+now (L = λW, so W = L / λ). To that it adds the slots that drain the waiting backlog within
 ``max_wait`` (or :data:`DRAIN_SECONDS`), and divides by the queue's ``worker_concurrency``
 (job slots per worker, default 1), rounding up; a queue with waiting jobs asks for at least
 one worker, a paused queue for none. ``jobguard_queue_recommended_workers`` exports it for
@@ -135,11 +135,13 @@ def recommended_workers(*, throughput: float, mean_runtime: float | None, waitin
                         reserved: int, concurrency: int = 1,
                         drain_seconds: float = DRAIN_SECONDS, paused: bool = False) -> int:
     """Workers a queue needs (Little's law; see the module docstring): ``ceil((λ·W +
-    waiting·W / drain_seconds) / concurrency)``, with the jobs running now (``reserved``)
-    standing for λ·W when the mean runtime ``W`` is unknown; at least 1 while jobs wait or
-    run, 0 for a paused queue."""
+    waiting·W / drain_seconds) / concurrency)``. Without a measured mean runtime ``W`` the
+    jobs running now (``reserved``, L) give it as L / λ; with no throughput either, they
+    stand for λ·W alone. At least 1 while jobs wait or run, 0 for a paused queue."""
     if paused:
         return 0
+    if mean_runtime is None and throughput > 0 and reserved:
+        mean_runtime = reserved / throughput  # Little's law the other way: W = L / λ
     if mean_runtime is None:
         busy, backlog = float(reserved), 0.0
     else:

@@ -10,6 +10,7 @@ import datetime
 import uuid
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from django_jobguard import get_store, history
@@ -27,7 +28,7 @@ from django_jobguard.models import (
     Worker,
 )
 from tests.support.browser import chromium, log_in, screenshot
-from tests.support.operate import reserved
+from tests.support.operate import reserved, waiting
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -124,16 +125,107 @@ def test_every_admin_list_and_the_locks_page_fit_1280_px(live_server, browser, t
         page.goto(f"{live_server.url}/admin/django_jobguard/{name}/")
         page.wait_for_selector("#content")
         widths[name] = _width(page)
-        screenshot(page, tmp_path / f"{name}.png")
         if name == "lock":
             # The Force-release buttons are on screen, not off to the right.
             boxes = page.locator("input[value='Force release']").evaluate_all(
                 "els => els.map(e => e.getBoundingClientRect().right)")
             assert boxes
             widths["lock buttons"] = {"page": max(boxes), "results": 0}
-            screenshot(page, tmp_path / "locks.png", docs_name="admin-locks.png")
+            screenshot(page, tmp_path / "locks.png", docs_name="admin-locks-1280.png")
         if name == "batch":
             screenshot(page, tmp_path / "batches.png", docs_name="admin-batches.png")
-    too_wide = {n: w for n, w in widths.items() if w["page"] > WIDTH or w["results"] > 0}
-    print(too_wide)
-    assert too_wide == {}
+    # The page (document scrollWidth) and each list's own box (Django scrolls a table that is
+    # too wide inside it) need no horizontal scrolling.
+    assert {n: w for n, w in widths.items() if w["page"] > WIDTH or w["results"] > 0} == {}
+
+
+# -- live pages ------------------------------------------------------------------------------
+
+
+def _rows(page) -> int:
+    return page.locator("#result_list tbody tr").count()
+
+
+def _polled(page) -> None:
+    """The page's first poll is done: it knows the version of what it shows."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("#jobguard-live .jobguard-live-status")).to_contain_text("Updated")
+
+
+@override_settings(JOBGUARD={"ADMIN_REFRESH_SECONDS": 1, "QUEUES": {"emails": {"max_wait": 60}}})
+def test_the_dashboard_refreshes_itself_and_its_toggle_pauses_it(live_server, browser, tmp_path):
+    from playwright.sync_api import expect
+
+    waiting(name="emails.jobs.SendWelcome", queue_name="emails")
+    page = log_in(browser, live_server, "/admin/django_jobguard/dashboard/", width=WIDTH)
+    live = page.locator("#jobguard-live")
+    expect(live).to_have_attribute("data-state", "live")
+    # A queue appears and another breaches its objective while the page is open.
+    waiting(name="reports.jobs.ExportReport", queue_name="reports")
+    QueueAlert.objects.create(queue="emails", slo="max_wait", breached=True, value=75,
+                              threshold=60, changed_at=timezone.now())
+    expect(page.locator('#jobguard-queues tr[data-queue="reports"]')).to_be_visible()
+    expect(page.locator("#jobguard-breached")).to_contain_text("emails")
+    expect(live.locator(".jobguard-live-status")).to_contain_text("Updated")
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+    screenshot(page, tmp_path / "dashboard-live.png", docs_name="dashboard-live.png")
+
+    toggle = live.get_by_role("button", name="Pause live updates")
+    toggle.click()
+    expect(live).to_have_attribute("data-state", "paused")
+    expect(live.locator(".jobguard-live-status")).to_have_text("Live updates paused.")
+    refreshes = live.get_attribute("data-refreshes")
+    waiting(name="search.jobs.Reindex", queue_name="search")
+    page.wait_for_timeout(3000)  # three intervals: a live page would have refreshed
+    expect(page.locator('#jobguard-queues tr[data-queue="search"]')).to_have_count(0)
+    assert live.get_attribute("data-refreshes") == refreshes
+    page.reload()  # the choice is kept in this browser
+    expect(page.locator("#jobguard-live")).to_have_attribute("data-state", "paused")
+    page.get_by_role("button", name="Resume live updates").click()
+    expect(page.locator("#jobguard-live")).to_have_attribute("data-state", "live")
+    expect(page.locator('#jobguard-queues tr[data-queue="search"]')).to_be_visible()
+
+
+@override_settings(JOBGUARD={"ADMIN_REFRESH_SECONDS": 1})
+def test_a_job_list_refreshes_when_jobs_arrive_but_not_under_a_selection(
+        live_server, browser, tmp_path):
+    from playwright.sync_api import expect
+
+    waiting(name="emails.jobs.SendWelcome", queue_name="emails")
+    page = log_in(browser, live_server, "/admin/django_jobguard/queuedjob/", width=WIDTH)
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    _polled(page)
+    waiting(name="reports.jobs.ExportReport", queue_name="reports")
+    expect(page.locator("#result_list tbody tr")).to_have_count(2)
+    expect(page.locator(".paginator")).to_contain_text("2 queued jobs")
+    # Rows selected for an action: the list waits.
+    page.locator("#result_list tbody tr input.action-select").first.check()
+    waiting(name="search.jobs.Reindex", queue_name="search")
+    page.wait_for_timeout(3000)
+    assert _rows(page) == 2
+    page.locator("#result_list tbody tr input.action-select").first.uncheck()
+    expect(page.locator("#result_list tbody tr")).to_have_count(3)
+    # Django's actions work on the refreshed rows: the counter follows a selection.
+    page.locator("#result_list tbody tr input.action-select").nth(1).check()
+    expect(page.locator(".action-counter")).to_contain_text("1 of 3 selected")
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+    screenshot(page, tmp_path / "queued-live.png", docs_name="admin-live-queued.png")
+    # Deleting a job elsewhere shows too (after the selection is cleared).
+    page.locator("#result_list tbody tr input.action-select").nth(1).uncheck()
+    QueuedJob.objects.filter(queue="search").delete()
+    expect(page.locator("#result_list tbody tr")).to_have_count(2)
+
+
+@override_settings(JOBGUARD={"ADMIN_REFRESH_SECONDS": 1})
+def test_the_locks_page_refreshes_when_a_lock_is_taken(live_server, browser):
+    from playwright.sync_api import expect
+
+    store = get_store()
+    store.acquire("jobguard:unique:emails.jobs.SendWelcome:1", "owner-1", ttl=600)
+    page = log_in(browser, live_server, "/admin/django_jobguard/lock/", width=WIDTH)
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    _polled(page)
+    store.acquire("jobguard:unique:emails.jobs.SendWelcome:2", "owner-2", ttl=600)
+    expect(page.locator("#result_list tbody tr")).to_have_count(2)
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH

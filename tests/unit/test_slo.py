@@ -63,8 +63,15 @@ def test_recommended_workers_is_littles_law_plus_the_backlog_over_concurrency():
                                    concurrency=4, drain_seconds=30) == 3
     assert slo.recommended_workers(throughput=0, mean_runtime=None, waiting=0,
                                    reserved=0) == 0
-    # Runtime unknown (no history): the running jobs stand for the busy slots.
+    # Runtime unknown (no history): the running jobs stand for the busy slots (L = 5),
+    # and give W = L / λ = 5 s for the backlog: 5 + 12 x 5 / 60 = 6 slots, 3 workers.
     assert slo.recommended_workers(throughput=1, mean_runtime=None, waiting=0, reserved=5,
+                                   concurrency=2) == 3
+    assert slo.recommended_workers(throughput=1, mean_runtime=None, waiting=12, reserved=5,
+                                   concurrency=2) == 3
+    assert slo.recommended_workers(throughput=1, mean_runtime=None, waiting=36, reserved=5,
+                                   concurrency=2) == 4
+    assert slo.recommended_workers(throughput=0, mean_runtime=None, waiting=36, reserved=5,
                                    concurrency=2) == 3
     # Jobs wait and nothing is known: one worker at least (scale from zero).
     assert slo.recommended_workers(throughput=0, mean_runtime=None, waiting=3,
