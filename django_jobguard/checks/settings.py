@@ -225,14 +225,20 @@ def _check_queues() -> list:
                                 hint=f"Known keys: {', '.join(sorted(QUEUE_KEYS))}.",
                                 id="jobguard.E101"))
         cap = config.get("global_concurrency")
-        if "global_concurrency" in config and (
-                isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        if not _whole_or_absent(config, "global_concurrency"):
             errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['global_concurrency'] must be "
                                 f"a whole number of jobs >= 1, not {cap!r}.",
                                 hint="Leave the key out for no cap; pause a queue with "
                                      "jobs_pause to run none.", id="jobguard.E102"))
         errors += _queue_objective_errors(name, config)
     return errors
+
+
+def _whole_or_absent(config: dict, key: str) -> bool:
+    """``config[key]`` is a whole number >= 1 (not a bool), or the key is left out."""
+    value = config.get(key)
+    return key not in config or (isinstance(value, int) and not isinstance(value, bool)
+                                 and value >= 1)
 
 
 def _is_number(value: Any) -> TypeGuard[float]:
@@ -256,8 +262,7 @@ def _queue_objective_errors(name: str, config: dict) -> list:
                             hint="e.g. 0.05 for 5% of the runs in SLO_WINDOW failing.",
                             id="jobguard.E104"))
     slots = config.get("worker_concurrency")
-    if "worker_concurrency" in config and (
-            isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+    if not _whole_or_absent(config, "worker_concurrency"):
         errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['worker_concurrency'] must be a "
                             f"whole number of job slots >= 1, not {slots!r}.",
                             hint="What one worker runs at once: jobworker --concurrency "
