@@ -174,12 +174,35 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Worker threads inside the web server's process (small apps, development): None "
             "(off) or {'threads': 2, 'queues': ['*'], 'sleep': 3, 'shutdown_timeout': 20, "
             "'tries': 1} (E080)."),
+    Setting("ADMIN_REFRESH_SECONDS", 10, (int, float),
+            "Seconds between two polls of the admin's live pages (the dashboard, the lists, "
+            "locks and throttles refresh themselves; a toggle pauses them); 0: no live "
+            "updates.", at_least=0),
     Setting("METRICS_TOKEN", None, (str, _NONE),
             "The bearer token Prometheus sends to the metrics view; None: only logged-in staff "
             "with the view permission may read it (E130: at least 16 characters)."),
     Setting("QUEUES", {}, (dict,),
             "Settings per queue name: {'reports': {'global_concurrency': 2}} runs at most two "
-            "jobs of 'reports' at once across every worker and host (E100-E102)."),
+            "jobs of 'reports' at once across every worker and host (E100-E102); 'max_wait' "
+            "(seconds the oldest waiting job may wait) and 'max_failure_rate' (0-1) are the "
+            "queue's objectives, 'worker_concurrency' the job slots per worker the "
+            "recommended worker count divides by (E103-E105; docs/operate.md)."),
+    Setting("SLO_WINDOW", 300, (int, float),
+            "Seconds of recent history a queue's failure rate, throughput and mean runtime "
+            "are measured over (rounded up to whole minutes).", at_least=60),
+    Setting("SLO_MIN_RUNS", 10, (int,),
+            "Runs a queue must have finished in SLO_WINDOW before its failure rate can breach "
+            "max_failure_rate (fewer are too few to judge).", at_least=1),
+    Setting("SLO_RECOVERY", 0.8, (int, float),
+            "Hysteresis: a breached objective recovers when its value falls to this fraction "
+            "of the threshold or below (0 < SLO_RECOVERY <= 1; E160).",
+            checked_by="jobguard.E160"),
+    Setting("SLO_WEBHOOK", None, (str, _NONE),
+            "A URL that gets a JSON POST when a queue's objective is breached or recovers "
+            "(once per crossing, from a background thread; failures are logged; E161)."),
+    Setting("SLO_WEBHOOK_TIMEOUT", 5.0, (int, float),
+            "Seconds the SLO webhook's POST may take before it is given up (and logged).",
+            above=0),
 )}
 
 #: Each key's default (derived from :data:`SETTINGS`).

@@ -597,3 +597,31 @@ class FinishedRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.job_id}] {self.state} at {self.finished_at.isoformat()}"
+
+
+class QueueAlert(models.Model):
+    """The state of one queue's service-level objective (``JOBGUARD["QUEUES"][queue]``'s
+    ``max_wait`` or ``max_failure_rate``): breached or not, and the value and threshold at
+    its last change. Workers evaluate the objectives at housekeeping and change ``breached``
+    with a conditional UPDATE (``WHERE breached = <old>``), so of several workers that see
+    one crossing, exactly one wins the update and sends the signal and webhook
+    (:mod:`django_jobguard.slo`)."""
+
+    queue = models.CharField(_("queue"), max_length=100)
+    #: ``"max_wait"`` or ``"max_failure_rate"``.
+    slo = models.CharField(_("objective"), max_length=30)
+    breached = models.BooleanField(_("breached"), default=False)
+    #: The measured value (seconds, or a rate 0-1) when ``breached`` last changed.
+    value = models.FloatField(_("value"), null=True, blank=True)
+    threshold = models.FloatField(_("threshold"), null=True, blank=True)
+    changed_at = models.DateTimeField(_("changed at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("queue alert")
+        verbose_name_plural = _("queue alerts")
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "slo"], name="jobguard_queue_alert"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.slo}: {'breached' if self.breached else 'ok'}"

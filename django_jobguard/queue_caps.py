@@ -24,7 +24,8 @@ from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import QueuedJob, QueueGate
 
 #: The keys a queue's entry in ``JOBGUARD["QUEUES"]`` may have.
-QUEUE_KEYS = frozenset({"global_concurrency"})
+QUEUE_KEYS = frozenset({"global_concurrency", "max_wait", "max_failure_rate",
+                        "worker_concurrency"})
 
 
 def global_concurrency(queue: str) -> int | None:

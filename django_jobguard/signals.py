@@ -1,4 +1,5 @@
-"""Signals sent along a job's life. ``sender`` is the job class; ``job`` the instance."""
+"""Signals sent along a job's life (``sender`` is the job class; ``job`` the instance), and
+a queue's objectives crossed (``sender`` is :class:`~django_jobguard.models.QueueAlert`)."""
 
 from django.dispatch import Signal
 
@@ -18,3 +19,10 @@ job_processed = Signal()
 job_released = Signal()
 #: The job failed for good: ``job`` (None if it could not be rebuilt), ``job_id``, ``exception``.
 job_failed = Signal()
+#: A queue's objective (``JOBGUARD["QUEUES"][queue]["max_wait"]`` or ``["max_failure_rate"]``)
+#: was crossed: ``queue``, ``slo`` (the key), ``value`` (seconds or a rate) and ``threshold``.
+#: Sent once per crossing across all workers, by the worker whose heartbeat won it
+#: (:mod:`django_jobguard.slo`); keep receivers quick, they run in that heartbeat's thread.
+queue_slo_breached = Signal()
+#: The objective recovered (its value fell to ``SLO_RECOVERY`` x threshold): same arguments.
+queue_slo_recovered = Signal()

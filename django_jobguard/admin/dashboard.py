@@ -14,11 +14,20 @@ resuming need ``change_pausedqueue``, as on the paused queues page.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -26,7 +35,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobguard import history, operations
+from django_jobguard import history, operations, slo
 from django_jobguard.models import Dashboard
 from django_jobguard.operations import monitoring
 
@@ -89,6 +98,38 @@ def chart(title: str, done: list[float], failed: list[float], *, span: str) -> S
         top=f"{top:.3g}", done=_points(done, top), failed=_points(failed, top), span=span)
 
 
+def live_summary() -> dict[str, Any]:
+    """The queues (counts, flags, latency, workers needed, breached objectives), the live
+    workers and the stores as :func:`monitoring.overview` has them, the per-minute totals, and
+    ``version``: a hash of everything but the ages and the time."""
+    data = monitoring.overview()
+    loads = slo.measure(counts=data["queues"])
+    queues = {}
+    for name, counts in data["queues"].items():
+        load = loads.get(name)
+        queues[name] = {
+            **{key: counts.get(key) for key in (
+                "waiting", "delayed", "reserved", "failed", "estimated", "done_last_hour",
+                "failed_last_hour", "paused", "unserved", "oldest_waiting_seconds")},
+            "recommended_workers": load.recommended_workers if load else 0,
+            "breached": list(load.breached) if load else [],
+        }
+    workers = [{"id": w["id"], "queues": w["queues"], "current_job": w["current_job"],
+                "jobs_processed": w["jobs_processed"]} for w in data["workers"]]
+    stores = [{key: entry[key] for key in ("store", "held_locks", "open_circuits", "error")}
+              for entry in data["stores"]]
+    steady = {"queues": {name: {k: v for k, v in q.items() if k != "oldest_waiting_seconds"}
+                         for name, q in queues.items()},
+              "workers": workers, "stores": stores,
+              "minute": [data["done_last_minute"], data["failed_last_minute"]]}
+    version = hashlib.sha256(json.dumps(steady, sort_keys=True, cls=DjangoJSONEncoder)
+                             .encode()).hexdigest()[:16]
+    return {"version": version, "generated_at": data["generated_at"], "queues": queues,
+            "workers": workers, "stores": stores,
+            "done_last_minute": data["done_last_minute"],
+            "failed_last_minute": data["failed_last_minute"]}
+
+
 @admin.register(Dashboard)
 class DashboardAdmin(admin.ModelAdmin):
     """The dashboard page and its Pause / Resume actions (no model rows of its own)."""
@@ -114,6 +155,7 @@ class DashboardAdmin(admin.ModelAdmin):
             path("", wrap(self.dashboard_view), name=f"{prefix}_changelist"),
             path("pause/", wrap(self.pause_view), name=f"{prefix}_pause"),
             path("resume/", wrap(self.resume_view), name=f"{prefix}_resume"),
+            path("live.json", wrap(self.live_view), name=f"{prefix}_live"),
         ]
 
     def _url(self, name: str) -> str:
@@ -124,12 +166,20 @@ class DashboardAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         data = monitoring.overview()
+        loads = slo.measure(counts=data["queues"])
+        targets = slo.objectives()
         charts = data["history"]
         queues = []
         for name, counts in data["queues"].items():
             rows = {window: charts[window]["queues"].get(name) for window in ("1h", "24h")}
+            load = loads.get(name)
             queues.append({
                 "name": name, **counts,
+                "breached": list(load.breached) if load else [],
+                "recommended_workers": load.recommended_workers if load else 0,
+                "objectives": ", ".join(
+                    f"{key} {_duration(value) if key == 'max_wait' else f'{value:.0%}'}"
+                    for key, value in targets.get(name, {}).items()),
                 "oldest_waiting": _duration(counts["oldest_waiting_seconds"]),
                 "failed_url": self._admin_url("failedjob", {"queue": name}),
                 "queued_url": self._admin_url("queuedjob", {"queue": name}),
@@ -154,6 +204,7 @@ class DashboardAdmin(admin.ModelAdmin):
             "workers": workers,
             "stores": stores,
             "unserved": [q["name"] for q in queues if q["unserved"]],
+            "breached": [(q["name"], name) for q in queues for name in q["breached"]],
             "exact_up_to": monitoring.EXACT_UP_TO,
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
             "pause_url": self._url("pause"),
@@ -161,6 +212,14 @@ class DashboardAdmin(admin.ModelAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.template_name, context)
+
+    def live_view(self, request: HttpRequest) -> HttpResponse:
+        """``live.json``: what the live pages poll (``static/django_jobguard/live.js``): the
+        dashboard's figures without its charts, and a ``version`` that changes when a count
+        does (not when only the ages move), so a list refreshes only when something changed."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return JsonResponse(live_summary(), encoder=DjangoJSONEncoder)
 
     def _classes(self, request: HttpRequest) -> dict[str, Any]:
         """The per-job-class statistics of the finished-run history (``?window=`` 1h, 24h or

@@ -8,7 +8,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_jobguard.admin.base import Label, ReadOnlyDetailMixin
+from django_jobguard.admin.base import Label, ReadOnlyDetailMixin, timestamp_column
 from django_jobguard.models import Batch, Chain
 from django_jobguard.workflows import batches
 
@@ -17,10 +17,12 @@ from django_jobguard.workflows import batches
 class ChainAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     """Chains with each link's status (a failed link's job is retried from failed jobs)."""
 
-    list_display = ["__str__", "status", "progress", "created_at", "finished_at"]
+    list_display = ["__str__", "status", "progress", "created_at_display", "finished_at_display"]
     list_filter = ["status"]
     search_fields = ["id", "name"]
     fields = readonly_fields = ("id", "name", "status", "link_table", "created_at", "finished_at")
+    created_at_display = timestamp_column("created_at", _("created at"))
+    finished_at_display = timestamp_column("finished_at", _("finished at"))
 
     @staticmethod
     def _links(obj: Chain) -> list[dict] | None:
@@ -58,7 +60,7 @@ class BatchAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     """Batches with their counts and progress; "Cancel" skips the jobs not started yet."""
 
     list_display = ["__str__", "status", "progress_bar", "total_jobs", "pending_jobs",
-                    "failed_jobs", "created_at", "finished_at"]
+                    "failed_jobs", "created_at_display", "finished_at_display"]
     list_filter = [("finished_at", admin.EmptyFieldListFilter),
                    ("cancelled_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "name"]
@@ -72,11 +74,27 @@ class BatchAdmin(ReadOnlyDetailMixin, admin.ModelAdmin):
     def status(self, obj: Batch) -> str:
         return obj.status
 
+    created_at_display = timestamp_column("created_at", _("created at"))
+    finished_at_display = timestamp_column("finished_at", _("finished at"))
+
     @admin.display(description=_("progress"))
     def progress_bar(self, obj: Batch) -> str:
-        percent = round(obj.progress * 100)
-        return format_html('<progress max="100" value="{}" title="{} %"></progress> {} / {}',
-                           percent, percent, obj.processed_jobs, obj.total_jobs)
+        """A bar of the jobs that succeeded (green) and failed (red) out of the total, so a
+        batch that ran every job but failed some never looks like a completed one; the
+        status is written beside the counts."""
+        total = obj.total_jobs or 1
+        failed = min(obj.failed_jobs, obj.total_jobs)
+        succeeded = max(obj.processed_jobs - failed, 0)
+        ok_share, failed_share = 100 * succeeded / total, 100 * failed / total
+        summary = _("%(done)s / %(total)s, %(failed)s failed") % {
+            "done": obj.processed_jobs, "total": obj.total_jobs, "failed": failed} if failed \
+            else _("%(done)s / %(total)s") % {"done": obj.processed_jobs, "total": obj.total_jobs}
+        return format_html(
+            '<span class="jobguard-batch-bar jobguard-batch-{status}" role="img" '
+            'aria-label="{summary} ({status})" title="{summary} ({status})">'
+            '<span class="ok" style="width: {ok}%"></span>'
+            '<span class="failed" style="width: {bad}%"></span></span> {summary}',
+            status=obj.status, summary=summary, ok=f"{ok_share:.1f}", bad=f"{failed_share:.1f}")
 
     @admin.display(description=_("callbacks"))
     def callback_list(self, obj: Batch) -> str:

@@ -1,12 +1,13 @@
 """The checks of the ``JOBGUARD`` setting (``check_settings``: E001, E002, and then E003/W003,
-E004-E007, E040, E070, E080, E100-E102, E110-E112, W110, W111, E120, E121, E130, E150, and
+E004-E007, E040, E070, E080, E100-E105, E110-E112, W110, W111, E120, E121, E130, E150,
+E160, E161, and
 each store's own: the Redis store's E140-E142, W140) and of the periodic schedules
 (``check_schedules``: E060-E064, W050)."""
 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -41,7 +42,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
             + _check_api_permissions() + limiter_errors() + _check_reliability() + _check_history()
             + _check_test_mode() + _check_embedded_worker() + _check_pgbouncer()
             + _check_metrics_token() + _check_database()
-            + _check_queues())
+            + _check_queues() + _check_slo())
 
 
 def _check_metrics_token() -> list:
@@ -224,12 +225,64 @@ def _check_queues() -> list:
                                 hint=f"Known keys: {', '.join(sorted(QUEUE_KEYS))}.",
                                 id="jobguard.E101"))
         cap = config.get("global_concurrency")
-        if "global_concurrency" in config and (
-                isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        if not _whole_or_absent(config, "global_concurrency"):
             errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['global_concurrency'] must be "
                                 f"a whole number of jobs >= 1, not {cap!r}.",
                                 hint="Leave the key out for no cap; pause a queue with "
                                      "jobs_pause to run none.", id="jobguard.E102"))
+        errors += _queue_objective_errors(name, config)
+    return errors
+
+
+def _whole_or_absent(config: dict, key: str) -> bool:
+    """``config[key]`` is a whole number >= 1 (not a bool), or the key is left out."""
+    value = config.get(key)
+    return key not in config or (isinstance(value, int) and not isinstance(value, bool)
+                                 and value >= 1)
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _queue_objective_errors(name: str, config: dict) -> list:
+    """jobguard.E103-E105: a queue's ``max_wait`` (seconds > 0), ``max_failure_rate``
+    (0 < rate < 1) and ``worker_concurrency`` (a whole number >= 1)."""
+    errors: list = []
+    wait = config.get("max_wait")
+    if "max_wait" in config and not (_is_number(wait) and wait > 0):
+        errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['max_wait'] must be a number of "
+                            f"seconds > 0, not {wait!r}.",
+                            hint="The longest the oldest waiting job may wait, e.g. 30.",
+                            id="jobguard.E103"))
+    rate = config.get("max_failure_rate")
+    if "max_failure_rate" in config and not (_is_number(rate) and 0 < rate < 1):
+        errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['max_failure_rate'] must be a "
+                            f"fraction between 0 and 1 (exclusive), not {rate!r}.",
+                            hint="e.g. 0.05 for 5% of the runs in SLO_WINDOW failing.",
+                            id="jobguard.E104"))
+    slots = config.get("worker_concurrency")
+    if not _whole_or_absent(config, "worker_concurrency"):
+        errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['worker_concurrency'] must be a "
+                            f"whole number of job slots >= 1, not {slots!r}.",
+                            hint="What one worker runs at once: jobworker --concurrency "
+                                 "(or --threads).", id="jobguard.E105"))
+    return errors
+
+
+def _check_slo() -> list:
+    """jobguard.E160: ``SLO_RECOVERY`` is not in (0, 1]; jobguard.E161: ``SLO_WEBHOOK`` is not
+    an http(s) URL."""
+    errors: list = []
+    recovery = jobguard_settings.SLO_RECOVERY
+    if not (_is_number(recovery) and 0 < recovery <= 1):
+        errors.append(Error(f"JOBGUARD['SLO_RECOVERY'] must be a fraction > 0 and <= 1, not "
+                            f"{recovery!r}.", hint="A breached objective recovers at this "
+                            "fraction of its threshold; 0.8 by default.", id="jobguard.E160"))
+    url = jobguard_settings.SLO_WEBHOOK
+    if url is not None and not url.startswith(("http://", "https://")):
+        errors.append(Error(f"JOBGUARD['SLO_WEBHOOK'] must be an http:// or https:// URL, not "
+                            f"{url!r}.", hint="Or None for no webhook.", id="jobguard.E161"))
     return errors
 
 

@@ -68,6 +68,7 @@ class QueueHealth:
     max: int
     status: str  # "OK" or "ALERT" (size reached max)
     unserved: bool = False  # jobs wait and no live worker serves the queue (nor '*')
+    paused: bool = False  # workers claim none of its jobs until it is resumed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,16 +91,16 @@ class MonitorReport:
 
 def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1000,
             using: str | None = None) -> MonitorReport:
-    """Each queue of ``thresholds`` (or every queue with jobs, at ``default_max``) with an
-    ALERT when its size reaches its maximum, and flagged ``unserved`` when jobs wait and no
-    live worker serves it (a paused queue is not flagged)."""
+    """Each queue of ``thresholds`` (or every queue with jobs or paused, at ``default_max``)
+    with an ALERT when its size reaches its maximum, flagged ``paused``, and ``unserved`` when
+    jobs wait and no live worker serves it (a paused queue is not flagged)."""
     using = queue_database(using)
     thresholds = thresholds or {}
     counts = queue_stats(using=using)
     paused = set(PausedQueue.objects.using(using).values_list("queue", flat=True))
     lonely = set(unserved(counts, worker_rows(using=using), paused))
     report = []
-    for name in list(thresholds) or sorted(counts):
+    for name in list(thresholds) or sorted({*counts, *paused}):
         c = counts.get(name) or _empty()
         size = c["waiting"] + c["delayed"] + c["reserved"]
         limit = thresholds.get(name, default_max)
@@ -107,7 +108,7 @@ def monitor(thresholds: Mapping[str, int] | None = None, *, default_max: int = 1
                                   delayed=c["delayed"], reserved=c["reserved"],
                                   failed=c["failed"], max=limit,
                                   status="ALERT" if size >= limit else "OK",
-                                  unserved=name in lonely))
+                                  unserved=name in lonely, paused=name in paused))
     return MonitorReport(queues=report)
 
 

@@ -13,7 +13,9 @@ runs its steps in turn, each named after its one job:
 3. :meth:`~Heartbeat.flush_history`: the per-queue, per-minute counts of the dashboard;
 4. :meth:`~Heartbeat.tick_schedules`: periodic jobs due now (any worker enqueues each tick,
    once);
-5. :meth:`~Heartbeat.housekeeping`: once a minute, the clean-up any live worker may do.
+5. :meth:`~Heartbeat.housekeeping`: once a minute, the clean-up any live worker may do;
+6. :meth:`~Heartbeat.check_objectives`: the queues' latency and failure-rate objectives
+   (``QUEUES[q]["max_wait"]``/``["max_failure_rate"]``; one worker signals each crossing).
 
 A step that fails (the database is restarting) is logged and retried at the next beat.
 """
@@ -28,7 +30,7 @@ from typing import Any, Protocol
 from django.db import connections
 from django.db.models.functions import Now
 
-from django_jobguard import logs, operations, queue, schedules
+from django_jobguard import logs, operations, queue, schedules, slo
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import Worker as WorkerRow
 
@@ -110,6 +112,7 @@ class Heartbeat:
         self.keep_alive()
         self.tick_schedules()
         self.housekeeping()
+        self.check_objectives()
 
     def keep_alive(self) -> None:
         """The steps about this worker: its leases, its row, its counts."""
@@ -159,6 +162,11 @@ class Heartbeat:
             return
         operations.housekeeping(using=self.using)
         self._last_clean = time.monotonic()
+
+    def check_objectives(self) -> None:
+        """Compare the queues with their objectives and signal the crossings this worker
+        wins (nothing to do, and no query, when no queue has one)."""
+        slo.check(using=self.using)
 
     def _register_again(self, beat: dict[str, Any], *, held: int, renewed: int) -> None:
         """The heartbeat found no row of this worker: housekeeping deleted it after a long

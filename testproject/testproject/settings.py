@@ -133,6 +133,8 @@ JOBGUARD = {
     "HISTORY": os.environ.get("JOBGUARD_HISTORY", "off"),
     # Batched completion (PostgreSQL), e.g. 0.005: its kill tests set it for their workers.
     "COMPLETION_WINDOW": float(os.environ.get("JOBGUARD_COMPLETION_WINDOW", "0")),
+    # The URL the queue objectives' webhook posts to (tests of django_jobguard.slo).
+    "SLO_WEBHOOK": os.environ.get("JOBGUARD_SLO_WEBHOOK") or None,
 }
 
 LOGGING = {

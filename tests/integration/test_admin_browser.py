@@ -55,7 +55,7 @@ def test_force_release_a_lock_from_the_admin(live_server, browser, store_alias, 
     store.acquire("jobguard:unique:demo.jobs.SyncProfile:3", "gone",
                   job_id="6d1c6c4e-0000-4000-8000-000000000003")  # its job is gone: stale
 
-    page = browser.new_page(viewport={"width": 1600, "height": 640})
+    page = browser.new_page(viewport={"width": 1280, "height": 640})
     page.goto(f"{live_server.url}/admin/login/?next=/admin/django_jobguard/lock/")
     page.fill("#id_username", "admin")
     page.fill("#id_password", "jobguard-pw")

@@ -72,7 +72,8 @@ def test_every_model_but_the_internal_counters_has_an_admin_page(admin_client):
     from django.contrib import admin
     from django.urls import reverse
 
-    internal = {"queuegate", "queueminute"}  # counters the workers keep; no page of their own
+    # Counters and states the workers keep (the dashboard shows the alerts): no page of their own.
+    internal = {"queuegate", "queueminute", "queuealert"}
     models = apps.get_app_config("django_jobguard").get_models()
     paged = [model for model in models if model._meta.model_name not in internal]
     assert {model._meta.model_name for model in paged} == {
@@ -483,7 +484,8 @@ def test_batch_pages_show_progress_and_cancel_needs_change_permission(admin_clie
 
     row = batch([Step("a"), Step("b")], name="import").dispatch()
     body = admin_client.get("/admin/django_jobguard/batch/").content.decode()
-    assert "import" in body and '<progress max="100" value="0"' in body and "0 / 2" in body
+    assert "import" in body and 'class="jobguard-batch-bar jobguard-batch-running"' in body
+    assert 'style="width: 0.0%"' in body and "0 / 2" in body
     detail = admin_client.get(f"/admin/django_jobguard/batch/{row.id}/change/")
     assert detail.status_code == 200 and "running" in detail.content.decode()
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
@@ -496,6 +498,25 @@ def test_batch_pages_show_progress_and_cancel_needs_change_permission(admin_clie
         "action": "cancel_batches", "_selected_action": [str(row.id)]}, follow=True)
     assert "Cancelled 1 batch." in response.content.decode()
     assert Batch.objects.get(id=row.id).cancelled
+
+
+def test_a_failed_batch_bar_shows_its_failed_share_in_red(admin_client):
+    """A batch that ran every job but failed some is not drawn as a full green bar."""
+    from django.utils import timezone
+
+    from django_jobguard.models import Batch
+
+    Batch.objects.create(name="half", total_jobs=4, pending_jobs=2, failed_jobs=2,
+                         finished_at=timezone.now())
+    Batch.objects.create(name="whole", total_jobs=4, pending_jobs=0, failed_jobs=0,
+                         finished_at=timezone.now())
+    body = admin_client.get("/admin/django_jobguard/batch/").content.decode()
+    assert ('class="jobguard-batch-bar jobguard-batch-failed" role="img" '
+            'aria-label="4 / 4, 2 failed (failed)"') in body
+    assert ('<span class="ok" style="width: 50.0%"></span>'
+            '<span class="failed" style="width: 50.0%"></span>') in body
+    assert ('<span class="ok" style="width: 100.0%"></span>'
+            '<span class="failed" style="width: 0.0%"></span>') in body
 
 
 # -- bad stored data: the pages say so, never a 500 ------------------------------------------

@@ -116,7 +116,10 @@ def test_monitor_exits_1_over_threshold():
     assert exc.value.code == 1
     data = json.loads(call("jobs_monitor", "default:10", "--json"))
     assert data == [{"queue": "default", "size": 3, "waiting": 3, "delayed": 0, "reserved": 0,
-                     "failed": 0, "max": 10, "status": "OK", "unserved": False}]
+                     "failed": 0, "max": 10, "status": "OK", "unserved": False,
+                     "paused": False, "latency_seconds": data[0]["latency_seconds"],
+                     "recommended_workers": 1, "breached": []}]
+    assert data[0]["latency_seconds"] >= 0
     with pytest.raises(CommandError, match="must be a number"):
         call("jobs_monitor", "default:lots")
 

@@ -408,7 +408,8 @@ def test_monitor_reports_each_queue_against_its_threshold():
                                                           ("high", "OK")]
     assert every.queues[0].as_dict() == {"queue": "default", "size": 3, "waiting": 3,
                                          "delayed": 0, "reserved": 0, "failed": 0, "max": 2,
-                                         "status": "ALERT", "unserved": True}
+                                         "status": "ALERT", "unserved": True,
+                                         "paused": False}
 
 
 def test_housekeeping_drops_expired_locks_old_results_and_dead_workers(audit):
