@@ -21,6 +21,7 @@ from django_jobguard import (
     aio,
     carriers,
     durations,
+    fair_share,
     registry,
     serialization,
     signals,
@@ -132,6 +133,10 @@ class Job:
     #: job, last arguments winning, run ``seconds`` after the last of them but at most
     #: ``max_wait`` after the first (:mod:`django_jobguard.debounce`). ``None``: not debounced.
     debounce: ClassVar[tuple[Any, Any] | None] = None
+    #: The key a fair queue takes turns between (a tenant): a string, or a method that
+    #: computes it from the job's arguments; ``dispatch(fair_key=...)`` overrides it
+    #: (:mod:`django_jobguard.fair_share`). ``None``: the key ``""``.
+    fair_key: ClassVar[str | None] = None
     #: Keep a :class:`~django_jobguard.models.JobResult` when the job ends.
     keep_result: ClassVar[bool] = False
     #: Adapter jobs only (django.tasks): the keys leading to the dotted name of what the job
@@ -263,12 +268,13 @@ class Job:
         on_commit: bool | str = False,
         using: str | None = None,
         debounce: tuple[Any, Any] | None = None,
+        fair_key: str | None = None,
     ) -> Dispatched:
         """Queue this job; see :func:`dispatch`."""
         using = queue_database(using)
         return dispatch(
             self, delay=delay, queue=queue, priority=priority, on_commit=on_commit, using=using,
-            debounce=debounce,
+            debounce=debounce, fair_key=fair_key,
         )
 
     def dispatch_sync(self) -> Any:
@@ -300,12 +306,14 @@ class Job:
 
 
 def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | None = None,
-              priority: int | None = None) -> tuple[job_queue.NewJob, Envelope]:
+              priority: int | None = None,
+              fair_key: str | None = None) -> tuple[job_queue.NewJob, Envelope]:
     """Validate ``job`` and turn it into the row to insert, due ``when``, with the unique lock
     it would own; nothing touches the database. The envelope is encoded once, and that text
     is both what the row stores and what ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes)."""
     row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
-                           at=when.at, delay=when.delay)
+                           at=when.at, delay=when.delay,
+                           fair_key=fair_share.key_of(job, fair_key))
     problem = job_queue.queue_name_problem(row.queue)
     if problem is not None:
         raise ValueError(problem)
@@ -337,6 +345,7 @@ def dispatch(
     on_commit: bool | str = False,
     using: str | None = None,
     debounce: tuple[Any, Any] | None = None,
+    fair_key: str | None = None,
 ) -> Dispatched:
     """Queue ``job``. Returns a truthy :class:`Dispatched` with the job id, or a falsy one
     with ``skipped="unique"`` when a unique job with the same key is already queued or running.
@@ -349,10 +358,14 @@ def dispatch(
     database of its own (``JOBGUARD['DATABASE']``) the insert commits on that database at once
     whatever the caller's transaction on ``default`` does; ``on_commit=True`` waits for the
     transaction of ``default`` (or of the alias ``on_commit`` names) to commit.
+
+    ``fair_key`` replaces the job's own (its class attribute or method): the key a fair
+    queue takes turns between (:mod:`django_jobguard.fair_share`).
     """
     using = queue_database(using)
     return dispatch_many([job], delay=delay, queue=queue, priority=priority,
-                         on_commit=on_commit, using=using, debounce=debounce)[0]
+                         on_commit=on_commit, using=using, debounce=debounce,
+                         fair_key=fair_key)[0]
 
 
 def dispatch_many(
@@ -365,6 +378,7 @@ def dispatch_many(
     using: str | None = None,
     batch_size: int = 500,
     debounce: tuple[Any, Any] | None = None,
+    fair_key: str | None = None,
 ) -> list[Dispatched]:
     """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each.
 
@@ -379,7 +393,7 @@ def dispatch_many(
     when = durations.due(delay)
     debounced = [_debounce_of(job, debounce, delay) for job in jobs]
     built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
-                       queue=queue, priority=priority)
+                       queue=queue, priority=priority, fair_key=fair_key)
              for job, rule in zip(jobs, debounced, strict=True)]
     results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
                for job, (row, _) in zip(jobs, built, strict=True)]

@@ -143,6 +143,10 @@ class QueuedJob(models.Model):
     #: An iterable job's checkpoint, ``{"cursor": ..., "done": n}``: written in the
     #: transaction of each item's own writes; the next run resumes after it.
     checkpoint = models.JSONField(_("checkpoint"), null=True, blank=True, editable=False)
+    #: The key (a tenant, a customer) a fair queue takes turns between: its claims serve
+    #: keys in (weighted) round robin (:mod:`django_jobguard.fair_share`); "" is a key too.
+    fair_key = models.CharField(_("fair key"), max_length=255, blank=True, default="",
+                                db_default="", editable=False)
 
     objects = QueuedJobQuerySet.as_manager()
 
@@ -162,6 +166,10 @@ class QueuedJob(models.Model):
                 fields=["queue", "-priority", "available_at"], name="jobguard_claim_idx"
             ),
             models.Index(fields=["name"], name="jobguard_job_name_idx"),
+            # Serves a fair queue's claim: the next key with a due row, and each key's rows
+            # in claim order (fair_share.py), and the per-key count of reserved rows.
+            models.Index(fields=["queue", "fair_key", "-priority", "available_at"],
+                         name="jobguard_fair_idx"),
         ]
         constraints = [
             models.CheckConstraint(
