@@ -171,7 +171,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "with the view permission may read it (E130: at least 16 characters)."),
     Setting("QUEUES", {}, (dict,),
             "Settings per queue name: {'reports': {'global_concurrency': 2}} runs at most two "
-            "jobs of 'reports' at once across every worker and host (E100-E102)."),
+            "jobs of 'reports' at once across every worker and host (E100-E102); 'fair': True "
+            "claims its rows in round robin over their fair_key, 'fair_weights': {key: n} "
+            "gives a key n rows per turn, 'per_key_concurrency': n reserves at most n rows "
+            "per key at once (docs/scale-out.md; E103-E105)."),
 )}
 
 #: Each key's default (derived from :data:`SETTINGS`).

@@ -212,6 +212,9 @@ class FailedJob(models.Model):
     #: The last exception the job itself raised, with its traceback (whatever ended it).
     last_error = models.TextField(_("last error"), blank=True, default="")
     failed_at = models.DateTimeField(_("failed at"), db_default=Now())
+    #: The queued row's ``fair_key``, given back to it when the job is retried.
+    fair_key = models.CharField(_("fair key"), max_length=255, blank=True, default="",
+                                db_default="", editable=False)
 
     class Meta:
         verbose_name = _("failed job")

@@ -494,6 +494,7 @@ def fail(
             payload=Value(None, JSONField()) if row.payload is None else row.payload,
             attempts=row.attempts,
             priority=row.priority,
+            fair_key=row.fair_key,
             exception_class=class_path(exception),
             message=str(exception)[:10_000],
             traceback=traceback_text(exception),

@@ -37,6 +37,8 @@ Ids:
   server-side prepared statements break on PgBouncer < 1.21).
 - jobguard.E100–E102 ``QUEUES`` is not a dict of queue names to known keys, or a
   ``global_concurrency`` is not a whole number >= 1.
+- jobguard.E103–E105 a queue's fair share: ``fair`` is not a bool, ``fair_weights`` is not a
+  dict of keys to whole numbers >= 1, ``per_key_concurrency`` is not a whole number >= 1.
 - jobguard.E130 ``METRICS_TOKEN`` is shorter than 16 characters.
 - jobguard.E140–E142, W140 a Redis store's topology (Cluster URLs, client-side sharding, a
   Sentinel cache set up half-way, fewer than 3 sentinels): ``stores/redis.py``,

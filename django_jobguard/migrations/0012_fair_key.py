@@ -11,6 +11,11 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
+            model_name='failedjob',
+            name='fair_key',
+            field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=255, verbose_name='fair key'),
+        ),
+        migrations.AddField(
             model_name='queuedjob',
             name='fair_key',
             field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=255, verbose_name='fair key'),

@@ -82,3 +82,15 @@ def run_command(*args: str, env: dict[str, str] | None = None,
     """Run ``manage.py <args>`` in a subprocess against the test database."""
     return subprocess.run([sys.executable, str(MANAGE), *args], env=env or worker_env(),
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def ran_at_once(runs: list[dict]) -> int:
+    """The most runs (dicts with ``started_at`` and ``ended_at``) running at the same moment
+    (one ending as another starts does not count as overlapping)."""
+    edges = sorted([(r["started_at"], 1) for r in runs] + [(r["ended_at"], -1) for r in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most

@@ -212,3 +212,41 @@ def test_each_process_cursor_is_per_database_and_queue():
     backlog({"a": 2, "b": 2})
     queue.claim(["fair"], worker_id="w", limit=1)
     assert fair_share._cursors == {(dialect_for("default").using, "fair"): Cursor("a", 0)}
+
+
+def test_a_failed_job_retried_keeps_its_fair_key():
+    from django_jobguard import operations
+
+    dispatch(jobs.Noop(), fair_key="tenant-9")
+    (row,) = queue.claim(["default"], worker_id="w")
+    queue.fail(row, RuntimeError("down"))
+    operations.retry([str(row.id)])
+    assert QueuedJob.objects.get().fair_key == "tenant-9"
+
+
+def test_a_chains_later_links_keep_their_fair_key():
+    from django.db import transaction
+
+    from django_jobguard import chain
+    from django_jobguard.workflows import chains
+
+    chain(TenantReport("acme", 1), TenantReport("acme", 2)).dispatch()
+    (first,) = queue.claim(["default"], worker_id="w")
+    assert first.fair_key == "tenant-acme"
+    with transaction.atomic():
+        assert queue.ack(first)
+        chains.advance(first.payload, succeeded=True)
+    assert QueuedJob.objects.get().fair_key == "tenant-acme"
+
+
+def test_the_admin_shows_a_rows_fair_key_and_finds_rows_by_it(admin_client):
+    from django.urls import reverse
+
+    dispatch(jobs.Noop(), fair_key="tenant-42")
+    dispatch(jobs.Noop(), fair_key="tenant-7")
+    row = QueuedJob.objects.get(fair_key="tenant-42")
+    page = admin_client.get(reverse("admin:django_jobguard_queuedjob_change", args=[row.id]))
+    assert page.status_code == 200 and "tenant-42" in page.content.decode()
+    found = admin_client.get(reverse("admin:django_jobguard_queuedjob_changelist"),
+                             {"q": "tenant-42"})
+    assert [r.id for r in found.context["cl"].result_list] == [row.id]
