@@ -99,17 +99,35 @@ _cursors: dict[tuple[str, str], Cursor] = {}
 _lock = threading.Lock()
 
 
-def claim(dialect: Any, queue: str, fair: FairClaim, **options: Any) -> list[QueuedJob]:
-    """One fair claim of ``queue`` (``options`` as for ``Dialect.claim``) from this process's
-    cursor, which then moves past what it served."""
+#: The most statements one fair claim runs to fill up (see :func:`claim`).
+ROUNDS = 4
+
+
+def claim(dialect: Any, queue: str, fair: FairClaim, *, limit: int,
+          **options: Any) -> list[QueuedJob]:
+    """Up to ``limit`` rows of ``queue`` in the fair order from this process's cursor, which
+    then moves past what they served (``options`` as for ``Dialect.claim``).
+
+    One statement takes each key's share of ``limit`` (``weight * ceil(limit / keys)``);
+    when some keys have fewer due rows than that, it comes back short while the others have
+    more. The claim then goes on from the moved cursor, up to :data:`ROUNDS` statements, until
+    it is full or a statement finds nothing: a short claim tells the worker the backlog is
+    gone (its next claim asks for one row), which would be false."""
     where = (dialect.using, queue)
-    with _lock:
-        cursor = _cursors.get(where, Cursor())
-    rows = dialect.claim(queue, fair=FairClaim(cursor, fair.weights, fair.per_key), **options)
-    if rows:
-        moved = advance(cursor, fair.weights, [row.fair_key for row in rows])
+    rows: list[QueuedJob] = []
+    for _ in range(ROUNDS):
+        with _lock:
+            cursor = _cursors.get(where, Cursor())
+        got = dialect.claim(queue, limit=limit - len(rows),
+                            fair=FairClaim(cursor, fair.weights, fair.per_key), **options)
+        if not got:
+            break
+        moved = advance(cursor, fair.weights, [row.fair_key for row in got])
         with _lock:
             _cursors[where] = moved
+        rows += got
+        if len(rows) >= limit:
+            break
     return rows
 
 

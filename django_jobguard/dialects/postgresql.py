@@ -105,31 +105,19 @@ _FAIR_CLAIM_SQL = """
     WITH RECURSIVE
     open AS (SELECT NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s) AS yes),
     after(k, e, n, seen) AS (
-        SELECT s.k, {eligible}, {eligible}, 1
-          FROM (SELECT min(fair_key) AS k FROM {table}
-                 WHERE queue = %(queue)s AND fair_key > %(ckey)s AND available_at <= {now}) s
-         WHERE s.k IS NOT NULL AND (SELECT yes FROM open)
+        SELECT s.k, s.e, s.e, 1 FROM {step_after_cursor} s WHERE (SELECT yes FROM open)
         UNION ALL
-        SELECT s.k, {eligible}, a.n + {eligible}, a.seen + 1
-          FROM after a CROSS JOIN LATERAL (
-               SELECT min(fair_key) AS k FROM {table}
-                WHERE queue = %(queue)s AND fair_key > a.k AND available_at <= {now}) s
-         WHERE s.k IS NOT NULL AND a.n < %(keys)s),
+        SELECT s.k, s.e, a.n + s.e, a.seen + 1
+          FROM after a CROSS JOIN LATERAL {step_after_a} s
+         WHERE a.n < %(keys)s),
     found AS (SELECT COALESCE(max(n), 0) AS n FROM after),
     before(k, e, n, seen) AS (
-        SELECT s.k, {eligible}, {eligible}, 1
-          FROM (SELECT min(fair_key) AS k FROM {table}
-                 WHERE queue = %(queue)s AND available_at <= {now}) s
-         WHERE s.k IS NOT NULL AND (SELECT yes FROM open)
-           AND (s.k < %(ckey)s OR (s.k = %(ckey)s AND %(cused)s = 0))
-           AND (SELECT n FROM found) < %(keys)s
+        SELECT s.k, s.e, s.e, 1 FROM {step_first} s
+         WHERE (SELECT yes FROM open) AND (SELECT n FROM found) < %(keys)s
         UNION ALL
-        SELECT s.k, {eligible}, b.n + {eligible}, b.seen + 1
-          FROM before b CROSS JOIN LATERAL (
-               SELECT min(fair_key) AS k FROM {table}
-                WHERE queue = %(queue)s AND fair_key > b.k AND available_at <= {now}) s
-         WHERE s.k IS NOT NULL AND (s.k < %(ckey)s OR (s.k = %(ckey)s AND %(cused)s = 0))
-           AND b.n + (SELECT n FROM found) < %(keys)s),
+        SELECT s.k, s.e, b.n + s.e, b.seen + 1
+          FROM before b CROSS JOIN LATERAL {step_after_b} s
+         WHERE b.n + (SELECT n FROM found) < %(keys)s),
     carry(k, e) AS (
         SELECT s.k, {eligible} FROM (SELECT %(ckey)s::varchar AS k) s
          WHERE %(cused)s > 0 AND (SELECT yes FROM open)
@@ -168,10 +156,28 @@ _FAIR_CLAIM_SQL = """
       FROM picked WHERE q.id = picked.id
     RETURNING {columns}, concat_ws('; ', {unloadable}), picked.ord"""
 
+# One step of the walk: the next key with a due row after ``{after}`` (the first with none),
+# and whether it may take a row now (``e``: 1 or 0); ``before`` stops at the cursor's key.
+# (OFFSET 0 keeps the step a subquery: pulled up, its ``e`` would be evaluated, and its row
+# locked, once per reference.)
+_STEP = """(SELECT x.k, {eligible} AS e FROM (
+        SELECT min(fair_key) AS k FROM {table}
+         WHERE queue = %(queue)s{after} AND available_at <= {now}) x
+     WHERE x.k IS NOT NULL{upto} OFFSET 0)"""
+_UPTO_CURSOR = " AND (x.k < %(ckey)s OR (x.k = %(ckey)s AND %(cused)s = 0))"
+
 # A key may take a row (1) or is at its per_key_concurrency (0); ``{key}`` is the key.
 _RUNNING = ("(SELECT count(*) FROM {table} WHERE queue = %(queue)s AND fair_key = {key}"
             " AND reserved_at IS NOT NULL AND available_at > {now})")
-_ELIGIBLE = "CASE WHEN " + _RUNNING + " < %(per_key)s THEN 1 ELSE 0 END"
+# A key may take a row only if one of its due rows is not locked by a concurrent claim (which
+# is serving it now): workers walking the same keys at once then spread over the keys instead
+# of each taking what the other left of the same few (and coming back short). The row found
+# is locked by this claim (it takes it below, unless the claim fills up first).
+_UNLOCKED = ("EXISTS (SELECT 1 FROM {table} WHERE queue = %(queue)s AND fair_key = {key}"
+             " AND available_at <= {now} FOR UPDATE SKIP LOCKED)")
+_ELIGIBLE = "CASE WHEN " + _UNLOCKED + " THEN 1 ELSE 0 END"
+_ELIGIBLE_CAPPED = ("CASE WHEN " + _RUNNING + " < %(per_key)s AND " + _UNLOCKED
+                    + " THEN 1 ELSE 0 END")
 # How many rows a key locks: its share of ``limit`` over the keys found, within its budget.
 _TAKE = "keys.w * ((%(limit)s + (SELECT count(*) FROM keys) - 1) / (SELECT count(*) FROM keys))"
 
@@ -268,7 +274,16 @@ class PostgreSQLDialect(SQLDialect):
         self.fair_claim_sql = {
             capped: _FAIR_CLAIM_SQL.format(
                 **parts, **returned, max=COUNTER_MAX,
-                eligible=_ELIGIBLE.format(**parts, key="s.k") if capped else "1",
+                **{name: _STEP.format(
+                    **parts, after=after, upto=upto,
+                    eligible=(_ELIGIBLE_CAPPED if capped else _ELIGIBLE).format(
+                        **parts, key="x.k"))
+                   for name, after, upto in (
+                       ("step_after_cursor", " AND fair_key > %(ckey)s", ""),
+                       ("step_after_a", " AND fair_key > a.k", ""),
+                       ("step_first", "", _UPTO_CURSOR),
+                       ("step_after_b", " AND fair_key > b.k", _UPTO_CURSOR))},
+                eligible=(_ELIGIBLE_CAPPED if capped else _ELIGIBLE).format(**parts, key="s.k"),
                 take=(f"LEAST({_TAKE}, %(per_key)s - "
                       f"{_RUNNING.format(**parts, key='keys.k')})" if capped else _TAKE))
             for capped in (False, True)}
@@ -322,7 +337,8 @@ class PostgreSQLDialect(SQLDialect):
                   "count": int(count_attempts)}
         if fair is None:
             fetched = self._execute(self.claim_sql, params, fetch=True, prepare=False)
-        else:
+        else:  # never prepared either: a generic plan made on an empty queue seq-scans
+            # for every key it walks (tests/unit/dialects/test_claim_plan.py)
             weights = sorted(fair.weights.items())
             params.update(ckey=fair.cursor.key, cused=fair.cursor.used, keys=limit,
                           per_key=fair.per_key, wkeys=[k for k, _ in weights],
