@@ -250,3 +250,15 @@ def test_the_admin_shows_a_rows_fair_key_and_finds_rows_by_it(admin_client):
     found = admin_client.get(reverse("admin:django_jobguard_queuedjob_changelist"),
                              {"q": "tenant-42"})
     assert [r.id for r in found.context["cl"].result_list] == [row.id]
+
+
+@override_settings(JOBGUARD=FAIR)
+def test_a_fair_batch_is_one_claim_whose_rows_count_their_attempt_as_they_start():
+    backlog({"a": 2, "b": 2})
+    rows = queue.claim(["fair"], worker_id="w", limit=3, start=1)
+    assert [r.fair_key for r in rows] == ["a", "b", "a"]
+    assert [queue.claimed_ahead(r) for r in rows] == [True, True, True]
+    assert set(QueuedJob.objects.filter(reserved_by="w").values_list("attempts", flat=True)) \
+        == {0}
+    assert queue.start(rows[0])
+    assert QueuedJob.objects.get(id=rows[0].id).attempts == 1 and rows[0].attempts == 1
