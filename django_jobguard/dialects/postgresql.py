@@ -67,6 +67,16 @@ _NOTIFY_TAIL = f"""
     RETURNING queue)
     SELECT pg_notify('{NOTIFY_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM inserted) q"""
 
+# The lease a claim gives the rows of its CTE ``picked``; saturating counters (see below).
+_LEASE = """
+    UPDATE {table} AS q
+       SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + %(count)s
+                           ELSE q.attempts END,
+           reserved_at = {now}, reserved_by = %(worker)s,
+           claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
+           available_at = {now} + make_interval(secs => %(lease)s)
+      FROM picked WHERE q.id = picked.id"""
+
 # One statement: pick due rows in order, skip rows another worker is taking, lease them; a
 # paused queue (a row in the paused-queue table) gives nothing.
 # The candidates are picked and locked ONCE, in a MATERIALIZED CTE. With the older
@@ -80,14 +90,7 @@ _CLAIM_SQL = """
          WHERE queue = %(queue)s AND available_at <= {now}
            AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s)
          ORDER BY priority DESC, available_at
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-    UPDATE {table} AS q
-       SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + %(count)s
-                           ELSE q.attempts END,
-           reserved_at = {now}, reserved_by = %(worker)s,
-           claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
-           available_at = {now} + make_interval(secs => %(lease)s)
-      FROM picked WHERE q.id = picked.id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED)""" + _LEASE + """
     RETURNING {columns}, concat_ws('; ', {unloadable})"""
 
 # A fair queue's claim (fair_share.py), in one statement too. It never ranks the whole queue:
@@ -146,14 +149,7 @@ _FAIR_CLAIM_SQL = """
                            PARTITION BY k ORDER BY priority DESC, available_at) AS rn
                   FROM cand) ranked) turns
          ORDER BY turn, pos, seen, rn
-         LIMIT %(limit)s)
-    UPDATE {table} AS q
-       SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + %(count)s
-                           ELSE q.attempts END,
-           reserved_at = {now}, reserved_by = %(worker)s,
-           claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
-           available_at = {now} + make_interval(secs => %(lease)s)
-      FROM picked WHERE q.id = picked.id
+         LIMIT %(limit)s)""" + _LEASE + """
     RETURNING {columns}, concat_ws('; ', {unloadable}), picked.ord"""
 
 # One step of the walk: the next key with a due row after ``{after}`` (the first with none),

@@ -30,12 +30,16 @@ _PUSH_SQL = """INSERT INTO {table} (id, queue, name, payload, attempts, exceptio
 VALUES {rows}"""
 _PUSH_PARAMS_PER_ROW = _PUSH_ROW.count("%s")
 
-_CLAIM_SQL = """
+# The lease a claim gives its rows (parameters: 1 or 0 added to attempts, the worker, the
+# lease in seconds), followed by which rows.
+_LEASE = """
     UPDATE {table}
        SET attempts = CASE WHEN attempts < {max} THEN attempts + %s ELSE attempts END,
            reserved_at = {now}, reserved_by = %s,
            claims = CASE WHEN claims < {max} THEN claims + 1 ELSE claims END,
-           available_at = {in_seconds}
+           available_at = {in_seconds}"""
+
+_CLAIM_SQL = _LEASE + """
      WHERE id IN (SELECT id FROM {table}
                    WHERE queue = %s AND available_at <= {now}
                      AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %s)
@@ -45,12 +49,7 @@ _CLAIM_SQL = """
 
 # A fair queue's claim: the same lease, of the rows the fair ranking picks
 # (base.fair_ranking: one SELECT with a window function, inside this one writing statement).
-_FAIR_CLAIM_SQL = """
-    UPDATE {table}
-       SET attempts = CASE WHEN attempts < {max} THEN attempts + %s ELSE attempts END,
-           reserved_at = {now}, reserved_by = %s,
-           claims = CASE WHEN claims < {max} THEN claims + 1 ELSE claims END,
-           available_at = {in_seconds}
+_FAIR_CLAIM_SQL = _LEASE + """
      WHERE id IN ({ranking})
     RETURNING {columns}"""
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -84,10 +85,14 @@ def run_command(*args: str, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def ran_at_once(runs: list[dict]) -> int:
-    """The most runs (dicts with ``started_at`` and ``ended_at``) running at the same moment
-    (one ending as another starts does not count as overlapping)."""
-    edges = sorted([(r["started_at"], 1) for r in runs] + [(r["ended_at"], -1) for r in runs],
+def ran_at_once(runs: list) -> int:
+    """The most runs (dicts or objects with ``started_at`` and ``ended_at``) running at the
+    same moment (one ending as another starts does not count as overlapping)."""
+    def at(run: Any, name: str) -> Any:
+        return run[name] if isinstance(run, dict) else getattr(run, name)
+
+    edges = sorted([(at(r, "started_at"), 1) for r in runs]
+                   + [(at(r, "ended_at"), -1) for r in runs],
                    key=lambda edge: (edge[0], edge[1]))
     most = now = 0
     for _, step in edges:
