@@ -350,13 +350,26 @@ def seconds_until_due(queues: Sequence[str], *, using: str | None = None) -> flo
 def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
                   using: str | None = None) -> int:
     """Push back the lease of the rows ``worker_id`` holds (the worker's heartbeat); only of
-    ``ids`` among them when given (the jobs it is still working on)."""
+    ``ids`` among them when given (the jobs it is still working on).
+
+    Where rows have locks (PostgreSQL, MariaDB/MySQL) the rows another transaction holds are
+    skipped, this beat: the worker's own ack of one row and start of the next lock them in
+    their order, an UPDATE of all its rows in another, and the two deadlocked (the ack, when
+    it lost, left its row leased to run again). A row skipped is being acked, or started and
+    renewed at the next beat."""
     using = queue_database(using)
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
     rows = QueuedJob.objects.using(using).filter(reserved_by=worker_id, reserved_at__isnull=False)
     if ids is not None:
         rows = rows.filter(id__in=list(ids))
-    return rows.update(available_at=clock.db_now() + Value(lease))
+    if not connections[using].features.has_select_for_update_skip_locked:
+        return rows.update(available_at=clock.db_now() + Value(lease))
+    with transaction.atomic(using=using):
+        free = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
+        if not free:
+            return 0
+        return QueuedJob.objects.using(using).filter(id__in=free).update(
+            available_at=clock.db_now() + Value(lease))
 
 
 # -- while a job runs ----------------------------------------------------------------------
