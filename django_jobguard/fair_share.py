@@ -10,9 +10,10 @@ the queue's due rows on SQLite and MariaDB/MySQL), under SKIP LOCKED where the d
 
 Each worker process keeps a cursor per queue: the key served last, and how many rows of its
 turn it used. The next claim starts there, so successive claims of one worker go round the
-keys. Hence the bound (docs/scale-out.md#fair-share-across-tenants): while a key has a due
-row it may take, it gets a row among the next ``W - w + 1`` rows any one worker claims from
-the queue, ``W`` being the sum of the weights of the keys with due rows, ``w`` its own.
+keys; the first starts at a random key, so that workers started together spread out.
+Hence the bound (docs/scale-out.md#fair-share-across-tenants): while a key has a due row it
+may take, it gets a row among the next ``W - w + 1`` rows any one worker claims from the
+queue, ``W`` being the sum of the weights of the keys with due rows, ``w`` its own.
 
 ``per_key_concurrency = N`` caps the reserved rows (running, or claimed ahead) of each key at
 ``N`` across every worker: claims of such a queue take the queue's gate row (the mechanism of
@@ -26,6 +27,7 @@ this claim: the others keep the plain one, whatever their rows' ``fair_key``.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -97,6 +99,26 @@ def key_of(job: Any, given: str | None = None) -> str:
 
 _cursors: dict[tuple[str, str], Cursor] = {}
 _lock = threading.Lock()
+#: Whether a process's first claim of a queue starts at a random key (tests turn it off).
+RANDOM_START = True
+#: Rows a random start reads at most, from a random id on (:func:`_start`).
+_START_SCAN = 1000
+
+
+def _start(using: str, queue: str) -> Cursor:
+    """Where this process's first claim of ``queue`` starts: after the key of the first row
+    of the queue from a random id on (ids are random UUIDs), so that workers started
+    together do not walk the same keys in step (each would take a key's first row, the
+    other its second); the first key when none is found."""
+    from django_jobguard.models import QueuedJob
+
+    if not RANDOM_START:
+        return Cursor()
+    rows = QueuedJob.objects.using(using).filter(id__gte=uuid.uuid4()).order_by("id")
+    for name, key in rows.values_list("queue", "fair_key")[:_START_SCAN]:
+        if name == queue:
+            return Cursor(key)
+    return Cursor()
 
 
 #: The most statements one fair claim runs to fill up (see :func:`claim`).
@@ -114,6 +136,10 @@ def claim(dialect: Any, queue: str, fair: FairClaim, *, limit: int,
     it is full or a statement finds nothing: a short claim tells the worker the backlog is
     gone (its next claim asks for one row), which would be false."""
     where = (dialect.using, queue)
+    if where not in _cursors:
+        first = _start(dialect.using, queue)
+        with _lock:
+            _cursors.setdefault(where, first)
     rows: list[QueuedJob] = []
     for _ in range(ROUNDS):
         with _lock:

@@ -46,10 +46,25 @@ def account_job(account, n=0):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cursors():
+def _fresh_cursors(monkeypatch):
+    """Cursors start at the first key here (workers start at a random one), so that the
+    orders below are exact."""
+    monkeypatch.setattr(fair_share, "RANDOM_START", False)
     fair_share.reset()
     yield
     fair_share.reset()
+
+
+@override_settings(JOBGUARD=FAIR)
+def test_a_process_starts_its_rotation_at_a_random_key(monkeypatch):
+    monkeypatch.setattr(fair_share, "RANDOM_START", True)
+    backlog({f"k{i:02}": 1 for i in range(30)})
+    firsts = set()
+    for _ in range(8):
+        fair_share.reset()
+        firsts.add(fair_share._start("default", "fair").key)
+    assert len(firsts) > 1 and firsts <= {f"k{i:02}" for i in range(30)} | {""}
+    assert fair_share._start("default", "elsewhere") == Cursor()  # no row of that queue
 
 
 def backlog(counts: dict[str, int], *, name: str = "fair", **options) -> None:
