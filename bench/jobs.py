@@ -106,3 +106,27 @@ class Finished(Job):
 
     def handle(self) -> float:
         return time.time()
+
+
+#: Redis list where ``TenantStamp`` appends ``"<tenant> <time> <job id>"`` (bench/fairness.py).
+SERVED_KEY = "jgbench:served"
+
+
+class TenantStamp(Job):
+    """One tenant's no-op job, whose ``fair_key`` is the tenant: records in Redis which tenant
+    was served when (one RPUSH, off the database: bench/fairness.py)."""
+
+    name = "bench.TenantStamp"
+    queue = "bench"
+
+    def __init__(self, tenant: str):
+        self.tenant = tenant
+
+    def fair_key(self) -> str:
+        return self.tenant
+
+    def handle(self) -> None:
+        global _redis
+        if _redis is None:
+            _redis = redis.Redis.from_url(settings.REDIS_URL)
+        _redis.rpush(SERVED_KEY, f"{self.tenant} {time.time()} {self.job_id}")

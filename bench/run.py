@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common  # noqa: E402
 
 SCENARIOS = ["throughput", "peers", "latency", "steady", "backlog", "locks", "lock_pages",
-             "batches", "dashboard", "io_bound", "memory", "wait_latency", "history"]
+             "batches", "dashboard", "io_bound", "memory", "wait_latency", "history",
+             "fairness"]
 #: The scenarios that run on MariaDB too (throughput without its PostgreSQL floor columns).
 ANY_DATABASE = ["throughput", "locks"]
 

@@ -6,6 +6,7 @@
 """
 
 import importlib.util
+import json
 import os
 
 import django
@@ -50,6 +51,8 @@ JOBGUARD = {
     "COMPLETION_WINDOW": float(os.environ.get("JOBGUARD_BENCH_COMPLETION_WINDOW", "0")),
     "RETRY_AFTER": float(os.environ.get("JOBGUARD_BENCH_RETRY_AFTER", "90")),
     "DEFAULT_TIMEOUT": float(os.environ.get("JOBGUARD_BENCH_DEFAULT_TIMEOUT", "60")),
+    # Per-queue settings as JSON (bench/fairness.py makes the queue fair with them).
+    "QUEUES": json.loads(os.environ.get("JOBGUARD_BENCH_QUEUES", "{}")),
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "root": {"level": "WARNING", "handlers": []}}

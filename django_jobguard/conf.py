@@ -186,7 +186,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "jobs of 'reports' at once across every worker and host (E100-E102); 'max_wait' "
             "(seconds the oldest waiting job may wait) and 'max_failure_rate' (0-1) are the "
             "queue's objectives, 'worker_concurrency' the job slots per worker the "
-            "recommended worker count divides by (E103-E105; docs/operate.md)."),
+            "recommended worker count divides by (E103-E105; docs/operate.md); 'fair': True "
+            "claims its rows in round robin over their fair_key, 'fair_weights': {key: n} "
+            "gives a key n rows per turn, 'per_key_concurrency': n reserves at most n rows "
+            "per key at once (docs/scale-out.md; E106-E108)."),
     Setting("SLO_WINDOW", 300, (int, float),
             "Seconds of recent history a queue's failure rate, throughput and mean runtime "
             "are measured over (rounded up to whole minutes).", at_least=60),

@@ -75,7 +75,7 @@ class JobFunction:
 
     def using(self, **options: Any) -> JobFunction:
         """A copy whose ``dispatch()`` uses these options (``delay``, ``queue``, ``priority``,
-        ``on_commit``, ``debounce``, ``tags``)."""
+        ``on_commit``, ``debounce``, ``tags``, ``fair_key``)."""
         return JobFunction(self.func, self.job_class, {**self.options, **options})
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Dispatched:
@@ -133,13 +133,15 @@ def job(
     base: type[FunctionJob] = FunctionJob,
     retry_until: Callable[..., datetime.datetime | None] | None = None,
     debounce_key: Callable[..., Any] | None = None,
+    fair_key: str | Callable[..., Any] | None = None,
     **options: Any,
 ) -> Any:
     """Make a module-level function a job: ``@job`` or ``@job(queue="emails", tries=3)``.
 
     The function runs with the dispatched arguments: ``send_email.dispatch(user_id=7)``.
     ``@job(debounce=(5, 60), debounce_key=lambda user_id: user_id)`` debounces it per key
-    (docs/long-jobs.md#debounce).
+    (docs/long-jobs.md#debounce). ``fair_key`` (a string, or a function of the job's
+    arguments) is the key a fair queue takes turns between (docs/scale-out.md).
     """
     if debounce_key is not None and not callable(debounce_key):
         raise TypeError(f"@job(debounce_key=...) takes a function of the job's arguments, not "
@@ -166,6 +168,10 @@ def job(
             attrs["retry_until"] = lambda self: retry_until(*self.args, **self.kwargs)
         if debounce_key is not None:
             attrs["debounce_id"] = lambda self: str(debounce_key(*self.args, **self.kwargs))
+        if callable(fair_key):
+            attrs["fair_key"] = lambda self: fair_key(*self.args, **self.kwargs)
+        elif fair_key is not None:
+            attrs["fair_key"] = fair_key
         for mixin_attrs in getattr(func, "_jobguard_class_attrs", []):
             attrs.update(mixin_attrs)
         job_base = base

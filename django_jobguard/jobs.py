@@ -21,6 +21,7 @@ from django_jobguard import (
     aio,
     carriers,
     durations,
+    fair_share,
     registry,
     serialization,
     signals,
@@ -136,6 +137,10 @@ class Job:
     #: Tags every dispatch of the job carries (``dispatch(tags=...)`` adds to them):
     #: strings for filtering in the admin and the API (:mod:`django_jobguard.tags`).
     tags: ClassVar[Sequence[str]] = ()
+    #: The key a fair queue takes turns between (a tenant): a string, or a method that
+    #: computes it from the job's arguments; ``dispatch(fair_key=...)`` overrides it
+    #: (:mod:`django_jobguard.fair_share`). ``None``: the key ``""``.
+    fair_key: ClassVar[str | None] = None
     #: Keep a :class:`~django_jobguard.models.JobResult` when the job ends.
     keep_result: ClassVar[bool] = False
     #: Adapter jobs only (django.tasks): the keys leading to the dotted name of what the job
@@ -269,12 +274,13 @@ class Job:
         using: str | None = None,
         debounce: tuple[Any, Any] | None = None,
         tags: Sequence[str] | None = None,
+        fair_key: str | None = None,
     ) -> Dispatched:
         """Queue this job; see :func:`dispatch`."""
         using = queue_database(using)
         return dispatch(
             self, delay=delay, queue=queue, priority=priority, on_commit=on_commit, using=using,
-            debounce=debounce, tags=tags,
+            debounce=debounce, tags=tags, fair_key=fair_key,
         )
 
     def dispatch_sync(self) -> Any:
@@ -311,6 +317,7 @@ _CAPTURE = object()
 
 def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | None = None,
               priority: int | None = None, tags: Sequence[str] | None = None,
+              fair_key: str | None = None,
               context: dict[str, Any] | None | object = _CAPTURE,
               ) -> tuple[job_queue.NewJob, Envelope]:
     """Validate ``job`` and turn it into the row to insert, due ``when``, with the unique lock
@@ -320,7 +327,8 @@ def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | Non
     captured, when the caller captured it once for many jobs (``dispatch_many``); by default
     it is captured here."""
     row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
-                           at=when.at, delay=when.delay)
+                           at=when.at, delay=when.delay,
+                           fair_key=fair_share.key_of(job, fair_key))
     problem = job_queue.queue_name_problem(row.queue)
     if problem is not None:
         raise ValueError(problem)
@@ -357,6 +365,7 @@ def dispatch(
     using: str | None = None,
     debounce: tuple[Any, Any] | None = None,
     tags: Sequence[str] | None = None,
+    fair_key: str | None = None,
 ) -> Dispatched:
     """Queue ``job``. Returns a truthy :class:`Dispatched` with the job id, or a falsy one
     with ``skipped="unique"`` when a unique job with the same key is already queued or running.
@@ -370,10 +379,14 @@ def dispatch(
     database of its own (``JOBGUARD['DATABASE']``) the insert commits on that database at once
     whatever the caller's transaction on ``default`` does; ``on_commit=True`` waits for the
     transaction of ``default`` (or of the alias ``on_commit`` names) to commit.
+
+    ``fair_key`` replaces the job's own (its class attribute or method): the key a fair
+    queue takes turns between (:mod:`django_jobguard.fair_share`).
     """
     using = queue_database(using)
     return dispatch_many([job], delay=delay, queue=queue, priority=priority,
-                         on_commit=on_commit, using=using, debounce=debounce, tags=tags)[0]
+                         on_commit=on_commit, using=using, debounce=debounce, tags=tags,
+                         fair_key=fair_key)[0]
 
 
 def dispatch_many(
@@ -387,6 +400,7 @@ def dispatch_many(
     batch_size: int = 500,
     debounce: tuple[Any, Any] | None = None,
     tags: Sequence[str] | None = None,
+    fair_key: str | None = None,
 ) -> list[Dispatched]:
     """Queue many jobs with one INSERT per ``batch_size`` rows; unique jobs are checked each.
 
@@ -402,7 +416,8 @@ def dispatch_many(
     debounced = [_debounce_of(job, debounce, delay) for job in jobs]
     context = carriers.capture()  # once: the caller's context is the same for every job
     built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
-                       queue=queue, priority=priority, tags=tags, context=context)
+                       queue=queue, priority=priority, tags=tags, context=context,
+                       fair_key=fair_key)
              for job, rule in zip(jobs, debounced, strict=True)]
     results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
                for job, (row, _) in zip(jobs, built, strict=True)]

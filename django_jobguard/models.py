@@ -157,6 +157,10 @@ class QueuedJob(models.Model):
     #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
     tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
                             db_default="", editable=False)
+    #: The key (a tenant, a customer) a fair queue takes turns between: its claims serve
+    #: keys in (weighted) round robin (:mod:`django_jobguard.fair_share`); "" is a key too.
+    fair_key = models.CharField(_("fair key"), max_length=255, blank=True, default="",
+                                db_default="", editable=False)
 
     objects = QueuedJobQuerySet.as_manager()
 
@@ -181,6 +185,10 @@ class QueuedJob(models.Model):
                 fields=["queue", "-priority", "available_at"], name="jobguard_claim_idx"
             ),
             models.Index(fields=["name"], name="jobguard_job_name_idx"),
+            # Serves a fair queue's claim: the next key with a due row, and each key's rows
+            # in claim order (fair_share.py), and the per-key count of reserved rows.
+            models.Index(fields=["queue", "fair_key", "-priority", "available_at"],
+                         name="jobguard_fair_idx"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -226,6 +234,9 @@ class FailedJob(models.Model):
     #: The job's tags as ``,billing,urgent,`` (:mod:`django_jobguard.tags`); empty without.
     tags = models.CharField(_("tags"), max_length=TAGS_LENGTH, blank=True, default="",
                             db_default="", editable=False)
+    #: The queued row's ``fair_key``, given back to it when the job is retried.
+    fair_key = models.CharField(_("fair key"), max_length=255, blank=True, default="",
+                                db_default="", editable=False)
 
     class Meta:
         verbose_name = _("failed job")

@@ -26,7 +26,7 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Exists, F, JSONField, Max, Min, OuterRef, Q, Value
 
-from django_jobguard import clock, pooling, queue_caps
+from django_jobguard import clock, fair_share, pooling, queue_caps
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import Listener, ListenUnavailable, NewJob, dialect_for
 from django_jobguard.durations import NOW, Due
@@ -192,32 +192,49 @@ def claim(
     dialect = dialect_for(using)
     for queue in _expand(queues, using, queues if named is None else named):
         cap = queue_caps.global_concurrency(queue)
-        if cap is None:
-            rows = _claim_from(dialect, queue, worker_id, limit, start, lease)
+        fair = fair_share.config(queue)
+        if cap is None and (fair is None or fair.per_key is None):
+            rows = _claim_from(dialect, queue, worker_id, limit, start, lease, fair)
         else:  # counted and claimed while holding the queue's gate row
             with queue_caps.gate(queue, cap, using=using) as room:
-                rows = _claim_from(dialect, queue, worker_id, min(limit, room), start, lease)
+                rows = _claim_from(dialect, queue, worker_id, min(limit, room), start, lease,
+                                   fair)
         if rows:
             return rows
     return []
 
 
 def _claim_from(dialect: Any, queue: str, worker_id: str, limit: int, start: int | None,
-                lease: float) -> list[QueuedJob]:
-    """:func:`claim` of one queue: the rows started now first, then those claimed ahead."""
+                lease: float, fair: fair_share.FairClaim | None = None) -> list[QueuedJob]:
+    """:func:`claim` of one queue: the rows started now first, then those claimed ahead (a
+    fair queue's in its fair order, :mod:`django_jobguard.fair_share`)."""
+    def take(n: int, **options: Any) -> list[QueuedJob]:
+        if fair is not None:
+            return fair_share.claim(dialect, queue, fair, worker_id=worker_id, limit=n,
+                                    lease=lease, **options)
+        return dialect.claim(queue, worker_id=worker_id, limit=n, lease=lease, **options)
+
     now = limit if start is None else max(0, min(start, limit))
-    rows = dialect.claim(queue, worker_id=worker_id, limit=now, lease=lease) if now else []
+    if fair is not None and 0 < now < limit:
+        # One fair claim for all of them (its statement costs more to plan than the plain
+        # one): every row's attempt counts as it starts, the first ones' too.
+        rows = take(limit, count_attempts=False)
+        for row in rows:
+            row.attempt_counted = bool(poison(row))
+        return rows
+    rows = take(now) if now else []
     for row in rows:
         row.attempt_counted = True
     if limit > now and len(rows) == now:  # a backlog: claim the rest ahead, uncounted
-        ahead = dialect.claim(queue, worker_id=worker_id, limit=limit - now, lease=lease,
-                              count_attempts=False)
+        ahead = take(limit - now, count_attempts=False)
         for row in ahead:
             # A poison row is not started (the worker quarantines it): nothing to count.
             row.attempt_counted = bool(poison(row))
         rows += ahead
-    if rows:
+    if rows and fair is None:
         rows.sort(key=lambda r: (not r.attempt_counted, -r.priority))
+    elif rows:  # the fair order kept
+        rows.sort(key=lambda r: not r.attempt_counted)
     return rows
 
 
@@ -349,13 +366,26 @@ def seconds_until_due(queues: Sequence[str], *, using: str | None = None) -> flo
 def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
                   using: str | None = None) -> int:
     """Push back the lease of the rows ``worker_id`` holds (the worker's heartbeat); only of
-    ``ids`` among them when given (the jobs it is still working on)."""
+    ``ids`` among them when given (the jobs it is still working on).
+
+    Where rows have locks (PostgreSQL, MariaDB/MySQL) the rows another transaction holds are
+    skipped, this beat: the worker's own ack of one row and start of the next lock them in
+    their order, an UPDATE of all its rows in another, and the two deadlocked (the ack, when
+    it lost, left its row leased to run again). A row skipped is being acked, or started and
+    renewed at the next beat."""
     using = queue_database(using)
     lease = datetime.timedelta(seconds=float(jobguard_settings.RETRY_AFTER))
     rows = QueuedJob.objects.using(using).filter(reserved_by=worker_id, reserved_at__isnull=False)
     if ids is not None:
         rows = rows.filter(id__in=list(ids))
-    return rows.update(available_at=clock.db_now() + Value(lease))
+    if not connections[using].features.has_select_for_update_skip_locked:
+        return rows.update(available_at=clock.db_now() + Value(lease))
+    with transaction.atomic(using=using):
+        free = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
+        if not free:
+            return 0
+        return QueuedJob.objects.using(using).filter(id__in=free).update(
+            available_at=clock.db_now() + Value(lease))
 
 
 # -- while a job runs ----------------------------------------------------------------------
@@ -506,6 +536,7 @@ def fail(
             payload=Value(None, JSONField()) if row.payload is None else row.payload,
             attempts=row.attempts,
             priority=row.priority,
+            fair_key=row.fair_key,
             exception_class=class_path(exception),
             message=str(exception)[:10_000],
             traceback=traceback_text(exception),

@@ -21,11 +21,17 @@ from django.db import IntegrityError, transaction
 
 from django_jobguard import clock
 from django_jobguard.conf import jobguard_settings
+from django_jobguard.fair_share import FAIR_KEYS
 from django_jobguard.models import QueuedJob, QueueGate
 
-#: The keys a queue's entry in ``JOBGUARD["QUEUES"]`` may have.
+#: The keys a queue's entry in ``JOBGUARD["QUEUES"]`` may have (the fair share ones are
+#: read by :mod:`django_jobguard.fair_share`).
 QUEUE_KEYS = frozenset({"global_concurrency", "max_wait", "max_failure_rate",
-                        "worker_concurrency"})
+                        "worker_concurrency"}) | FAIR_KEYS
+
+
+#: What :func:`gate` yields without a cap.
+UNLIMITED = 2**31 - 1
 
 
 def global_concurrency(queue: str) -> int | None:
@@ -38,9 +44,10 @@ def global_concurrency(queue: str) -> int | None:
 
 
 @contextmanager
-def gate(queue: str, cap: int, *, using: str) -> Iterator[int]:
+def gate(queue: str, cap: int | None, *, using: str) -> Iterator[int]:
     """In a transaction holding ``queue``'s gate row: yields how many more of its jobs may
-    start now (claim them before the block ends)."""
+    start now (claim them before the block ends). Without a ``cap`` (a queue gated for its
+    ``per_key_concurrency``, counted by the fair claim itself) that is unlimited."""
     with transaction.atomic(using=using):
         gates = QueueGate.objects.using(using)
         if not gates.filter(queue=queue).update(claimed_at=clock.db_now()):
@@ -50,6 +57,9 @@ def gate(queue: str, cap: int, *, using: str) -> Iterator[int]:
             except IntegrityError:  # another claim created it first
                 pass
             gates.filter(queue=queue).update(claimed_at=clock.db_now())
+        if cap is None:
+            yield UNLIMITED
+            return
         running = QueuedJob.objects.using(using).filter(
             queue=queue, reserved_at__isnull=False, available_at__gt=clock.db_now()).count()
         yield max(cap - running, 0)

@@ -48,13 +48,14 @@ class QueuedJobAdmin(JobSearchAdminMixin, ReadOnlyDetailMixin, admin.ModelAdmin)
     list_display = ["name_display", "arguments_display", "queue", "state_display", "attempts",
                     "priority", "available_at_display"]
     list_filter = ["queue", StateFilter, JobNameFilter, TagFilter]
-    search_fields = ["id", "name"]
+    search_fields = ["id", "name", "=fair_key"]  # a tenant's rows: its fair key, exactly
     ordering = ["queue", "-priority", "available_at"]
     actions = ["run_now", "requeue", "cancel", "delete_selected"]
     fields = readonly_fields = (
-        "id", "name", "queue", "state_display", "progress_display", "attempts", "exceptions",
-        "priority", "available_at", "reserved_at", "reserved_by", "created_at", "wait_reason",
-        "cancel_requested_at", "tags_display", "last_error_pretty", "context_pretty",
+        "id", "name", "queue", "fair_key", "state_display", "progress_display", "attempts",
+        "exceptions", "priority", "available_at", "reserved_at", "reserved_by", "created_at",
+        "wait_reason", "cancel_requested_at", "tags_display", "last_error_pretty",
+        "context_pretty",
         "payload_pretty")
     list_per_page = 50
 

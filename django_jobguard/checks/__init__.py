@@ -40,6 +40,8 @@ Ids:
 - jobguard.E103–E105 a queue's ``max_wait`` is not seconds > 0, its ``max_failure_rate`` not a
   fraction in (0, 1), its ``worker_concurrency`` not a whole number >= 1.
 - jobguard.E160 ``SLO_RECOVERY`` is not in (0, 1]; E161 ``SLO_WEBHOOK`` is not an http(s) URL.
+- jobguard.E106–E108 a queue's fair share: ``fair`` is not a bool, ``fair_weights`` is not a
+  dict of keys to whole numbers >= 1, ``per_key_concurrency`` is not a whole number >= 1.
 - jobguard.E130 ``METRICS_TOKEN`` is shorter than 16 characters.
 - jobguard.E140–E142, W140 a Redis store's topology (Cluster URLs, client-side sharding, a
   Sentinel cache set up half-way, fewer than 3 sentinels): ``stores/redis.py``,

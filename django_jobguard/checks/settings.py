@@ -207,9 +207,15 @@ def _check_pgbouncer() -> list:
     return errors
 
 
+def _whole(value: Any) -> bool:
+    """A whole number >= 1 (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
 def _check_queues() -> list:
-    """jobguard.E100–E102: ``QUEUES`` maps queue names to dicts of known keys, and each
-    ``global_concurrency`` is a whole number of jobs >= 1."""
+    """jobguard.E100–E108: ``QUEUES`` maps queue names to dicts of known keys, each
+    ``global_concurrency`` and ``per_key_concurrency`` is a whole number of jobs >= 1,
+    ``fair`` a bool and ``fair_weights`` a dict of fair keys to whole numbers >= 1."""
     from django_jobguard.queue_caps import QUEUE_KEYS
 
     errors: list = []
@@ -231,6 +237,7 @@ def _check_queues() -> list:
                                 hint="Leave the key out for no cap; pause a queue with "
                                      "jobs_pause to run none.", id="jobguard.E102"))
         errors += _queue_objective_errors(name, config)
+        errors += _check_fair_queue(name, config)
     return errors
 
 
@@ -283,6 +290,29 @@ def _check_slo() -> list:
     if url is not None and not url.startswith(("http://", "https://")):
         errors.append(Error(f"JOBGUARD['SLO_WEBHOOK'] must be an http:// or https:// URL, not "
                             f"{url!r}.", hint="Or None for no webhook.", id="jobguard.E161"))
+    return errors
+
+
+def _check_fair_queue(name: str, config: dict) -> list:
+    """jobguard.E106–E108: a queue's fair share keys (docs/scale-out.md)."""
+    errors: list = []
+    docs = "See docs/scale-out.md#fair-share-across-tenants."
+    if "fair" in config and not isinstance(config["fair"], bool):
+        errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['fair'] must be True or False, not "
+                            f"{config['fair']!r}.", hint=docs, id="jobguard.E106"))
+    weights = config.get("fair_weights")
+    if "fair_weights" in config and (not isinstance(weights, dict) or not all(
+            isinstance(key, str) and _whole(weight) for key, weight in weights.items())):
+        errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['fair_weights'] must map fair keys "
+                            f"(strings) to whole numbers >= 1 (rows per turn), not "
+                            f"{weights!r}.", hint="e.g. {'tenant-42': 3}; a key left out has "
+                            "weight 1. " + docs, id="jobguard.E107"))
+    cap = config.get("per_key_concurrency")
+    if "per_key_concurrency" in config and not _whole(cap):
+        errors.append(Error(f"JOBGUARD['QUEUES'][{name!r}]['per_key_concurrency'] must be a "
+                            f"whole number of jobs >= 1, not {cap!r}.",
+                            hint="Leave the key out for no per-key cap. " + docs,
+                            id="jobguard.E108"))
     return errors
 
 

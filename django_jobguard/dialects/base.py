@@ -20,7 +20,8 @@ from typing import Any
 from django.db import connections
 
 from django_jobguard.envelope import UndecodedPayload
-from django_jobguard.models import COUNTER_MAX, QueuedJob
+from django_jobguard.fair_share import FairClaim
+from django_jobguard.models import COUNTER_MAX, PausedQueue, QueuedJob
 
 
 @dataclass
@@ -34,6 +35,7 @@ class NewJob:
     at: datetime.datetime | None = None   # run at this aware time, or
     delay: float | None = None            # this many seconds after the database's now
     id: uuid.UUID = field(default_factory=uuid.uuid4)
+    fair_key: str = ""    # the key a fair queue takes turns between (fair_share.py)
     #: Its tags as the column stores them (``,a,b,``, :mod:`django_jobguard.tags`); the
     #: dialects insert the other columns and :func:`django_jobguard.queue.push` sets these.
     tags: str = ""
@@ -125,10 +127,14 @@ class Dialect(ABC):
 
     @abstractmethod
     def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
-              count_attempts: bool = True) -> list[QueuedJob]:
+              count_attempts: bool = True, fair: FairClaim | None = None) -> list[QueuedJob]:
         """Lease up to ``limit`` due rows of ``queue`` to ``worker_id`` for ``lease`` seconds
         (one attempt counted each, unless ``count_attempts=False``: rows claimed ahead, whose
-        attempt counts when they start). A payload that does not decode stays text."""
+        attempt counts when they start). A payload that does not decode stays text.
+
+        With ``fair`` (a fair queue, :mod:`django_jobguard.fair_share`) the rows are the first
+        ``limit`` of the fair order from its cursor, returned in that order, each key's
+        reserved rows kept within ``fair.per_key`` (the caller holds the queue's gate)."""
 
     @abstractmethod
     def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
@@ -331,6 +337,55 @@ class Dialect(ABC):
                        value: float, data: str, resets_at: datetime.datetime | None,
                        expires_at: datetime.datetime) -> None:
         """Store a rate window's or circuit's state; ``updated_at`` is the database clock."""
+
+
+# The fair order of a queue's due rows, by a window function over all of them (SQLite and
+# MariaDB/MySQL; PostgreSQL walks the keys instead, dialects/postgresql.py). ``rn`` numbers
+# each key's rows in claim order; a key's turn ``(rn - 1 + used) / weight`` comes first, then
+# where the key stands from the cursor (its own unfinished turn, keys after it, the others),
+# then the key. A per-key cap leaves out the rows beyond the key's budget: the cap less its
+# reserved rows with a live lease.
+_FAIR_RANKING = """
+    SELECT r.id FROM (
+        SELECT t.{id} AS id, t.{key} AS k, ROW_NUMBER() OVER (
+                   PARTITION BY t.{key} ORDER BY t.{priority} DESC, t.{available_at}) AS rn
+          FROM {table} t
+         WHERE t.{queue} = %s AND t.{available_at} <= {now}
+           AND NOT EXISTS (SELECT 1 FROM {paused} p WHERE p.{queue} = %s)) r{capped}
+     ORDER BY (r.rn - 1 + CASE WHEN r.k = %s THEN %s ELSE 0 END) {div} {weight},
+              CASE WHEN r.k = %s AND %s > 0 THEN 0 WHEN r.k > %s THEN 1 ELSE 2 END, r.k, r.rn
+     LIMIT %s"""
+
+_FAIR_CAPPED = """
+      LEFT JOIN (SELECT {key} AS k, COUNT(*) AS n FROM {table}
+                  WHERE {queue} = %s AND {reserved_at} IS NOT NULL AND {available_at} > {now}
+                  GROUP BY {key}) c ON c.k = r.k
+     WHERE r.rn <= %s - COALESCE(c.n, 0)"""
+
+
+def fair_ranking(connection: Any, queue: str, fair: FairClaim, limit: int, *, now: str,
+                 div: str = "/") -> tuple[str, list[Any]]:
+    """The SELECT of the ids of the first ``limit`` due rows of ``queue`` in the fair order,
+    and its parameters (``now``: the dialect's clock SQL; ``div``: integer division)."""
+    q = connection.ops.quote_name
+    meta = QueuedJob._meta
+    names = {name: q(meta.get_field(name).column) for name in (
+        "queue", "priority", "available_at", "reserved_at")}
+    names.update(id=q(meta.pk.column), key=q(meta.get_field("fair_key").column),
+                 table=q(meta.db_table), paused=q(PausedQueue._meta.db_table), now=now)
+    params: list[Any] = [queue, queue]
+    capped = ""
+    if fair.per_key is not None:
+        capped = _FAIR_CAPPED.format(**names)
+        params += [queue, fair.per_key]
+    weights = sorted(fair.weights.items())
+    weight = ("CASE r.k " + " ".join(["WHEN %s THEN %s"] * len(weights)) + " ELSE 1 END"
+              if weights else "1")
+    cursor = fair.cursor
+    params += [cursor.key, cursor.used, *(v for pair in weights for v in pair),
+               cursor.key, cursor.used, cursor.key, limit]
+    sql = _FAIR_RANKING.format(**names, capped=capped, div=div, weight=weight)
+    return sql, params
 
 
 def load_payload(text: Any) -> Any:

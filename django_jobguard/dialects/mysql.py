@@ -39,7 +39,14 @@ from django.db.models.functions import Greatest
 from django.db.models.sql import Query
 
 from django_jobguard import clock
-from django_jobguard.dialects.base import Dialect, ThrottleRow, claimed_rows, clock_value
+from django_jobguard.dialects.base import (
+    Dialect,
+    ThrottleRow,
+    claimed_rows,
+    clock_value,
+    fair_ranking,
+)
+from django_jobguard.fair_share import FairClaim
 from django_jobguard.models import COUNTER_MAX, Lock, PausedQueue, QueuedJob, Throttle
 
 if TYPE_CHECKING:
@@ -147,7 +154,8 @@ class GenericDialect(Dialect):
         # The payload goes in as the text it is (a text parameter, which JSON columns take),
         # not through the JSON field's encoder.
         row = QueuedJob(id=job.id, name=job.name, queue=job.queue, priority=job.priority,
-                        payload=Value(job.payload, output_field=TextField()))
+                        payload=Value(job.payload, output_field=TextField()),
+                        fair_key=job.fair_key)
         if job.at is not None:
             row.available_at = job.at
         elif job.delay or clock.offset():
@@ -156,18 +164,17 @@ class GenericDialect(Dialect):
         return row
 
     def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
-              count_attempts: bool = True) -> list[QueuedJob]:
+              count_attempts: bool = True, fair: FairClaim | None = None) -> list[QueuedJob]:
         jobs = QueuedJob.objects.using(self.using)
         with transaction.atomic(using=self.using):
-            paused = PausedQueue.objects.using(self.using).filter(queue=queue)
-            candidates = jobs.filter(~Exists(paused), queue=queue,
-                                     available_at__lte=clock.db_now()).order_by(
-                "-priority", "available_at")
-            if connections[self.using].features.has_select_for_update_skip_locked:
-                candidates = candidates.select_for_update(skip_locked=True)
+            if fair is not None:
+                ids = self._fair_ids(queue, fair, limit)
             else:
-                candidates = candidates.select_for_update()
-            ids = list(candidates.values_list("id", flat=True)[:limit])
+                paused = PausedQueue.objects.using(self.using).filter(queue=queue)
+                candidates = jobs.filter(~Exists(paused), queue=queue,
+                                         available_at__lte=clock.db_now()).order_by(
+                    "-priority", "available_at")
+                ids = list(self._locking(candidates).values_list("id", flat=True)[:limit])
             if not ids:
                 return []
             jobs.filter(id__in=ids).update(
@@ -184,7 +191,37 @@ class GenericDialect(Dialect):
             with connection.cursor() as cursor:
                 cursor.execute(self._claimed_statement(len(ids)),
                                [*(prep(i, connection) for i in ids), worker_id])
-                return claimed_rows(self.using, cursor.fetchall())
+                rows = claimed_rows(self.using, cursor.fetchall())
+        if fair is not None:  # in the fair order
+            place = {job_id: index for index, job_id in enumerate(ids)}
+            rows.sort(key=lambda row: place.get(row.id, len(place)))
+        return rows
+
+    def _locking(self, rows: Any) -> Any:
+        """``rows`` locked until the transaction ends, skipping rows another claim locked."""
+        if connections[self.using].features.has_select_for_update_skip_locked:
+            return rows.select_for_update(skip_locked=True)
+        return rows.select_for_update()
+
+    def _fair_ids(self, queue: str, fair: FairClaim, limit: int) -> list[Any]:
+        """The ids of up to ``limit`` due rows of ``queue`` in the fair order, locked: the
+        window function ranks twice as many (MariaDB/MySQL lock no rows of a query with
+        one), which are then locked skipping those another claim holds (re-checked as due:
+        a locking read sees the latest committed rows), the first ``limit`` kept in order."""
+        connection = connections[self.using]
+        sql, params = fair_ranking(connection, queue, fair, limit * 2,
+                                   now=self.NOW or "CURRENT_TIMESTAMP",
+                                   div="DIV" if connection.vendor == "mysql" else "/")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            ranked = [QueuedJob._meta.pk.to_python(value) for (value,) in cursor.fetchall()]
+        if not ranked:
+            return []
+        jobs = QueuedJob.objects.using(self.using)
+        locked = set(self._locking(jobs.filter(
+            id__in=ranked, queue=queue, available_at__lte=clock.db_now())).values_list(
+            "id", flat=True))
+        return [job_id for job_id in ranked if job_id in locked][:limit]
 
     def _claimed_statement(self, count: int) -> str:
         sql = self._claimed_sql.get(count)
@@ -258,9 +295,9 @@ class GenericDialect(Dialect):
 
 # The columns a push writes, and one row of them: Django's ``Now() + delay`` on MySQL.
 _PUSH_COLUMNS = ("id", "queue", "name", "payload", "attempts", "exceptions", "priority",
-                 "available_at", "reserved_by", "last_error")
+                 "available_at", "reserved_by", "last_error", "fair_key")
 _MYSQL_PUSH_ROW = ("(%s, %s, %s, %s, 0, 0, %s,"
-                   " COALESCE(%s, CURRENT_TIMESTAMP(6) + INTERVAL %s MICROSECOND), '', '')")
+                   " COALESCE(%s, CURRENT_TIMESTAMP(6) + INTERVAL %s MICROSECOND), '', '', %s)")
 
 
 class MySQLDialect(GenericDialect):
@@ -368,7 +405,8 @@ class MySQLDialect(GenericDialect):
                 for job in batch:
                     params += [prep_id(job.id, connection), job.queue, job.name, job.payload,
                                job.priority, adapt(job.at),
-                               round(((job.delay or 0) + clock.offset()) * 1_000_000)]
+                               round(((job.delay or 0) + clock.offset()) * 1_000_000),
+                               job.fair_key]
                 cursor.execute(self._push_statement(len(batch)), params)
 
     def _push_statement(self, rows: int) -> str:

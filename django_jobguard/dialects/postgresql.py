@@ -24,6 +24,7 @@ from django_jobguard.dialects.base import (
     job_from_values,
 )
 from django_jobguard.dialects.sql import SQLDialect
+from django_jobguard.fair_share import FairClaim
 from django_jobguard.models import COUNTER_MAX, Batch, PausedQueue, QueuedJob
 
 try:
@@ -41,33 +42,43 @@ RESULT_CHANNEL = "jobguard_result"
 #: LISTEN works; the whole wait only when it does not, before the worker falls back to polling).
 PROBE_SECONDS = 2.0
 
-# One statement per batch, whatever its size: the rows travel as seven arrays (no per-row SQL
+# One statement per batch, whatever its size: the rows travel as eight arrays (no per-row SQL
 # to compile or quote), delays are added to the database clock, and the NOTIFY rides along in
 # the same round trip (delivered when the caller's transaction commits).
 _PUSH_SQL = """
     {notify_head}INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
-                             available_at, reserved_by, last_error)
+                             available_at, reserved_by, last_error, fair_key)
     SELECT t.id, t.queue, t.name, t.payload::jsonb, 0, 0, t.priority,
            COALESCE(t.at, {now} + make_interval(secs => COALESCE(t.delay, 0))),
-           '', ''
+           '', '', t.fair_key
       FROM unnest(%s::uuid[], %s::varchar[], %s::varchar[], %s::text[], %s::smallint[],
-                  %s::timestamptz[], %s::float8[])
-           AS t(id, queue, name, payload, priority, at, delay){notify_tail}"""
+                  %s::timestamptz[], %s::float8[], %s::varchar[])
+           AS t(id, queue, name, payload, priority, at, delay, fair_key){notify_tail}"""
 
 # One job (a view's dispatch()): plain VALUES through a server-binding cursor, which psycopg
 # can prepare; the batch statement's seven arrays cost more to quote than the row itself.
 _PUSH_ONE_SQL = """
     {notify_head}INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
-                             available_at, reserved_by, last_error)
+                             available_at, reserved_by, last_error, fair_key)
     VALUES (%s, %s, %s, %s::jsonb, 0, 0, %s::smallint,
             COALESCE(%s::timestamptz,
                      {now} + make_interval(secs => COALESCE(%s::float8, 0))),
-            '', ''){notify_tail}"""
+            '', '', %s){notify_tail}"""
 
 _NOTIFY_HEAD = "WITH inserted AS ("
 _NOTIFY_TAIL = f"""
     RETURNING queue)
     SELECT pg_notify('{NOTIFY_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM inserted) q"""
+
+# The lease a claim gives the rows of its CTE ``picked``; saturating counters (see below).
+_LEASE = """
+    UPDATE {table} AS q
+       SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + %(count)s
+                           ELSE q.attempts END,
+           reserved_at = {now}, reserved_by = %(worker)s,
+           claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
+           available_at = {now} + make_interval(secs => %(lease)s)
+      FROM picked WHERE q.id = picked.id"""
 
 # One statement: pick due rows in order, skip rows another worker is taking, lease them; a
 # paused queue (a row in the paused-queue table) gives nothing.
@@ -82,15 +93,92 @@ _CLAIM_SQL = """
          WHERE queue = %(queue)s AND available_at <= {now}
            AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s)
          ORDER BY priority DESC, available_at
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-    UPDATE {table} AS q
-       SET attempts = CASE WHEN q.attempts < {max} THEN q.attempts + %(count)s
-                           ELSE q.attempts END,
-           reserved_at = {now}, reserved_by = %(worker)s,
-           claims = CASE WHEN q.claims < {max} THEN q.claims + 1 ELSE q.claims END,
-           available_at = {now} + make_interval(secs => %(lease)s)
-      FROM picked WHERE q.id = picked.id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED)""" + _LEASE + """
     RETURNING {columns}, concat_ws('; ', {unloadable}), picked.recovered"""
+
+# A fair queue's claim (fair_share.py), in one statement too. It never ranks the whole queue:
+# it walks the keys with due rows from the cursor with a skip scan of jobguard_fair_idx (one
+# index descent per key: ``after``, the keys after the cursor's, then ``before``, from the
+# first key round to the cursor's, and ``carry``, the cursor's own key while its turn is
+# unfinished), at most ``limit`` keys that may take a row (under their ``per_key_concurrency``,
+# counted in the walk when capped). Each key then locks its first rows in claim order, just
+# enough for ``limit`` rows over the keys found (``weight * ceil(limit / keys)``, within its
+# cap), SKIP LOCKED; those are ranked (turn, where the key stands from the cursor, the walk,
+# the row's rank in its key) and the first ``limit`` leased. ``cand`` and ``picked`` are
+# MATERIALIZED for the reason given above: the rows are picked and locked once. The last
+# column returned is the row's place in the fair order.
+_FAIR_CLAIM_SQL = """
+    WITH RECURSIVE
+    open AS (SELECT NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %(queue)s) AS yes),
+    after(k, e, n, seen) AS (
+        SELECT s.k, s.e, s.e, 1 FROM {step_after_cursor} s WHERE (SELECT yes FROM open)
+        UNION ALL
+        SELECT s.k, s.e, a.n + s.e, a.seen + 1
+          FROM after a CROSS JOIN LATERAL {step_after_a} s
+         WHERE a.n < %(keys)s),
+    found AS (SELECT COALESCE(max(n), 0) AS n FROM after),
+    before(k, e, n, seen) AS (
+        SELECT s.k, s.e, s.e, 1 FROM {step_first} s
+         WHERE (SELECT yes FROM open) AND (SELECT n FROM found) < %(keys)s
+        UNION ALL
+        SELECT s.k, s.e, b.n + s.e, b.seen + 1
+          FROM before b CROSS JOIN LATERAL {step_after_b} s
+         WHERE b.n + (SELECT n FROM found) < %(keys)s),
+    carry(k, e) AS (
+        SELECT s.k, {eligible} FROM (SELECT %(ckey)s::varchar AS k) s
+         WHERE %(cused)s > 0 AND (SELECT yes FROM open)
+           AND EXISTS (SELECT 1 FROM {table} WHERE queue = %(queue)s AND fair_key = s.k
+                          AND available_at <= {now})),
+    keys AS MATERIALIZED (
+        SELECT u.k, u.pos, u.seen, COALESCE(wt.w, 1) AS w,
+               CASE WHEN u.pos = 0 THEN %(cused)s ELSE 0 END AS off
+          FROM (SELECT k, 0 AS pos, 0 AS seen FROM carry WHERE e = 1
+                UNION ALL SELECT k, 1, seen FROM after WHERE e = 1
+                UNION ALL SELECT k, 2, seen FROM before WHERE e = 1) u
+          LEFT JOIN unnest(%(wkeys)s::varchar[], %(wvals)s::int[]) AS wt(k, w) ON wt.k = u.k
+         ORDER BY u.pos, u.seen LIMIT %(keys)s),
+    cand AS MATERIALIZED (
+        SELECT c.id, c.priority, c.available_at, keys.k, keys.pos, keys.seen, keys.w, keys.off
+          FROM keys CROSS JOIN LATERAL (
+               SELECT id, priority, available_at FROM {table}
+                WHERE queue = %(queue)s AND fair_key = keys.k AND available_at <= {now}
+                ORDER BY priority DESC, available_at
+                LIMIT {take}
+                  FOR UPDATE SKIP LOCKED) c),
+    picked AS MATERIALIZED (
+        SELECT id, row_number() OVER (ORDER BY turn, pos, seen, rn) AS ord FROM (
+            SELECT id, pos, seen, rn, (rn - 1 + off) / w AS turn FROM (
+                SELECT id, pos, seen, w, off, row_number() OVER (
+                           PARTITION BY k ORDER BY priority DESC, available_at) AS rn
+                  FROM cand) ranked) turns
+         ORDER BY turn, pos, seen, rn
+         LIMIT %(limit)s)""" + _LEASE + """
+    RETURNING {columns}, concat_ws('; ', {unloadable}), picked.ord"""
+
+# One step of the walk: the next key with a due row after ``{after}`` (the first with none),
+# and whether it may take a row now (``e``: 1 or 0); ``before`` stops at the cursor's key.
+# (OFFSET 0 keeps the step a subquery: pulled up, its ``e`` would be evaluated, and its row
+# locked, once per reference.)
+_STEP = """(SELECT x.k, {eligible} AS e FROM (
+        SELECT min(fair_key) AS k FROM {table}
+         WHERE queue = %(queue)s{after} AND available_at <= {now}) x
+     WHERE x.k IS NOT NULL{upto} OFFSET 0)"""
+_UPTO_CURSOR = " AND (x.k < %(ckey)s OR (x.k = %(ckey)s AND %(cused)s = 0))"
+
+# A key may take a row (1) or is at its per_key_concurrency (0); ``{key}`` is the key.
+_RUNNING = ("(SELECT count(*) FROM {table} WHERE queue = %(queue)s AND fair_key = {key}"
+            " AND reserved_at IS NOT NULL AND available_at > {now})")
+# A key may take a row only if one of its due rows is not locked by a concurrent claim (which
+# is serving it now): workers walking the same keys at once then spread over the keys instead
+# of each taking what the other left of the same few (and coming back short). The row found
+# is locked by this claim (it takes it below, unless the claim fills up first).
+_UNLOCKED = ("EXISTS (SELECT 1 FROM {table} WHERE queue = %(queue)s AND fair_key = {key}"
+             " AND available_at <= {now} FOR UPDATE SKIP LOCKED)")
+_ELIGIBLE = "CASE WHEN " + _UNLOCKED + " THEN 1 ELSE 0 END"
+_ELIGIBLE_CAPPED = ("CASE WHEN " + _RUNNING + " < %(per_key)s AND " + _UNLOCKED
+                    + " THEN 1 ELSE 0 END")
+# How many rows a key locks: its share of ``limit`` over the keys found, within its budget.
+_TAKE = "keys.w * ((%(limit)s + (SELECT count(*) FROM keys) - 1) / (SELECT count(*) FROM keys))"
 
 # The counters saturate at COUNTER_MAX (a row there is quarantined: base.job_from_values), so
 # a claim never fails with "integer out of range". A date column the claim does not write
@@ -191,12 +279,29 @@ class PostgreSQLDialect(SQLDialect):
         # The dates the claim does not write (created_at, cancel_requested_at).
         dates = [f for f in fields if isinstance(f, DateTimeField)
                  and f.name not in ("available_at", "reserved_at")]
-        self.claim_sql = _CLAIM_SQL.format(
-            **parts, max=COUNTER_MAX,
-            columns=", ".join(_DATE_RETURNED.format(col=f"q.{f.column}") if f in dates
-                              else f"q.{f.column}" for f in fields),
-            unloadable=", ".join(_DATE_UNLOADABLE.format(col=f"q.{f.column}", name=f.name)
-                                 for f in dates))
+        returned = {
+            "columns": ", ".join(_DATE_RETURNED.format(col=f"q.{f.column}") if f in dates
+                                 else f"q.{f.column}" for f in fields),
+            "unloadable": ", ".join(_DATE_UNLOADABLE.format(col=f"q.{f.column}", name=f.name)
+                                    for f in dates)}
+        self.claim_sql = _CLAIM_SQL.format(**parts, **returned, max=COUNTER_MAX)
+        #: The fair claim (``fair_share.py``), uncapped (key False) and with a per-key cap.
+        self.fair_claim_sql = {
+            capped: _FAIR_CLAIM_SQL.format(
+                **parts, **returned, max=COUNTER_MAX,
+                **{name: _STEP.format(
+                    **parts, after=after, upto=upto,
+                    eligible=(_ELIGIBLE_CAPPED if capped else _ELIGIBLE).format(
+                        **parts, key="x.k"))
+                   for name, after, upto in (
+                       ("step_after_cursor", " AND fair_key > %(ckey)s", ""),
+                       ("step_after_a", " AND fair_key > a.k", ""),
+                       ("step_first", "", _UPTO_CURSOR),
+                       ("step_after_b", " AND fair_key > b.k", _UPTO_CURSOR))},
+                eligible=(_ELIGIBLE_CAPPED if capped else _ELIGIBLE).format(**parts, key="s.k"),
+                take=(f"LEAST({_TAKE}, %(per_key)s - "
+                      f"{_RUNNING.format(**parts, key='keys.k')})" if capped else _TAKE))
+            for capped in (False, True)}
         # The ack and start statements, each with a commit that waits for the disk (key
         # False) or not (True).
         def both(template: str) -> dict[bool, str]:
@@ -217,7 +322,8 @@ class PostgreSQLDialect(SQLDialect):
         if len(jobs) == 1:
             job = jobs[0]
             self._execute(self._push_sql[True, wake], [
-                job.id, job.queue, job.name, job.payload, job.priority, job.at, job.delay])
+                job.id, job.queue, job.name, job.payload, job.priority, job.at, job.delay,
+                job.fair_key])
             return
         sql = self._push_sql[False, wake]
         # Server-side binding (``_execute``): the seven arrays travel as parameters, not as
@@ -227,7 +333,8 @@ class PostgreSQLDialect(SQLDialect):
             self._execute(sql, [[job.id for job in batch], [job.queue for job in batch],
                                 [job.name for job in batch], [job.payload for job in batch],
                                 [job.priority for job in batch], [job.at for job in batch],
-                                [job.delay for job in batch]], prepare=False, binary=True)
+                                [job.delay for job in batch],
+                                [job.fair_key for job in batch]], prepare=False, binary=True)
 
     def notify(self, queues: Iterable[str]) -> None:
         if not jobguard_settings.USE_NOTIFY:
@@ -237,15 +344,27 @@ class PostgreSQLDialect(SQLDialect):
                 cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
 
     def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
-              count_attempts: bool = True) -> list[QueuedJob]:
+              count_attempts: bool = True, fair: FairClaim | None = None) -> list[QueuedJob]:
         # Rows are built straight from the cursor (no RawQuerySet): this runs once per job or
         # batch, and the ORM's per-query work was a third of a no-op job. Never prepared: its
         # best plan depends on how full the queue is, and a generic plan cached while the
         # queue was empty would seq-scan and sort a burst on every claim.
-        fetched = self._execute(self.claim_sql, {"queue": queue, "limit": limit,
-                                                 "worker": worker_id, "lease": lease,
-                                                 "count": int(count_attempts)},
-                                fetch=True, prepare=False)
+        params = {"queue": queue, "limit": limit, "worker": worker_id, "lease": lease,
+                  "count": int(count_attempts)}
+        if fair is None:
+            fetched = self._execute(self.claim_sql, params, fetch=True, prepare=False)
+        else:  # never prepared either: a generic plan made on an empty queue seq-scans
+            # for every key it walks (tests/unit/dialects/test_claim_plan.py)
+            weights = sorted(fair.weights.items())
+            params.update(ckey=fair.cursor.key, cused=fair.cursor.used, keys=limit,
+                          per_key=fair.per_key, wkeys=[k for k, _ in weights],
+                          wvals=[w for _, w in weights])
+            fetched = sorted(self._execute(self.fair_claim_sql[fair.per_key is not None],
+                                           params, fetch=True, prepare=False),
+                             key=lambda values: values[-1])
+            # The fair claim does not tell recovered rows apart: None (their starts are
+            # written as they start, worker/completer.py).
+            fetched = [(*values[:-1], None) for values in fetched]
         rows = []
         for values in fetched:
             row = job_from_values(self.using, list(values[:-2]),

@@ -13,8 +13,9 @@ from django.db import connections
 from django.db.models import DateTimeField, Field
 
 from django_jobguard import clock
-from django_jobguard.dialects.base import claimed_rows
+from django_jobguard.dialects.base import claimed_rows, fair_ranking
 from django_jobguard.dialects.sql import SQLDialect
+from django_jobguard.fair_share import FairClaim, fair_order
 from django_jobguard.models import COUNTER_MAX, PausedQueue, QueuedJob
 
 if TYPE_CHECKING:
@@ -22,23 +23,34 @@ if TYPE_CHECKING:
 
 _CLOCK = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now'{modifier})"
 
-_PUSH_ROW = f"(%s, %s, %s, %s, 0, 0, %s, COALESCE(%s, {_CLOCK.format(modifier=', %s')}), '', '')"
+_PUSH_ROW = (f"(%s, %s, %s, %s, 0, 0, %s, COALESCE(%s, {_CLOCK.format(modifier=', %s')}), '', '',"
+             f" %s)")
 _PUSH_SQL = """INSERT INTO {table} (id, queue, name, payload, attempts, exceptions, priority,
-                         available_at, reserved_by, last_error)
+                         available_at, reserved_by, last_error, fair_key)
 VALUES {rows}"""
 _PUSH_PARAMS_PER_ROW = _PUSH_ROW.count("%s")
 
-_CLAIM_SQL = """
+# The lease a claim gives its rows (parameters: 1 or 0 added to attempts, the worker, the
+# lease in seconds), followed by which rows.
+_LEASE = """
     UPDATE {table}
        SET attempts = CASE WHEN attempts < {max} THEN attempts + %s ELSE attempts END,
            reserved_at = {now}, reserved_by = %s,
            claims = CASE WHEN claims < {max} THEN claims + 1 ELSE claims END,
-           available_at = {in_seconds}
+           available_at = {in_seconds}"""
+
+_CLAIM_SQL = _LEASE + """
      WHERE id IN (SELECT id FROM {table}
                    WHERE queue = %s AND available_at <= {now}
                      AND NOT EXISTS (SELECT 1 FROM {paused} WHERE queue = %s)
                    ORDER BY priority DESC, available_at
                    LIMIT %s)
+    RETURNING {columns}"""
+
+# A fair queue's claim: the same lease, of the rows the fair ranking picks
+# (base.fair_ranking: one SELECT with a window function, inside this one writing statement).
+_FAIR_CLAIM_SQL = _LEASE + """
+     WHERE id IN ({ranking})
     RETURNING {columns}"""
 
 _ACK_SQL = "DELETE FROM {table} WHERE id = %s AND reserved_by = %s AND claims = %s"
@@ -94,6 +106,9 @@ class SQLiteDialect(SQLDialect):
                                             paused=PausedQueue._meta.db_table,
                                             in_seconds=self.IN_SECONDS, max=COUNTER_MAX,
                                             columns=", ".join(map(_returned, fields)))
+        self._fair_claim_sql = _FAIR_CLAIM_SQL.format(
+            table=meta.db_table, now=self.NOW, in_seconds=self.IN_SECONDS, max=COUNTER_MAX,
+            columns=", ".join(map(_returned, fields)), ranking="{ranking}")
         self._ack_sql = _ACK_SQL.format(table=meta.db_table)
 
     # -- queue -----------------------------------------------------------------------------
@@ -111,7 +126,7 @@ class SQLiteDialect(SQLDialect):
                     # The delay as a STRFTIME modifier, written out here: SQLite reads neither
                     # '+-5 seconds' nor the exponent of a REAL ('1.0e-05').
                     params += [job.id.hex, job.queue, job.name, job.payload, job.priority,
-                               adapt(job.at), f"{job.delay or 0:+.6f} seconds"]
+                               adapt(job.at), f"{job.delay or 0:+.6f} seconds", job.fair_key]
                 cursor.execute(self._push_statement(len(batch)), params)
 
     def _push_statement(self, rows: int) -> str:
@@ -122,8 +137,15 @@ class SQLiteDialect(SQLDialect):
         return sql
 
     def claim(self, queue: str, *, worker_id: str, limit: int, lease: float,
-              count_attempts: bool = True) -> list[QueuedJob]:
+              count_attempts: bool = True, fair: FairClaim | None = None) -> list[QueuedJob]:
         connection = connections[self.using]
+        if fair is None:
+            sql = self._claim_sql
+            params = [int(count_attempts), worker_id, lease, queue, queue, limit]
+        else:
+            ranking, ranked = fair_ranking(connection, queue, fair, limit, now=self.NOW)
+            sql = self._fair_claim_sql.replace("{ranking}", ranking)
+            params = [int(count_attempts), worker_id, lease, *ranked]
         with connection.cursor() as cursor:
             # SQLite keeps whatever bytes were written as TEXT: one value that is not UTF-8
             # would make the fetch raise after the claim leased every row. Such a value is
@@ -132,8 +154,7 @@ class SQLiteDialect(SQLDialect):
             default = raw.text_factory
             raw.text_factory = lambda data: _decode(data, broken)
             try:
-                cursor.execute(self._claim_sql,
-                               [int(count_attempts), worker_id, lease, queue, queue, limit])
+                cursor.execute(sql, params)
                 fetched = cursor.fetchall()
             finally:
                 raw.text_factory = default
@@ -145,7 +166,7 @@ class SQLiteDialect(SQLDialect):
                        for i, value in enumerate(values) if value in broken]
                 if bad:
                     row.poison = "; ".join(filter(None, [getattr(row, "poison", ""), *bad]))
-        return rows
+        return rows if fair is None else fair_order(rows, fair)
 
     def ack(self, job_id: Any, reserved_by: str, claims: int, *, relaxed: bool = False) -> bool:
         connection = connections[self.using]

@@ -122,7 +122,7 @@ def requeue_failed(ids: list[uuid.UUID], *, using: str, skip_queued: bool = Fals
 def _requeued(failed: FailedJob) -> QueuedJob:
     return QueuedJob(id=failed.id, name=failed.name, queue=failed.queue,
                      payload=_fresh_payload(failed), priority=failed.priority,
-                     tags=failed.tags)
+                     tags=failed.tags, fair_key=failed.fair_key)
 
 
 def _fresh_payload(failed: FailedJob) -> dict:

@@ -78,7 +78,8 @@ class JobChain:
                 first = row
             links.append({"job": row.name, "queue": row.queue, "priority": row.priority,
                           "id": str(row.id), "payload": envelope.as_json(),
-                          "status": QUEUED if index == 0 else PENDING})
+                          "status": QUEUED if index == 0 else PENDING,
+                          **({"fair_key": row.fair_key} if row.fair_key else {})})
         with transaction.atomic(using=using):
             Chain.objects.using(using).create(id=chain_id, name=self.name, links=links)
             assert first is not None  # a chain has at least one job
@@ -148,6 +149,7 @@ def advance(payload: Any, *, succeeded: bool, using: str | None = None) -> None:
             job_queue.push([job_queue.NewJob(
                 id=uuid.UUID(following["id"]), name=following["job"],
                 queue=following["queue"], priority=following["priority"],
+                fair_key=following.get("fair_key", ""),
                 payload=json.dumps(following["payload"], separators=(",", ":")))],
                 using=using)
             row.status, row.finished_at = "running", None

@@ -10,20 +10,9 @@ from demo.models import JobRun
 
 from django_jobguard import operations
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.support import async_jobs, async_long_jobs, jobs, wait_for, worker_env
+from tests.support import async_jobs, async_long_jobs, jobs, ran_at_once, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-def _most_at_once(runs) -> int:
-    """The most runs whose [started_at, ended_at] intervals overlap at one instant."""
-    edges = sorted([(r.started_at, 1) for r in runs] + [(r.ended_at, -1) for r in runs],
-                   key=lambda edge: (edge[0], edge[1]))
-    most = current = 0
-    for _, step in edges:
-        current += step
-        most = max(most, current)
-    return most
 
 
 def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
@@ -38,7 +27,7 @@ def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
     assert len(runs) == 8 and all(r.ended_at is not None for r in runs)
     assert len({r.pid for r in runs}) == 1
     # One process, several awaiting at once (each awaits 1.5 s).
-    assert _most_at_once(runs) >= 4, output
+    assert ran_at_once(runs) >= 4, output
     assert JobRun.objects.filter(label__startswith="sync-").count() == 2
     # A sync-only middleware ran off the loop (sync ORM) around the awaited handle().
     wrapped = {r.label: r for r in JobRun.objects.filter(label__startswith="wrapped")}
@@ -109,8 +98,8 @@ def test_threads_and_async_share_one_worker_and_one_queue(workers):
     sync_runs = list(JobRun.objects.filter(label__startswith="sync-"))
     assert len(async_runs) == 6 and len(sync_runs) == 4, output
     assert all(r.ended_at is not None for r in async_runs + sync_runs)
-    assert _most_at_once(async_runs) >= 4, output  # awaiting at once, beside the threads
-    assert _most_at_once(sync_runs) <= 2  # at most --threads sync jobs at once
+    assert ran_at_once(async_runs) >= 4, output  # awaiting at once, beside the threads
+    assert ran_at_once(sync_runs) <= 2  # at most --threads sync jobs at once
     assert output.count(" DONE") == 10
     assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
 
@@ -130,11 +119,11 @@ def test_a_sync_job_does_not_stop_async_jobs_of_its_queue_from_running_at_once(w
     assert all(r.ended_at is not None for r in async_runs + sync_runs)
     assert len({r.pid for r in async_runs + sync_runs}) == 1
     # While some sync job ran, several async jobs ran at once.
-    during = max(_most_at_once([_Clipped(r, s) for r in async_runs
+    during = max(ran_at_once([_Clipped(r, s) for r in async_runs
                                 if r.started_at < s.ended_at and r.ended_at > s.started_at])
                  for s in sync_runs)
     assert during > 1, output
-    assert _most_at_once(sync_runs) == 1  # one sync job at a time, as without async ones
+    assert ran_at_once(sync_runs) == 1  # one sync job at a time, as without async ones
     assert output.count(" DONE") == 12
     assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
 

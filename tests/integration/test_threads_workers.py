@@ -13,7 +13,7 @@ from demo.models import JobRun
 from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
-from tests.support import jobs, wait_for, worker_env
+from tests.support import jobs, ran_at_once, wait_for, worker_env
 from tests.support.lock_jobs import Overlap
 from tests.support.thread_jobs import SleepInC, Spin
 
@@ -31,17 +31,6 @@ def assert_no_overlap(runs: list[dict]) -> None:
         key_runs.sort(key=lambda r: r["started_at"])
         for before, after in zip(key_runs, key_runs[1:], strict=False):
             assert after["started_at"] >= before["ended_at"], (key, before, after)
-
-
-def ran_at_once(runs: list[dict]) -> int:
-    """The most runs that were running at the same moment."""
-    edges = sorted([(r["started_at"], 1) for r in runs] + [(r["ended_at"], -1) for r in runs],
-                   key=lambda edge: (edge[0], edge[1]))
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
 
 
 @pytest.mark.parametrize("processes,threads", [(1, 20), (2, 10)])

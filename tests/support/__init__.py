@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    **dict.fromkeys(["MANAGE", "POSTGRES", "REDIS_URL", "ROOT", "WorkerPool",
+    **dict.fromkeys(["MANAGE", "POSTGRES", "REDIS_URL", "ROOT", "WorkerPool", "ran_at_once",
                      "requires_postgres", "requires_redis", "run_command", "start_workers",
                      "worker_env"], "tests.support.processes"),
     **dict.fromkeys(["expire", "make_due", "work"], "tests.support.inprocess"),

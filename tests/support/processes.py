@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -82,3 +83,19 @@ def run_command(*args: str, env: dict[str, str] | None = None,
     """Run ``manage.py <args>`` in a subprocess against the test database."""
     return subprocess.run([sys.executable, str(MANAGE), *args], env=env or worker_env(),
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def ran_at_once(runs: list) -> int:
+    """The most runs (dicts or objects with ``started_at`` and ``ended_at``) running at the
+    same moment (one ending as another starts does not count as overlapping)."""
+    def at(run: Any, name: str) -> Any:
+        return run[name] if isinstance(run, dict) else getattr(run, name)
+
+    edges = sorted([(at(r, "started_at"), 1) for r in runs]
+                   + [(at(r, "ended_at"), -1) for r in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most

@@ -373,3 +373,21 @@ def test_global_concurrency_must_be_a_whole_number_of_jobs(cap):
 
 def test_valid_queues_pass():
     assert _queues_errors({"reports": {"global_concurrency": 2}, "emails": {}}) == []
+    assert _queues_errors({"tenants": {"fair": True, "fair_weights": {"big": 3},
+                                       "per_key_concurrency": 2}}) == []
+
+
+@pytest.mark.parametrize("entry,check", [
+    ({"fair": "yes"}, "jobguard.E106"),
+    ({"fair": 1}, "jobguard.E106"),
+    ({"fair_weights": ["big"]}, "jobguard.E107"),
+    ({"fair_weights": {"big": 0}}, "jobguard.E107"),
+    ({"fair_weights": {"big": 1.5}}, "jobguard.E107"),
+    ({"fair_weights": {7: 2}}, "jobguard.E107"),
+    ({"per_key_concurrency": 0}, "jobguard.E108"),
+    ({"per_key_concurrency": True}, "jobguard.E108"),
+    ({"per_key_concurrency": None}, "jobguard.E108"),
+])
+def test_a_fair_queues_keys_are_checked(entry, check):
+    errors = _queues_errors({"tenants": entry})
+    assert ids(errors) == [check] and "JOBGUARD['QUEUES']['tenants']" in errors[0].msg

@@ -59,3 +59,32 @@ def test_claim_locks_in_one_pass_even_with_a_plan_from_an_empty_queue(limit):
     lock_rows = [n for n in nodes if n["Node Type"] == "LockRows"]
     assert lock_rows and all(n["Actual Loops"] == 1 for n in lock_rows), nodes
     assert QueuedJob.objects.filter(reserved_by="w").count() == limit
+
+
+def test_a_fair_claim_walks_the_keys_it_needs_and_locks_only_its_share():
+    """The fair claim (fair_share.py) reads the index, not the queue: it descends a few times
+    per key it visits and locks ``weight * ceil(limit / keys)`` rows of each (the first of
+    them twice: found by the walk, taken by the pick), never the backlog."""
+    from django_jobguard.fair_share import Cursor, FairClaim
+
+    for key in range(40):
+        dispatch_many([jobs.Noop(i) for i in range(50)], queue="fair", fair_key=f"t{key:02}")
+    dialect = dialect_for("default")
+    fair = FairClaim(Cursor("t10", 0))
+    params = {"queue": "fair", "limit": 5, "worker": "w", "lease": 90, "count": 1,
+              "ckey": fair.cursor.key, "cused": 0, "keys": 5, "per_key": None,
+              "wkeys": [], "wvals": []}
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {QueuedJob._meta.db_table}")
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + dialect.fair_claim_sql[False],
+                       params)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    nodes = list(_nodes(plan[0]["Plan"]))
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+    locked = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes
+                 if n["Node Type"] == "LockRows")
+    assert locked == 2 * 5, nodes
+    assert sorted(QueuedJob.objects.filter(reserved_by="w").values_list(
+        "fair_key", flat=True)) == ["t11", "t12", "t13", "t14", "t15"]
+
