@@ -46,8 +46,9 @@ class Beating(Protocol):
 
     id: str
     jobs_processed: int
-    #: The ids of the jobs running now, as the Worker row shows them.
-    current_job: str
+    @property
+    def current_job(self) -> str:
+        """The ids of the jobs running now, as the Worker row shows them."""
     #: Set when the worker has stopped: the heartbeat ends.
     halted: threading.Event
 

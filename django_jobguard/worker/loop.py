@@ -191,14 +191,15 @@ class Worker:
             self.pipeline, o.async_concurrency or jobguard_settings.ASYNC_CONCURRENCY,
             self._async_finished)
         self._in_job = False
-        self.current_job = ""
         self._listener: queue.Listener | None = None
         self._listener_lost_at: float | None = None
         # Rows an executor runs now (see show_running): with the waiting rows and the async
         # executor's, the only leases the heartbeat renews. A row whose ack or release failed
         # (database error) drops out, so its lease runs out and another worker retries it,
         # instead of this worker renewing it for the rest of its life.
-        self._held: frozenset[Any] = frozenset()
+        self._running: list[QueuedJob] = []
+        #: Whether each job name's class is async, looked up once (see _runs_async).
+        self._async_names: dict[str, bool] = {}
         self._recent = RecentOutcomes()
         self._per_queue = history.QueueCounter()  # the dashboard's history, per minute
         mode = history.history_mode()  # finished runs kept (JOBGUARD["HISTORY"]), or None
@@ -411,10 +412,18 @@ class Worker:
             except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
                 logger.warning("Could not start %s async jobs at once (%s).", len(ahead), exc)
 
+    def _runs_async(self, row: QueuedJob) -> bool:
+        """Whether ``row``'s job is async (looked up once per job name: asked several times
+        for every row)."""
+        known = self._async_names.get(row.name)
+        if known is None:
+            known = self._async_names[row.name] = self._is_async_name(row.name)
+        return known
+
     @staticmethod
-    def _runs_async(row: QueuedJob) -> bool:
+    def _is_async_name(name: str) -> bool:
         try:
-            return aio.is_async(registry.get(row.name))
+            return aio.is_async(registry.get(name))
         except registry.UnknownJobError:
             return False  # the pipeline deals with it
 
@@ -438,9 +447,13 @@ class Worker:
 
     def show_running(self, rows: list[QueuedJob]) -> None:
         """The rows an executor runs now: their leases are renewed, the Worker row lists
-        them."""
-        self._held = frozenset(row.id for row in rows)
-        self.current_job = ",".join(str(row.id) for row in rows)
+        them (twice per job: the ids are read only by the heartbeat, when it beats)."""
+        self._running = rows
+
+    @property
+    def current_job(self) -> str:
+        """The ids of the rows running now, as the Worker row's ``current_job`` shows them."""
+        return ",".join(str(row.id) for row in self._running)
 
     def recent_counts(self) -> tuple[int, int]:
         """``(done, failed)`` in the last minute, for the Worker row."""
@@ -459,7 +472,8 @@ class Worker:
         """Ids of every row this worker holds: running (sync and async), claimed ahead, or
         waiting for a slot (the heartbeat renews their leases)."""
         grouped = self._completer.held() if self._completer is not None else set()
-        return self._held | self._async.held() | {row.id for row in self._waiting} | grouped
+        running = frozenset(row.id for row in self._running)
+        return running | self._async.held() | {row.id for row in self._waiting} | grouped
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second
@@ -564,7 +578,6 @@ class Worker:
     def process_claimed(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
         """Run :meth:`process`; a database error leaves the row to lease recovery."""
         self._in_job = True
-        self.current_job = str(row.id)
         try:
             state = self.process(row, then=then)
             self._recent.record(state)
@@ -574,7 +587,6 @@ class Worker:
                 self._stop.wait(1)  # back off: the failing service may be restarting
         finally:
             self._in_job = False
-            self.current_job = ""
             with self._finished_lock:
                 self.jobs_processed += 1
             queue.close_broken_connections()
