@@ -31,7 +31,7 @@ from bench import common  # noqa: E402
 
 SCENARIOS = ["throughput", "peers", "latency", "steady", "backlog", "locks", "lock_pages",
              "batches", "dashboard", "io_bound", "memory", "wait_latency", "history",
-             "fairness"]
+             "fairness", "history_pages"]
 #: The scenarios that run on MariaDB too (throughput without its PostgreSQL floor columns).
 ANY_DATABASE = ["throughput", "locks"]
 
