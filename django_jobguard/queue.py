@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -380,12 +381,26 @@ def extend_leases(worker_id: str, *, ids: Iterable[Any] | None = None,
         rows = rows.filter(id__in=list(ids))
     if not connections[using].features.has_select_for_update_skip_locked:
         return rows.update(available_at=clock.db_now() + Value(lease))
-    with transaction.atomic(using=using):
-        free = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
-        if not free:
-            return 0
-        return QueuedJob.objects.using(using).filter(id__in=free).update(
-            available_at=clock.db_now() + Value(lease))
+    renewed = 0
+    for attempt in range(RENEW_TRIES):
+        if attempt:  # the rows skipped: a job's own write holds them for an instant
+            time.sleep(RENEW_RETRY_DELAY)
+        with transaction.atomic(using=using):
+            free = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
+            if free:
+                renewed += QueuedJob.objects.using(using).filter(id__in=free).update(
+                    available_at=clock.db_now() + Value(lease))
+        skipped = rows.exclude(id__in=free).values_list("id", flat=True)
+        if not skipped.exists():
+            break
+        rows = rows.filter(id__in=list(skipped))
+    return renewed
+
+
+#: How often :func:`extend_leases` looks again, a moment apart, for the rows it skipped (a row
+#: whose lease ran out while the worker was stopped must be renewed at its next beat).
+RENEW_TRIES = 3
+RENEW_RETRY_DELAY = 0.05
 
 
 # -- while a job runs ----------------------------------------------------------------------
