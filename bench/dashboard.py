@@ -80,14 +80,25 @@ def run(*, smoke: bool):
 # -- the child process -----------------------------------------------------------------------
 
 
-def _create_database() -> None:
+def create_database(name: str = DATABASE) -> None:
     """The scenario's database, made anew each run (a schema left by an older checkout, with
     other migration names, cannot get in the way)."""
     import psycopg
 
     with psycopg.connect("host=127.0.0.1 port=5432 dbname=postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def migrate_child() -> None:
+    """In the child process: Django set up for the test client, the database migrated."""
+    import django
+    from django.core.management import call_command
+    from django.test.utils import setup_test_environment
+
+    django.setup()
+    setup_test_environment()  # the test client's host is allowed
+    call_command("migrate", verbosity=0)
 
 
 def _fill(count: int) -> None:
@@ -144,7 +155,7 @@ def _fill(count: int) -> None:
         cursor.execute(f"VACUUM ANALYZE {table}")
 
 
-def _median_ms(fn, times: int = 5) -> float:
+def median_ms(fn, times: int = 5) -> float:
     fn()  # warm: the first request loads templates and URL patterns
     spent = []
     for _ in range(times):
@@ -174,11 +185,11 @@ def _measure() -> dict:
 
     data = get(api).json()
     timings = {
-        "admin: dashboard page": _median_ms(lambda: get(page)),
-        "API: GET stats/history/": _median_ms(lambda: get(api)),
-        "queue counts only: monitoring.queue_overview()": _median_ms(
+        "admin: dashboard page": median_ms(lambda: get(page)),
+        "API: GET stats/history/": median_ms(lambda: get(api)),
+        "queue counts only: monitoring.queue_overview()": median_ms(
             monitoring.queue_overview),
-        "baseline: queue_stats() exact GROUP BY": _median_ms(operations.queue_stats),
+        "baseline: queue_stats() exact GROUP BY": median_ms(operations.queue_stats),
     }
     exact = operations.queue_stats()
     return {"timings": timings,
@@ -188,14 +199,8 @@ def _measure() -> dict:
 
 
 def child(count: int) -> None:
-    _create_database()
-    import django
-    from django.core.management import call_command
-    from django.test.utils import setup_test_environment
-
-    django.setup()
-    setup_test_environment()  # the test client's host is allowed
-    call_command("migrate", verbosity=0)
+    create_database()
+    migrate_child()
     _fill(count)
     print(json.dumps(_measure()), flush=True)
 

@@ -92,7 +92,7 @@ def _measure() -> dict:
     from django.test import Client
     from django.utils import timezone
 
-    from bench.dashboard import _median_ms
+    from bench.dashboard import median_ms
     from django_jobguard.models import FinishedRun
 
     user, _ = get_user_model().objects.get_or_create(
@@ -121,25 +121,17 @@ def _measure() -> dict:
     timings = {}
     for label, url in pages.items():
         try:
-            timings[label] = _median_ms(lambda url=url: get(url))
+            timings[label] = median_ms(lambda url=url: get(url))
         except AssertionError as exc:  # a filter this version does not take: say so
             print(f"{label}: {exc}", file=sys.stderr)
     return timings
 
 
 def child(count: int) -> None:
-    import psycopg
+    from bench.dashboard import create_database, migrate_child
 
-    with psycopg.connect("host=127.0.0.1 port=5432 dbname=postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    import django
-    from django.core.management import call_command
-    from django.test.utils import setup_test_environment
-
-    django.setup()
-    setup_test_environment()  # the test client's host is allowed
-    call_command("migrate", verbosity=0)
+    create_database(DATABASE)
+    migrate_child()
     _fill(count)
     print(json.dumps(_measure()), flush=True)
 

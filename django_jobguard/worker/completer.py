@@ -151,10 +151,6 @@ class Completer:
         with self._lock:
             return {entry.row.id for entry in self._finished}
 
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._finished) + len(self._starts)
-
     # -- the group ---------------------------------------------------------------------------
 
     def flush(self, *, start: QueuedJob | None = None) -> bool:
