@@ -45,8 +45,27 @@ class RetryPolicy:
     @classmethod
     def for_job(cls, job: Any, *, defaults: Defaults | None = None,
                 retry_until: datetime.datetime | None = None) -> RetryPolicy:
-        """The policy of ``job``: its own settings, else the worker's ``defaults``."""
-        defaults = defaults or Defaults()
+        """The policy of ``job``: its own settings, else the worker's ``defaults`` (built once
+        per distinct set of them: a worker runs the same few classes again and again)."""
+        defaults = defaults or _DEFAULTS
+        backoff = job.backoff
+        key = (job.name, job.tries, job.max_exceptions,
+               tuple(backoff) if isinstance(backoff, list) else backoff, job.timeout,
+               job.fail_on_timeout, retry_until, defaults, jobguard_settings.DEFAULT_TIMEOUT)
+        try:
+            return _policies[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable setting: built every time
+            return cls._build(job, defaults, retry_until)
+        if len(_policies) >= _POLICIES_MAX:
+            _policies.clear()
+        policy = _policies[key] = cls._build(job, defaults, retry_until)
+        return policy
+
+    @classmethod
+    def _build(cls, job: Any, defaults: Defaults,
+               retry_until: datetime.datetime | None) -> RetryPolicy:
         timeout = job.timeout if job.timeout is not None else defaults.timeout
         if timeout is None:
             timeout = jobguard_settings.DEFAULT_TIMEOUT
@@ -102,3 +121,9 @@ def when(moment: datetime.datetime, now: datetime.datetime) -> str:
     moment = moment.astimezone(datetime.UTC)
     same_day = moment.date() == now.astimezone(datetime.UTC).date()
     return moment.strftime("%H:%M:%S UTC" if same_day else "%Y-%m-%d %H:%M:%S UTC")
+
+
+_DEFAULTS = Defaults()
+#: Policies by what they were built from (:meth:`RetryPolicy.for_job`); emptied when full.
+_policies: dict[tuple[Any, ...], RetryPolicy] = {}
+_POLICIES_MAX = 512

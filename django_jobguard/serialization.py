@@ -91,6 +91,8 @@ def check_text(text: str, *, path: str) -> str:
 
 def decode(value: Any) -> Any:
     """Inverse of :func:`encode`; model references are fetched (``MissingModelError`` if gone)."""
+    if not value:  # no arguments (most often): nothing to rebuild
+        return value
     if isinstance(value, list):
         return [decode(item) for item in value]
     if not isinstance(value, dict):

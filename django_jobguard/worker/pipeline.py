@@ -355,13 +355,14 @@ class Pipeline:
                 raise registry.IncompatibleJobError(
                     f"This worker cannot rebuild {row.name} from its row: {problem}.") from exc
             raise PayloadError(f"Cannot rebuild {row.name} from its payload: {exc}") from exc
+        job_id = str(row.id)
         job.context = JobContext(
-            job_id=str(row.id), attempt=row.attempts, worker_id=self.worker_id,
+            job_id=job_id, attempt=row.attempts, worker_id=self.worker_id,
             using=self.using, envelope=envelope, exceptions=row.exceptions,
             last_error=row.last_error,
             policy=RetryPolicy.for_job(job, defaults=self.defaults,
                                        retry_until=envelope.retry_until),
-            reporter=RunReporter(str(row.id), worker_id=self.worker_id, using=self.using,
+            reporter=RunReporter(job_id, worker_id=self.worker_id, using=self.using,
                                  claims=row.claims),
             stopping=self.stopping, claims=row.claims, checkpoint=row.checkpoint,
         )
@@ -394,7 +395,7 @@ class Pipeline:
             else:
                 with time_limit(context.policy.timeout,
                                 finished=lambda: context.handle_finished,
-                                label=f"{row.name} [{row.id}]"):
+                                label=f"{row.name} [{context.job_id}]"):
                     result = run_middleware(job)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._error_outcome(row, job, exc)

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_jobguard.exceptions import JobTimeoutError
@@ -45,9 +45,7 @@ def hard_limit(seconds: float) -> float:
     return seconds + GRACE + watchdog.MARGIN
 
 
-@contextmanager
-def time_limit(seconds: float, *, finished: Callable[[], bool] = lambda: False,
-               label: str = "a job") -> Iterator[None]:
+class time_limit:  # noqa: N801 (a context manager used as a function: ``with time_limit(...)``)
     """Raise :class:`JobTimeoutError` in the job after ``seconds`` (main thread only).
 
     Once ``finished()`` (``handle()`` has returned or raised) the time is not up for the
@@ -57,30 +55,51 @@ def time_limit(seconds: float, *, finished: Callable[[], bool] = lambda: False,
     a new worker and the job's lease brings it back. A job in C code that holds the GIL runs
     no signal handler: the watchdog process (``label`` names the job in its message) kills
     the worker at :func:`hard_limit`.
+
+    The interval timer is re-armed lazily: a job whose deadline is later than the one the
+    timer is set for leaves it alone (the early alarm finds the job's time not up and sets
+    the timer again for the rest), and a job that ends leaves it set. Worker jobs of one
+    timeout so cost one ``setitimer`` per timeout's length, not two system calls per job.
     """
-    if not seconds:
-        yield
-        return
-    if threading.current_thread() is not threading.main_thread():
-        if getattr(_local, "enforced", False):
-            with _thread_limit(seconds, finished, label):
-                yield
-        else:
-            yield
-        return
-    global _alarm
-    # The handler stays installed between jobs (installing it costs two system calls and
-    # more Python than a no-op job's run); a job that installed its own gets ours back.
-    if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
-        signal.signal(signal.SIGALRM, _on_alarm)
-    outer, _alarm = _alarm, _Alarm(seconds, finished)
-    with watched(seconds, label):
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            yield
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            _alarm = outer
+
+    __slots__ = ("seconds", "finished", "label", "_outer", "_inner")
+
+    def __init__(self, seconds: float, *, finished: Callable[[], bool] = lambda: False,
+                 label: str = "a job") -> None:
+        self.seconds, self.finished, self.label = seconds, finished, label
+        self._outer: _Alarm | None = None
+        self._inner: Any = None
+
+    def __enter__(self) -> None:
+        global _alarm
+        seconds = self.seconds
+        if not seconds:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            if getattr(_local, "enforced", False):
+                self._inner = _thread_limit(seconds, self.finished, self.label)
+                self._inner.__enter__()
+            return
+        # The handler stays installed between jobs (installing it costs two system calls and
+        # more Python than a no-op job's run); a job that installed its own gets ours back.
+        if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
+            signal.signal(signal.SIGALRM, _on_alarm)
+            _timer.at = None  # whatever timer was set, it was not ours
+        self._inner = watched(seconds, self.label)
+        self._inner.__enter__()
+        deadline = time.monotonic() + seconds
+        self._outer, _alarm = _alarm, _Alarm(seconds, self.finished, deadline)
+        _timer.arm_by(deadline)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        global _alarm
+        if not self.seconds:
+            return
+        inner, self._inner = self._inner, None
+        if threading.current_thread() is threading.main_thread():
+            _alarm = self._outer  # the timer stays set: see the class's docstring
+        if inner is not None:
+            inner.__exit__(*exc_info)
 
 
 @dataclass
@@ -89,24 +108,51 @@ class _Alarm:
 
     seconds: float
     finished: Callable[[], bool]
+    deadline: float  # time.monotonic(): the timeout, then the end of the grace period
     fired: bool = False
 
 
 _alarm: _Alarm | None = None
 
 
+class _Timer:
+    """The process's ``ITIMER_REAL``: when it is set to fire (``time.monotonic()``)."""
+
+    at: float | None = None
+
+    def arm_by(self, deadline: float) -> None:
+        """Make sure the timer fires no later than ``deadline``."""
+        if self.at is None or self.at > deadline:
+            self.set(deadline)
+
+    def set(self, deadline: float) -> None:
+        # A timer of 0 would be no timer: fire at once instead.
+        signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-6))
+        self.at = deadline
+
+
+_timer = _Timer()
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     """SIGALRM: the main thread's job ran out of time (raised into it), or of its grace
-    period as well (the process exits)."""
+    period as well (the process exits); an alarm set for an earlier job sets the timer again
+    for the time this one has left."""
+    _timer.at = None
     alarm = _alarm
     if alarm is None:  # no job has a limit now (a late alarm): nothing to end
+        return
+    now = time.monotonic()
+    if now < alarm.deadline:  # set for an earlier job (a lazily left timer): not up yet
+        _timer.set(alarm.deadline)
         return
     if alarm.fired:
         logger.critical("The job did not end within its timeout and a grace period; "
                         "exiting the worker process.")
         os._exit(1)
     alarm.fired = True
-    signal.setitimer(signal.ITIMER_REAL, GRACE)  # grace period
+    alarm.deadline = now + GRACE
+    _timer.set(alarm.deadline)  # grace period
     if alarm.finished():
         logger.warning("The job's time ran out after handle() finished; letting its "
                        "middleware finish.")
@@ -114,28 +160,41 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise JobTimeoutError(f"The job has timed out after {alarm.seconds:g} s.")
 
 
-@contextmanager
-def watched(seconds: float, label: str) -> Iterator[None]:
+class watched:  # noqa: N801 (a context manager used as a function)
     """Only the watchdog's hard limit, for a job run in this block (``seconds`` is its
     timeout; 0: none): the main thread's job, whose timeout is SIGALRM, and an async job on
     the worker's loop, whose timeout cancels its task. Every job of the process with a limit
     registers it, so that the watchdog is armed for the earliest (async jobs run many at
     once, beside a sync one)."""
-    if not seconds:
-        yield
-        return
-    key = -next(_keys)  # never a thread's id: the coordinator raises nothing for it
-    limit = ThreadLimit(key, seconds, time.monotonic() + seconds, lambda: False, label)
-    with _limits_lock:
-        _limits[key] = limit
-        if _armed is None or limit.hard_deadline < _armed.hard_deadline:
-            _rearm()  # (a later one, as async jobs of one timeout mostly are, changes nothing)
-    try:
-        yield
-    finally:
+
+    __slots__ = ("seconds", "label", "_limit")
+
+    def __init__(self, seconds: float, label: str) -> None:
+        self.seconds, self.label = seconds, label
+        self._limit: ThreadLimit | None = None
+
+    def __enter__(self) -> None:
+        if not self.seconds:
+            return
+        key = -next(_keys)  # never a thread's id: the coordinator raises nothing for it
+        limit = self._limit = ThreadLimit(key, self.seconds, time.monotonic() + self.seconds,
+                                          _never, self.label)
         with _limits_lock:
-            if _limits.pop(key, None) is limit and _armed is limit:
+            _limits[key] = limit
+            if _armed is None or limit.hard_deadline < _armed.hard_deadline:
+                _rearm()  # (a later one, as async jobs of one timeout mostly are, changes nothing)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        limit = self._limit
+        if limit is None:
+            return
+        with _limits_lock:
+            if _limits.pop(limit.thread_id, None) is limit and _armed is limit:
                 _rearm()
+
+
+def _never() -> bool:
+    return False
 
 
 # -- limits of jobs running in other threads -----------------------------------------------
@@ -155,10 +214,11 @@ class ThreadLimit:
     #: Set when the executor gave the job up (its thread is stuck): no longer armed.
     abandoned: bool = False
 
-    @property
-    def hard_deadline(self) -> float:
-        """When the watchdog kills the process if the job still runs (time.monotonic())."""
-        return self.deadline - self.seconds + hard_limit(self.seconds)
+    #: When the watchdog kills the process if the job still runs (time.monotonic()).
+    hard_deadline: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hard_deadline = self.deadline - self.seconds + hard_limit(self.seconds)
 
 
 _limits: dict[int, ThreadLimit] = {}
@@ -184,8 +244,11 @@ def _rearm() -> None:
     """Arm the watchdog for the earliest hard limit of the jobs running in threads, or disarm
     it when there is none (under ``_limits_lock``)."""
     global _armed
-    live = [limit for limit in _limits.values() if not limit.abandoned]
-    earliest = min(live, key=lambda limit: limit.hard_deadline, default=None)
+    earliest = None
+    for limit in _limits.values():
+        if not limit.abandoned and (earliest is None
+                                    or limit.hard_deadline < earliest.hard_deadline):
+            earliest = limit
     if earliest is _armed:
         return
     dog = watchdog.for_this_process()

@@ -47,6 +47,8 @@ ALIVE_EVERY = 1.0
 # one clock for every process of the machine; 0.0: disarmed), the seconds armed, the label's
 # length and bytes.
 _HEAD = struct.Struct("<Qddh")
+_SEQUENCE = struct.Struct("<Q")
+_BODY = struct.Struct("<ddh")
 _LABEL_MAX = 512
 _SIZE = mmap.PAGESIZE
 
@@ -85,12 +87,13 @@ class Watchdog:
         data = label.encode()[:_LABEL_MAX]
         page = self._page
         assert page is not None  # armed: _ensure_running mapped it; disarmed: checked
-        self._sequence += 1  # odd: a reader that sees it, or a change, reads again
-        page[:8] = struct.pack("<Q", self._sequence)
-        page[_HEAD.size:_HEAD.size + len(data)] = data
-        page[8:_HEAD.size] = struct.pack("<ddh", deadline, seconds, len(data))
-        self._sequence += 1
-        page[:8] = struct.pack("<Q", self._sequence)
+        sequence = self._sequence + 1  # odd: a reader that sees it, or a change, reads again
+        _SEQUENCE.pack_into(page, 0, sequence)
+        if data:
+            page[_HEAD.size:_HEAD.size + len(data)] = data
+        _BODY.pack_into(page, _SEQUENCE.size, deadline, seconds, len(data))
+        self._sequence = sequence + 1
+        _SEQUENCE.pack_into(page, 0, sequence + 1)
 
     def _ensure_running(self) -> None:
         now = time.monotonic()
@@ -122,10 +125,19 @@ _watchdog: Watchdog | None = None
 def for_this_process() -> Watchdog:
     """This process's watchdog (one per worker process; a forked child gets its own)."""
     global _watchdog
-    if _watchdog is None or _watchdog._owner != os.getpid():
+    if _watchdog is None:
         _watchdog = Watchdog()
         atexit.register(_watchdog.close)  # the pipe would close anyway; this waits for it
     return _watchdog
+
+
+def _forget_in_child() -> None:
+    """A forked child talks to a watchdog of its own (the parent's watches the parent)."""
+    global _watchdog
+    _watchdog = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _read(page: mmap.mmap) -> tuple[float, float, str]:
