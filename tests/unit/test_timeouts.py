@@ -74,3 +74,50 @@ def test_an_async_run_of_a_worker_arms_the_hard_limit_and_drain_does_not(dog):
     assert run(True) == "done" and run(False) == "done"
     assert seen == ["tests.Async [1]", None]
     assert dog.armed is None
+
+
+def _spin(seconds: float) -> None:
+    """Busy Python bytecode (a signal handler runs between two of them)."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_timer_left_by_a_longer_job_is_brought_forward_for_a_shorter_one(dog):
+    """The interval timer is re-armed lazily: a job that ended leaves it set, and the next
+    job re-arms it only when it must fire sooner."""
+    import time
+
+    with timeouts.time_limit(30, label="long"):
+        pass
+    assert timeouts._timer.at is not None  # left set, as the docstring says
+    started = time.monotonic()
+    with pytest.raises(timeouts.JobTimeoutError), timeouts.time_limit(0.2, label="short"):
+        _spin(5)
+    assert time.monotonic() - started < 2  # the 30 s timer was brought forward
+
+
+def test_an_alarm_set_for_an_earlier_job_does_not_end_the_next_one_early(dog):
+    """The timer a short job left fires during a longer job: the handler finds that job's
+    time not up, sets the timer for the rest, and raises only at the job's own timeout."""
+    import time
+
+    with timeouts.time_limit(0.1, label="first"):
+        pass  # leaves the timer set for 0.1 s from its start
+    started = time.monotonic()
+    with pytest.raises(timeouts.JobTimeoutError), timeouts.time_limit(0.6, label="second"):
+        _spin(5)
+    assert time.monotonic() - started >= 0.59
+    # After the grace period was set by the timeout, no job runs: a late alarm ends nothing.
+    signal_module = __import__("signal")
+    signal_module.setitimer(signal_module.ITIMER_REAL, 0)
+    timeouts._timer.at = None
+
+
+def test_a_timer_left_set_ends_nothing_when_no_job_has_a_limit(dog):
+    with timeouts.time_limit(0.05, label="quick"):
+        pass
+    _spin(0.3)  # the left timer fires here: no job has a limit, so nothing is raised
+    assert timeouts._timer.at is None  # it fired, and set nothing again
