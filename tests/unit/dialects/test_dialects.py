@@ -172,6 +172,20 @@ def test_claim_leases_due_rows_in_priority_then_age_order(dialect):
     assert QueuedJob.objects.get(id=other.id).reserved_by == ""
 
 
+def test_a_claimed_rows_times_are_the_ones_the_orm_loads(dialect):
+    """The PostgreSQL claim loads its rows' times with psycopg's own loader (not Django's,
+    which parses them in Python): the same aware UTC values the ORM gives."""
+    job = _job(delay=-5.0)
+    dialect.push([job], batch_size=500)
+    (claimed,) = dialect.claim("default", worker_id="w", limit=1, lease=90.0)
+    stored = QueuedJob.objects.get(id=job.id)
+    for name in ("created_at", "available_at", "reserved_at"):
+        value = getattr(claimed, name)
+        assert value == getattr(stored, name), name
+        assert value.utcoffset() == datetime.timedelta(0), name
+        assert timezone.is_aware(value), name
+
+
 def test_a_claim_ahead_leases_rows_without_counting_their_attempt(dialect):
     first, second = _job(), _job()
     dialect.push([first, second], batch_size=500)
