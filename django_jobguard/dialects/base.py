@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init
 
 from django_jobguard.envelope import UndecodedPayload
 from django_jobguard.fair_share import FairClaim
@@ -451,6 +453,23 @@ def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob
     return rows
 
 
+#: The claimed row's attribute names, in the concrete field order its values come in.
+_ATTNAMES = tuple(f.attname for f in QueuedJob._meta.concrete_fields)
+
+
+def _from_db(using: str, values: list[Any]) -> QueuedJob:
+    """``QueuedJob.from_db(using, None, values)`` without ``Model.__init__``'s walk over the
+    fields (a claimed row is built once per job): the same instance, attributes and state,
+    while no ``post_init`` receiver listens for the model (else the ORM's own way)."""
+    if post_init.has_listeners(QueuedJob):
+        return QueuedJob.from_db(using, None, values)
+    row = QueuedJob.__new__(QueuedJob)
+    row.__dict__.update(zip(_ATTNAMES, values, strict=True))
+    state = row._state = ModelState()
+    state.adding, state.db = False, using
+    return row
+
+
 def unloadable(column: str, raw: Any, error: BaseException | None = None) -> str:
     """The poison reason of a column value the driver or Django cannot load (``raw`` as the
     driver returned it: ``None`` for a NOT NULL column is a value it could not read)."""
@@ -482,7 +501,7 @@ def job_from_values(using: str, values: list[Any],
     for name, index in _COUNTER_INDEXES:
         if values[index] is not None and values[index] >= COUNTER_MAX:
             problems = [*problems, f"{name} reached the counter maximum ({COUNTER_MAX})"]
-    row = QueuedJob.from_db(using, None, values)
+    row = _from_db(using, values)
     row.payload_text_length = len(text) if isinstance(text, str) else None
     if problems:
         row.poison = "; ".join(problems)
