@@ -102,9 +102,11 @@ def settle(procs, minimum: int, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-#: jobguard's best documented configuration for short jobs: batched completion.
+#: jobguard's best documented configuration for short jobs: batched completion, and no line
+#: per job (``-v 0``; PgQueuer and Oban print none either).
 COMPLETION_WINDOW = 0.01
-GROUPED = f"jobguard, COMPLETION_WINDOW {COMPLETION_WINDOW}"
+QUIET = ("-v", "0")
+GROUPED = f"jobguard, COMPLETION_WINDOW {COMPLETION_WINDOW}, -v 0"
 GROUPED_DURABLE = f"{GROUPED}, SYNCHRONOUS_ACKS"
 
 
@@ -475,11 +477,12 @@ def systems(smoke: bool) -> list[System]:
                lambda: None),
         System(GROUPED,
                lambda p, n: throughput.jobguard_processing(
-                   p, n, completion_window=COMPLETION_WINDOW, cpu=True), lambda: None),
+                   p, n, completion_window=COMPLETION_WINDOW, extra=QUIET, cpu=True),
+               lambda: None),
         System(GROUPED_DURABLE,
                lambda p, n: throughput.jobguard_processing(
                    p, n, completion_window=COMPLETION_WINDOW, synchronous_acks=True,
-                   cpu=True), lambda: None),
+                   extra=QUIET, cpu=True), lambda: None),
         System("PgQueuer (batch 10)", lambda p, n: pgqueuer(p, n, cpu=True),
                _module_missing("pgqueuer")),
         System(f"PgQueuer --batch-size {big}", lambda p, n: pgqueuer(p, n, batch=big, cpu=True),

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
+from django.utils.functional import cached_property
 
 from django_jobguard import (
     aio,
@@ -151,8 +152,13 @@ class Job:
     #: job on its event loop, see :mod:`django_jobguard.aio`).
     is_async: ClassVar[bool] = False
 
-    #: This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`).
-    context: JobContext
+    @cached_property
+    def context(self) -> JobContext:
+        """This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`);
+        an empty one outside a worker, made when first asked for (a job made only to be
+        dispatched never needs it; the worker sets the run's own)."""
+        return JobContext()
+
     #: The arguments the job was made with (``repr`` and the payload show them).
     _dispatch_args: tuple[tuple[Any, ...], dict[str, Any]]
     #: Fencing token of the ``WithoutOverlapping`` lock this run holds.
@@ -172,7 +178,6 @@ class Job:
     def __new__(cls, *args: Any, **kwargs: Any) -> Job:
         self = super().__new__(cls)
         self._dispatch_args = (args, kwargs)
-        self.context = JobContext()
         return self
 
     def __init__(self, **kwargs: Any) -> None:
