@@ -454,8 +454,9 @@ def dispatch_many(
                 signals.job_skipped_unique.send(sender=type(job), job=job)
         for i in sorted(kept):
             job, (row, _) = jobs[i], built[i]
-            inserted.append(str(row.id))
-            signals.job_dispatched.send(sender=type(job), job=job, job_id=str(row.id),
+            job_id = results[i].id or str(row.id)  # str(row.id), made once above
+            inserted.append(job_id)
+            signals.job_dispatched.send(sender=type(job), job=job, job_id=job_id,
                                         queue=row.queue, priority=row.priority,
                                         delay=row.delay, at=row.at)
         if inserted:

@@ -110,3 +110,18 @@ def test_unique_ref_of_a_payload_without_a_lock_is_none():
     assert unique_ref({"unique": {"key": "k"}}) is None
     assert unique_ref([LOCK]) is None
     assert unique_ref("not json at all") is None
+
+
+@pytest.mark.parametrize("value", [
+    {"args": [], "kwargs": {}},
+    {"args": [1, 2.5, -0.0, 10**30, 1.1e-7, None, True], "kwargs": {"s": "é\u2028\x00\"\\/"}},
+    {"unique": {"key": "k"}, "context": {"language": "fr"}, "retry_until": "2026-12-05T00:00Z"},
+    [], {}, "text", 3, None,
+])
+def test_the_compact_encoder_writes_what_json_writes(value):
+    """The payload text is encoded by a C encoder made once (envelope._compact): the same
+    text as ``json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)``."""
+    from django_jobguard import envelope
+
+    reference = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    assert envelope._compact(value) == reference(value)
