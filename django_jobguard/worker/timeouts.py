@@ -134,6 +134,14 @@ class _Timer:
 _timer = _Timer()
 
 
+def _timer_not_inherited() -> None:
+    """A forked child has no interval timer (POSIX): it must not count on its parent's."""
+    _timer.at = None
+
+
+os.register_at_fork(after_in_child=_timer_not_inherited)
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     """SIGALRM: the main thread's job ran out of time (raised into it), or of its grace
     period as well (the process exits); an alarm set for an earlier job sets the timer again

@@ -121,3 +121,25 @@ def test_a_timer_left_set_ends_nothing_when_no_job_has_a_limit(dog):
         pass
     _spin(0.3)  # the left timer fires here: no job has a limit, so nothing is raised
     assert timeouts._timer.at is None  # it fired, and set nothing again
+
+
+def test_a_forked_child_sets_its_own_timer(dog):
+    """Interval timers are not inherited by fork(): a child whose parent left one set must
+    set its own for its first job."""
+    import os
+
+    with timeouts.time_limit(1.0, label="parent's"):
+        pass
+    assert timeouts._timer.at is not None  # due before the child's deadline below
+    pid = os.fork()
+    if pid == 0:  # the child: its job must time out although the parent's timer was left
+        code = 1
+        try:
+            with timeouts.time_limit(1.5, label="child's"):
+                _spin(4)
+        except timeouts.JobTimeoutError:
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
