@@ -43,6 +43,7 @@ from django_jobguard.models import QUIET, STOP, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.outcome import JobState
 from django_jobguard.retry import Defaults
+from django_jobguard.worker import timeouts
 from django_jobguard.worker.async_executor import AsyncExecutor
 from django_jobguard.worker.claiming import ClaimSize
 from django_jobguard.worker.completer import Completer
@@ -246,6 +247,7 @@ class Worker:
         finally:
             self._async.wait()  # the async jobs running finish (or end by their timeout)
             self._shutdown()
+            timeouts.clear_timer()  # the time limit's timer, left set between jobs
 
     def _loop(self, started: float, *, may_turn: bool) -> int:
         """Claim, hand out, stop or wait; again. Each pass enforces the running jobs' time

@@ -17,6 +17,7 @@ embedded worker) run without a time limit, as before."""
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # getsignal without the enum lookup
+import atexit
 import ctypes
 import itertools
 import logging
@@ -98,6 +99,8 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
         inner, self._inner = self._inner, None
         if threading.current_thread() is threading.main_thread():
             _alarm = self._outer  # the timer stays set: see the class's docstring
+            if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
+                clear_timer()  # the job changed the handler: a late alarm must not reach it
         if inner is not None:
             inner.__exit__(*exc_info)
 
@@ -126,12 +129,25 @@ class _Timer:
             self.set(deadline)
 
     def set(self, deadline: float) -> None:
+        if not self.registered:  # cleared before the interpreter ends (see clear_timer)
+            self.registered = True
+            atexit.register(clear_timer)
         # A timer of 0 would be no timer: fire at once instead.
         signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-6))
         self.at = deadline
 
+    registered = False
+
 
 _timer = _Timer()
+
+
+def clear_timer() -> None:
+    """Stop a timer left set (the worker ends, or a job changed the ``SIGALRM`` handler): a
+    ``SIGALRM`` without our handler, as at the interpreter's end, would kill the process."""
+    if _timer.at is not None and threading.current_thread() is threading.main_thread():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _timer.at = None
 
 
 def _timer_not_inherited() -> None:

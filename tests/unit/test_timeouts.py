@@ -143,3 +143,17 @@ def test_a_forked_child_sets_its_own_timer(dog):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_job_that_changes_the_alarm_handler_gets_no_late_alarm(dog):
+    """A job that put back the default SIGALRM action (which ends the process) must not get
+    the timer left set for it: leaving its limit stops the timer."""
+    import signal
+
+    try:
+        with timeouts.time_limit(0.05, label="resets the handler"):
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        assert timeouts._timer.at is None
+        _spin(0.2)  # would have been killed by the left timer
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
