@@ -34,13 +34,15 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import connections
-from django.db.models import Value
+from django.db import connections, transaction
+from django.db.models import Max, Min, Q, Sum, Value
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
@@ -48,7 +50,7 @@ from django_jobguard import clock, observe, signals
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import dialect_for
 from django_jobguard.envelope import encoded_size
-from django_jobguard.models import FinishedRun, QueueMinute
+from django_jobguard.models import FinishedRun, QueueMinute, RunStatistic
 from django_jobguard.outcome import JobState
 
 try:
@@ -327,8 +329,19 @@ def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> Non
     # One statement's shape for every row: the driver parses it once (psycopg sends the rows
     # in pipeline mode, mysqlclient folds them into multi-row INSERTs); one huge VALUES list
     # cost more to parse for its placeholders than the rows themselves.
-    with connection.cursor() as cursor:
+    job_id, finished_at = COLUMNS.index("job_id"), COLUMNS.index("finished_at")
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        # A retried flush: the runs written already are skipped, and not counted again.
+        there = set(FinishedRun.objects.using(using).filter(
+            job_id__in={run[job_id] for run in runs}).values_list("job_id", "finished_at"))
         cursor.executemany(f"{insert} {table} ({columns}) VALUES {row_sql} {suffix}", params)
+        add_statistics(statistics_of([run for run in runs if (
+            _uuid(run[job_id]), run[finished_at]) not in there] if there else runs),
+            using=using)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
 def _insert_runs_unnest(runs: list[tuple[Any, ...]], connection: Any) -> None:
@@ -371,7 +384,62 @@ def _unnest_sql(connection: Any) -> str:
             f"SELECT {', '.join(selected)} FROM unnest("
             f"{', '.join(f'%b::{kind}[]' for kind in types)}) AS r({', '.join(columns)}) "
             f"ON CONFLICT DO NOTHING")
+        _unnest_statement = _statistics_sql(
+            f"{_unnest_statement} RETURNING {_returned(connection)}", connection)
     return _unnest_statement
+
+
+def _returned(connection: Any) -> str:
+    """The run columns :func:`_statistics_sql` reads, named as it reads them."""
+    quote = connection.ops.quote_name
+    run = {field.name: quote(str(field.column)) for field in FinishedRun._meta.concrete_fields}
+    return ", ".join(f"{run[name]} AS {name}" for name in (
+        "name", "queue", "state", "runtime", "wait", "finished_at"))
+
+
+def _statistics_sql(runs: str, connection: Any) -> str:
+    """PostgreSQL: the statement that adds the runs ``runs`` returns (an ``INSERT ...
+    RETURNING`` of the runs, a data-modifying CTE: a run already there is not returned, so
+    not counted again; or a ``SELECT``) to the :class:`RunStatistic` rows of their minute
+    and hour, aggregated by the server: the worker sends the runs once and computes nothing
+    per run."""
+    quote = connection.ops.quote_name
+    stat = {field.name: quote(str(field.column))
+            for field in RunStatistic._meta.concrete_fields}
+    table = quote(RunStatistic._meta.db_table)
+
+    def bucket(column: str) -> str:
+        return (f"CASE WHEN {column} < {BUCKET_FLOOR!r} THEN 0 ELSE LEAST(1 + floor(ln("
+                f"{column} / {BUCKET_FLOOR!r}) / ln({BUCKET_FACTOR!r}))::int, {LAST_BUCKET}) END")
+
+    key = "span, period, name, queue"
+    parts = (
+        f"SELECT {key}, -1 AS bucket, count(*) AS runs, "
+        f"count(*) FILTER (WHERE state = '{FAILED_STATE}') AS failures, 0 AS runtimes, "
+        f"0 AS waits, min(runtime) AS rmin, max(runtime) AS rmax, min(wait) AS wmin, "
+        f"max(wait) AS wmax FROM r GROUP BY {key} "
+        f"UNION ALL SELECT {key}, {bucket('runtime')}, 0, 0, count(*), 0, NULL, NULL, NULL, "
+        f"NULL FROM r WHERE runtime IS NOT NULL GROUP BY 1, 2, 3, 4, 5 "
+        f"UNION ALL SELECT {key}, {bucket('wait')}, 0, 0, 0, count(*), NULL, NULL, NULL, "
+        f"NULL FROM r WHERE wait IS NOT NULL GROUP BY 1, 2, 3, 4, 5")
+    names = [name for name in STATISTIC_COLUMNS]
+    target = ", ".join(stat[name] for name in names)
+    added = ", ".join(f"{stat[name]} = {table}.{stat[name]} + excluded.{stat[name]}"
+                      for name in ("runs", "failures", "runtimes", "waits"))
+    least = ", ".join(f"{stat[name]} = {fn}({table}.{stat[name]}, excluded.{stat[name]})"
+                      for name, fn in (("runtime_min", "LEAST"), ("runtime_max", "GREATEST"),
+                                       ("wait_min", "LEAST"), ("wait_max", "GREATEST")))
+    conflict = ", ".join(stat[name] for name in ("span", "period", "name", "queue", "bucket"))
+    return (
+        f"WITH ins AS ({runs}), "
+        f"r AS (SELECT s.span, to_timestamp(floor(extract(epoch FROM ins.finished_at) / s.span)"
+        f" * s.span) AS period, ins.name, ins.queue, ins.state, ins.runtime, ins.wait "
+        f"FROM ins CROSS JOIN (VALUES {', '.join(f'({span})' for span in SPANS)}) AS s(span)) "
+        f"INSERT INTO {table} ({target}) "
+        f"SELECT {key}, bucket, sum(runs), sum(failures), sum(runtimes), sum(waits), "
+        f"min(rmin), max(rmax), min(wmin), max(wmax) FROM ({parts}) AS parts "
+        f"GROUP BY {key}, bucket ORDER BY {key}, bucket "
+        f"ON CONFLICT ({conflict}) DO UPDATE SET {added}, {least}")
 
 
 def prune_runs(*, older_than: datetime.timedelta | None = None, using: str | None = None,
@@ -391,17 +459,171 @@ def prune_runs(*, older_than: datetime.timedelta | None = None, using: str | Non
 WINDOWS = {"1h": datetime.timedelta(hours=1), "24h": datetime.timedelta(days=1),
            "7d": datetime.timedelta(days=7)}
 
+# -- pre-aggregated statistics (RunStatistic) ----------------------------------------------
 
-def run_statistics(window: str = "24h", *, using: str | None = None) -> list[dict[str, Any]]:
+#: The periods runs are aggregated in, seconds: minutes (the 1 h window and the recent edge of
+#: the others) and hours (the body of the 24 h and 7 d windows).
+MINUTE, HOUR = 60, 3600
+SPANS = (MINUTE, HOUR)
+#: Histogram buckets: bucket 0 holds the values under ``BUCKET_FLOOR`` seconds (0.1 ms),
+#: bucket ``b >= 1`` the values in ``[FLOOR * FACTOR**(b-1), FLOOR * FACTOR**b)``: eight
+#: buckets per doubling, so a percentile read from them is within 9 % of the exact one (the
+#: smallest and largest value of the period are kept exactly and bound it).
+BUCKET_FLOOR = 0.0001
+BUCKET_FACTOR = 2 ** (1 / 8)
+#: The last bucket (values from about 21 days up).
+LAST_BUCKET = 300
+#: The summary row of a period (runs, failures, smallest and largest runtime and wait).
+SUMMARY = -1
+#: Up to this many runs in a window the statistics are exact (read from the runs, an index
+#: range); above it they come from the per-minute and per-hour rows (``estimated``).
+EXACT_UP_TO = 10_000
+#: The columns of a :class:`RunStatistic` row, in the order of :func:`statistics_of`'s tuples.
+STATISTIC_COLUMNS = ("span", "period", "name", "queue", "bucket", "runs", "failures",
+                     "runtimes", "waits", "runtime_min", "runtime_max", "wait_min", "wait_max")
+
+_LOG_FACTOR = math.log(BUCKET_FACTOR)
+
+
+def bucket_of(seconds: float) -> int:
+    """The histogram bucket of a runtime or wait (see :data:`BUCKET_FLOOR`)."""
+    if seconds < BUCKET_FLOOR:
+        return 0
+    return min(1 + math.floor(math.log(seconds / BUCKET_FLOOR) / _LOG_FACTOR), LAST_BUCKET)
+
+
+def bucket_bounds(bucket: int) -> tuple[float, float]:
+    """``[low, high)`` seconds of ``bucket`` (the last one's high is infinite)."""
+    if bucket <= 0:
+        return 0.0, BUCKET_FLOOR
+    high = math.inf if bucket >= LAST_BUCKET else BUCKET_FLOOR * BUCKET_FACTOR ** bucket
+    return BUCKET_FLOOR * BUCKET_FACTOR ** (bucket - 1), high
+
+
+def _period(moment: datetime.datetime, span: int) -> datetime.datetime:
+    stamp = moment.timestamp()
+    return datetime.datetime.fromtimestamp(stamp - stamp % span, tz=datetime.UTC)
+
+
+def statistics_of(runs: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The :class:`RunStatistic` rows (:data:`STATISTIC_COLUMNS` tuples, in key order) that
+    ``runs`` (:data:`COLUMNS` tuples) add: what PostgreSQL computes itself in
+    :func:`insert_runs`' statement, for the other databases."""
+    i = {name: COLUMNS.index(name) for name in ("name", "queue", "state", "runtime", "wait",
+                                                "finished_at")}
+    rows: dict[tuple[Any, ...], list[Any]] = {}
+
+    def row(key: tuple[Any, ...]) -> list[Any]:
+        found = rows.get(key)
+        if found is None:
+            found = rows[key] = [0, 0, 0, 0, None, None, None, None]
+        return found
+
+    for run in runs:
+        runtime, wait = run[i["runtime"]], run[i["wait"]]
+        for span in SPANS:
+            base = (span, _period(run[i["finished_at"]], span), run[i["name"]], run[i["queue"]])
+            summary = row((*base, SUMMARY))
+            summary[0] += 1
+            summary[1] += run[i["state"]] == FAILED_STATE
+            for value, low in ((runtime, 4), (wait, 6)):
+                if value is None:
+                    continue
+                if summary[low] is None or value < summary[low]:
+                    summary[low] = value
+                if summary[low + 1] is None or value > summary[low + 1]:
+                    summary[low + 1] = value
+            if runtime is not None:
+                row((*base, bucket_of(runtime)))[2] += 1
+            if wait is not None:
+                row((*base, bucket_of(wait)))[3] += 1
+    return [(*key, *values) for key, values in sorted(rows.items(), key=lambda kv: kv[0])]
+
+
+def add_statistics(rows: Sequence[tuple[Any, ...]], *, using: str | None = None) -> None:
+    """Add :func:`statistics_of` rows to the :class:`RunStatistic` table (one additive upsert:
+    ``Dialect.add_run_statistics``)."""
+    if rows:
+        dialect_for(queue_database(using)).add_run_statistics(rows)
+
+
+def rebuild_statistics(*, using: str | None = None) -> int:
+    """The :class:`RunStatistic` rows made anew from the runs there are (a migration from a
+    version without them, a bench that fills the runs with SQL); returns the runs counted."""
+    using = queue_database(using)
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        RunStatistic.objects.using(using).all()._raw_delete(using)
+        if connection.vendor == "postgresql":
+            table = connection.ops.quote_name(FinishedRun._meta.db_table)
+            with connection.cursor() as cursor:
+                cursor.execute(_statistics_sql(
+                    f"SELECT {_returned(connection)} FROM {table}", connection))
+            return FinishedRun.objects.using(using).count()
+        total = 0
+        runs = FinishedRun.objects.using(using).order_by().values_list(*COLUMNS)
+        chunk: list[tuple[Any, ...]] = []
+        for run in runs.iterator(chunk_size=5000):
+            chunk.append(run)
+            if len(chunk) == 5000:
+                add_statistics(statistics_of(chunk), using=using)
+                total += len(chunk)
+                chunk = []
+        add_statistics(statistics_of(chunk), using=using)
+        return total + len(chunk)
+
+
+def prune_statistics(*, using: str | None = None) -> int:
+    """Delete the minute rows older than :data:`KEEP` and the hour rows older than
+    ``HISTORY_RETENTION_DAYS`` (as the runs); returns how many."""
+    using = queue_database(using)
+    now = timezone.now()
+    old = RunStatistic.objects.using(using).filter(
+        Q(span=MINUTE, period__lt=_period(now - KEEP, MINUTE))
+        | Q(span=HOUR, period__lt=_period(now - history_retention(), HOUR)))
+    return old._raw_delete(using)
+
+
+def _window_rows(since: datetime.datetime, now: datetime.datetime) -> Q:
+    """The :class:`RunStatistic` rows of ``[since, now]``: whole hours from the first hour
+    boundary after ``since`` to the current hour's start, minutes before and after them
+    (the minutes older than :data:`KEEP` are pruned: a 7 d window starts at its first whole
+    hour)."""
+    start = _period(since, MINUTE)
+    first_hour = _period(since + datetime.timedelta(seconds=HOUR - 1), HOUR)
+    this_hour = _period(now, HOUR)
+    return (Q(span=HOUR, period__gte=first_hour, period__lt=this_hour)
+            | Q(span=MINUTE, period__gte=start, period__lt=first_hour)
+            | Q(span=MINUTE, period__gte=max(this_hour, start)))
+
+
+def run_statistics(window: str = "24h", *, exact_up_to: int = EXACT_UP_TO,
+                   using: str | None = None) -> list[dict[str, Any]]:
     """Per job class and queue, over the last ``window`` (``"1h"``, ``"24h"``, ``"7d"``):
-    runs, failures, and p50/p95/max of runtime and wait (seconds), slowest p95 first.
-    PostgreSQL computes the percentiles (``percentile_cont``); other databases get them
-    from the rows' runtimes in Python."""
+    runs, failures, and p50/p95/max of runtime and wait (seconds), slowest p95 first;
+    ``estimated``: whether the percentiles come from the histograms.
+
+    The per-minute and per-hour :class:`RunStatistic` rows are read first (a few thousand
+    rows for a week). Up to ``exact_up_to`` runs in the window the figures are then computed
+    from the runs themselves, exactly: PostgreSQL computes the percentiles
+    (``percentile_cont``), other databases in Python. Above it they come from the rows:
+    runs, failures and max exact (to the minute, the window's first hour to the hour), the
+    percentiles interpolated in their histogram bucket (within 9 %)."""
     if window not in WINDOWS:
         raise ValueError(f"Unknown window {window!r}: one of {', '.join(WINDOWS)}.")
     using = queue_database(using)
-    since = timezone.now() - WINDOWS[window]
-    if connections[using].vendor == "postgresql":
+    now = timezone.now()
+    since = now - WINDOWS[window]
+    aggregated = list(
+        RunStatistic.objects.using(using).filter(_window_rows(since, now))
+        .values("name", "queue", "bucket").order_by()
+        .annotate(runs_=Sum("runs"), failures_=Sum("failures"), runtimes_=Sum("runtimes"),
+                  waits_=Sum("waits"), runtime_min_=Min("runtime_min"),
+                  runtime_max_=Max("runtime_max"), wait_min_=Min("wait_min"),
+                  wait_max_=Max("wait_max")))
+    if sum(row["runs_"] or 0 for row in aggregated if row["bucket"] == SUMMARY) > exact_up_to:
+        rows = _statistics_histograms(aggregated)
+    elif connections[using].vendor == "postgresql":
         rows = _statistics_postgresql(since, using)
     else:
         rows = _statistics_python(since, using)
@@ -411,6 +633,61 @@ def run_statistics(window: str = "24h", *, using: str | None = None) -> list[dic
 
 _KEYS = ("name", "queue", "runs", "failures", "runtime_p50", "runtime_p95", "runtime_max",
          "wait_p50", "wait_p95", "wait_max")
+
+
+def _statistics_histograms(aggregated: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in aggregated:
+        group = groups.setdefault((row["name"], row["queue"]), {
+            "summary": None, "runtimes": {}, "waits": {}})
+        if row["bucket"] == SUMMARY:
+            group["summary"] = row
+            continue
+        for kind in ("runtimes", "waits"):
+            if row[f"{kind}_"]:
+                group[kind][row["bucket"]] = row[f"{kind}_"]
+    out = []
+    for (name, queue), group in groups.items():
+        summary = group["summary"]
+        if summary is None or not summary["runs_"]:
+            continue
+        figures: list[Any] = [name, queue, summary["runs_"], summary["failures_"]]
+        for kind, low, high in (("runtimes", "runtime_min_", "runtime_max_"),
+                                ("waits", "wait_min_", "wait_max_")):
+            counts = group[kind]
+            figures += [histogram_percentile(counts, 0.5, summary[low], summary[high]),
+                        histogram_percentile(counts, 0.95, summary[low], summary[high]),
+                        summary[high] if counts else None]
+        out.append({**dict(zip(_KEYS, figures, strict=True)), "estimated": True})
+    return out
+
+
+def histogram_percentile(counts: Mapping[int, int], q: float, lowest: float | None,
+                         highest: float | None) -> float | None:
+    """The ``q`` quantile of the values counted in ``{bucket: count}`` (ranked as
+    ``percentile_cont``: position ``q * (n - 1)``), the values of a bucket taken as evenly
+    spread over it, bounded by the smallest and largest value seen; None for no values."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    rank = q * (total - 1)
+    below = 0
+    for bucket in sorted(counts):
+        count = counts[bucket]
+        if rank < below + count or below + count >= total:
+            low, high = bucket_bounds(bucket)
+            if lowest is not None:
+                low = max(low, min(lowest, high))
+            if highest is not None:
+                high = min(high, highest)
+            high = max(high, low)
+            share = (rank - below + 0.5) / count if count > 1 else 0.5
+            value = low + (high - low) * min(max(share, 0.0), 1.0)
+            if lowest is not None and value < lowest:
+                value = lowest
+            return value if highest is None else min(value, highest)
+        below += count
+    return highest
 
 
 def _statistics_postgresql(since: datetime.datetime, using: str) -> list[dict[str, Any]]:
@@ -423,7 +700,8 @@ def _statistics_postgresql(since: datetime.datetime, using: str) -> list[dict[st
         FROM {table} WHERE finished_at >= %s GROUP BY name, queue"""
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [since])
-        return [dict(zip(_KEYS, row, strict=True)) for row in cursor.fetchall()]
+        return [{**dict(zip(_KEYS, row, strict=True)), "estimated": False}
+                for row in cursor.fetchall()]
 
 
 def _statistics_python(since: datetime.datetime, using: str) -> list[dict[str, Any]]:
@@ -436,11 +714,11 @@ def _statistics_python(since: datetime.datetime, using: str) -> list[dict[str, A
     for (name, queue), items in groups.items():
         runtimes = [r for _, r, _ in items if r is not None]
         waits = [w for _, _, w in items if w is not None]
-        out.append(dict(zip(_KEYS, (
+        out.append({**dict(zip(_KEYS, (
             name, queue, len(items), sum(1 for s, _, _ in items if s == JobState.FAILED),
             percentile(runtimes, 0.5), percentile(runtimes, 0.95), max(runtimes, default=None),
             percentile(waits, 0.5), percentile(waits, 0.95), max(waits, default=None)),
-            strict=True)))
+            strict=True)), "estimated": False})
     return out
 
 
