@@ -600,6 +600,10 @@ class FinishedRun(models.Model):
             # The lists, the time range, the pruning and the statistics read by finished_at.
             models.Index(fields=["finished_at"], name="jobguard_run_finished_idx"),
             models.Index(fields=["name", "finished_at"], name="jobguard_run_name_idx"),
+            # The failures (the admin's state filter, the dashboard's failure links): their
+            # count and pages without a scan of every run; only failed runs are in it.
+            models.Index(fields=["finished_at"], condition=models.Q(state="FAILED"),
+                         name="jobguard_run_failed_idx"),
         ]
         constraints = [
             # A flush retried after an ambiguous error inserts the same rows again: ignored.

@@ -44,5 +44,9 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('span', 'period', 'name', 'queue', 'bucket'), name='jobguard_run_statistic')],
             },
         ),
+        migrations.AddIndex(
+            model_name='finishedrun',
+            index=models.Index(condition=models.Q(('state', 'FAILED')), fields=['finished_at'], name='jobguard_run_failed_idx'),
+        ),
         migrations.RunPython(count_the_runs_there_are, migrations.RunPython.noop),
     ]

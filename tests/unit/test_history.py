@@ -413,6 +413,50 @@ def test_admin_lists_searches_and_shows_runs_read_only(admin_client):
     assert admin_client.post(f"{RUNS}{mine.id}/delete/").status_code == 403
 
 
+def test_admin_finds_a_job_id_or_a_job_name_by_index_and_other_text_as_before(admin_client):
+    mine = run(name="a.Invoice", arguments={"args": [4711], "kwargs": {}}, ago=60)
+    other = run(name="a.Other", arguments={"args": [str(mine.job_id)], "kwargs": {}}, ago=30)
+    with CaptureQueriesContext(connection) as queries:
+        found = admin_client.get(RUNS, {"q": str(mine.job_id)})
+    assert list(found.context["cl"].result_list) == [mine]  # not the run naming it in its args
+    assert not [q for q in queries.captured_queries if "LIKE" in q["sql"].upper()]
+    with CaptureQueriesContext(connection) as queries:
+        named = admin_client.get(RUNS, {"q": "a.Other"})
+    assert list(named.context["cl"].result_list) == [other]
+    assert not [q for q in queries.captured_queries if "LIKE" in q["sql"].upper()]
+    assert list(admin_client.get(RUNS, {"q": "Invoi"}).context["cl"].result_list) == [mine]
+    assert list(admin_client.get(RUNS, {"q": "4711"}).context["cl"].result_list) == [mine]
+    assert list(admin_client.get(RUNS, {"q": "a.Other 4711"}).context["cl"].result_list) == []
+
+
+def test_admin_list_counts_exactly_up_to_the_limit_then_estimates_on_postgresql(
+        admin_client, monkeypatch):
+    from django_jobguard.admin.base import EstimatedCountPaginator
+
+    history.insert_runs([recorded(name=f"a.Job{n % 3}", queue=("mail", "pdf")[n % 2],
+                                  state="FAILED" if n % 5 == 0 else "DONE", ago=60 + n)
+                         for n in range(30)])
+    page = admin_client.get(RUNS)
+    assert page.context["cl"].result_count == 30 and not page.context["cl"].paginator.estimated
+    assert "about" not in page.content.decode().split('class="paginator"')[1]
+    filters = {spec.title: [choice["display"] for choice in spec.choices(page.context["cl"])]
+               for spec in page.context["cl"].filter_specs}
+    assert {"mail", "pdf"} <= set(filters["queue"]) and "FAILED" in filters["state"]
+    monkeypatch.setattr(EstimatedCountPaginator, "exact_up_to", 10)
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(RUNS)
+    cl = page.context["cl"]
+    if connection.vendor == "postgresql":  # the planner's estimate, never under the limit
+        assert cl.paginator.estimated and cl.result_count > 10
+        assert not [q for q in queries.captured_queries
+                    if q["sql"].upper().startswith("SELECT COUNT(*) AS")]  # no COUNT(*)
+        assert f"about {cl.result_count}" in page.content.decode()
+    else:  # an exact count elsewhere
+        assert not cl.paginator.estimated and cl.result_count == 30
+    failed = admin_client.get(RUNS, {"state__exact": "FAILED", "queue__exact": "mail"})
+    assert failed.context["cl"].result_count == 3 and not failed.context["cl"].paginator.estimated
+
+
 # -- the dashboard ------------------------------------------------------------------------
 
 DASHBOARD = "/admin/django_jobguard/dashboard/"
