@@ -26,7 +26,10 @@ interval's); a run is never recorded twice (only the worker whose ack or fail su
 writes it, and a retried flush is ignored by the ``(job_id, finished_at)`` constraint).
 Housekeeping deletes runs older than ``HISTORY_RETENTION_DAYS`` in batches
 (:func:`prune_runs`). :func:`run_statistics` gives runs, failures and runtime/wait
-percentiles per job class and queue.
+percentiles per job class and queue: from the runs up to :data:`EXACT_UP_TO` runs in the
+window, above it from the :class:`~django_jobguard.models.RunStatistic` rows (per minute and
+per hour, with runtime and wait histograms) that :func:`insert_runs` adds to with the runs it
+inserts (on PostgreSQL in the same statement, from what it inserted).
 """
 
 from __future__ import annotations
