@@ -415,18 +415,22 @@ def _statistics_sql(runs: str, connection: Any) -> str:
         return (f"CASE WHEN {column} < {BUCKET_FLOOR!r} THEN 0 ELSE LEAST(1 + floor(ln("
                 f"{column} / {BUCKET_FLOOR!r}) / ln({BUCKET_FACTOR!r}))::int, {LAST_BUCKET}) END")
 
-    key = "span, period, name, queue"
-    parts = (
+    key = "period, name, queue"
+    # Each run is read once, into its minute's rows; the hour rows are summed from those.
+    minutes = (
         f"SELECT {key}, -1 AS bucket, count(*) AS runs, "
-        f"count(*) FILTER (WHERE state = '{FAILED_STATE}') AS failures, 0 AS runtimes, "
-        f"0 AS waits, min(runtime) AS rmin, max(runtime) AS rmax, min(wait) AS wmin, "
+        f"count(*) FILTER (WHERE state = '{FAILED_STATE}') AS failures, 0::bigint AS runtimes, "
+        f"0::bigint AS waits, min(runtime) AS rmin, max(runtime) AS rmax, min(wait) AS wmin, "
         f"max(wait) AS wmax FROM r GROUP BY {key} "
-        f"UNION ALL SELECT {key}, {bucket('runtime')}, 0, 0, count(*), 0, NULL, NULL, NULL, "
-        f"NULL FROM r WHERE runtime IS NOT NULL GROUP BY 1, 2, 3, 4, 5 "
-        f"UNION ALL SELECT {key}, {bucket('wait')}, 0, 0, 0, count(*), NULL, NULL, NULL, "
-        f"NULL FROM r WHERE wait IS NOT NULL GROUP BY 1, 2, 3, 4, 5")
-    names = [name for name in STATISTIC_COLUMNS]
-    target = ", ".join(stat[name] for name in names)
+        f"UNION ALL SELECT {key}, rb, 0, 0, count(*), 0, NULL, NULL, NULL, NULL "
+        f"FROM r WHERE rb IS NOT NULL GROUP BY {key}, rb "
+        f"UNION ALL SELECT {key}, wb, 0, 0, 0, count(*), NULL, NULL, NULL, NULL "
+        f"FROM r WHERE wb IS NOT NULL GROUP BY {key}, wb")
+    rest = "name, queue, bucket, runs, failures, runtimes, waits, rmin, rmax, wmin, wmax"
+    spans = (f"SELECT {MINUTE} AS span, period, {rest} FROM m UNION ALL "
+             f"SELECT {HOUR}, to_timestamp(floor(extract(epoch FROM period) / {HOUR}) * {HOUR}),"
+             f" {rest} FROM m")
+    target = ", ".join(stat[name] for name in STATISTIC_COLUMNS)
     added = ", ".join(f"{stat[name]} = {table}.{stat[name]} + excluded.{stat[name]}"
                       for name in ("runs", "failures", "runtimes", "waits"))
     least = ", ".join(f"{stat[name]} = {fn}({table}.{stat[name]}, excluded.{stat[name]})"
@@ -435,13 +439,13 @@ def _statistics_sql(runs: str, connection: Any) -> str:
     conflict = ", ".join(stat[name] for name in ("span", "period", "name", "queue", "bucket"))
     return (
         f"WITH ins AS ({runs}), "
-        f"r AS (SELECT s.span, to_timestamp(floor(extract(epoch FROM ins.finished_at) / s.span)"
-        f" * s.span) AS period, ins.name, ins.queue, ins.state, ins.runtime, ins.wait "
-        f"FROM ins CROSS JOIN (VALUES {', '.join(f'({span})' for span in SPANS)}) AS s(span)) "
+        f"r AS (SELECT date_trunc('minute', finished_at) AS period, name, queue, state, "
+        f"runtime, wait, {bucket('runtime')} AS rb, {bucket('wait')} AS wb FROM ins), "
+        f"m AS ({minutes}), s AS ({spans}) "
         f"INSERT INTO {table} ({target}) "
-        f"SELECT {key}, bucket, sum(runs), sum(failures), sum(runtimes), sum(waits), "
-        f"min(rmin), max(rmax), min(wmin), max(wmax) FROM ({parts}) AS parts "
-        f"GROUP BY {key}, bucket ORDER BY {key}, bucket "
+        f"SELECT span, {key}, bucket, sum(runs), sum(failures), sum(runtimes), sum(waits), "
+        f"min(rmin), max(rmax), min(wmin), max(wmax) FROM s "
+        f"GROUP BY span, {key}, bucket ORDER BY span, {key}, bucket "
         f"ON CONFLICT ({conflict}) DO UPDATE SET {added}, {least}")
 
 
