@@ -239,7 +239,7 @@ class RunRecorder:
         if not taken:
             return 0
         try:
-            insert_runs(self.describe(taken), using=using)
+            insert_notes(self.worker_id, taken, using=using)
         except BaseException:
             with self._lock:
                 self._runs[:0] = taken
@@ -341,6 +341,86 @@ def insert_runs(runs: list[tuple[Any, ...]], *, using: str | None = None) -> Non
         add_statistics(statistics_of([run for run in runs if (
             _uuid(run[job_id]), run[finished_at]) not in there] if there else runs),
             using=using)
+
+
+def insert_notes(worker_id: str, notes: Sequence[Note], *, using: str | None = None) -> None:
+    """Insert the runs buffered as ``notes`` (:data:`Note`) by ``worker_id``. PostgreSQL with
+    psycopg 3: the notes' fields go as they are, one array per field (times as epoch
+    seconds), and the server describes them (:func:`_notes_sql`: finished and started at,
+    wait, error) in the statement that inserts them and adds their statistics: the worker
+    converts nothing per run but the arguments' JSON and two timestamps. Elsewhere
+    :func:`run_of` describes each run in Python, then :func:`insert_runs`."""
+    if not notes:
+        return
+    using = queue_database(using)
+    connection = connections[using]
+    if psycopg is None or connection.vendor != "postgresql":
+        runs = []
+        shift = clock.offset()
+        for note in notes:
+            try:
+                runs.append(run_of(worker_id, note, shift=shift))
+            except Exception:
+                logger.exception("Could not record the run of %s.", note[0])
+        insert_runs(runs, using=using)
+        return
+    (ids, states, names, queues, payloads, attempts, dues, reserveds, elapsed, details, ended,
+     sizes, tags) = (list(column) for column in zip(*notes, strict=True))
+    dumps, Datetime = json.dumps, datetime.datetime
+    arguments = [dumps({"args": p.get("args", []), "kwargs": p.get("kwargs", {})})
+                 if isinstance(p, dict) else '{"args": [], "kwargs": {}}' for p in payloads]
+    dues = [d.timestamp() if isinstance(d, Datetime) else None for d in dues]
+    reserveds = [r.timestamp() if isinstance(r, Datetime) else None for r in reserveds]
+    params = [worker_id[:100], clock.offset(), ids, states, names, queues, arguments,
+              attempts, dues, reserveds, elapsed, details, ended, sizes, tags]
+    sql = _notes_sql(connection)
+    if connection.queries_logged:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        return
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params, prepare=False)
+
+
+_notes_statement: str | None = None
+
+
+def _notes_sql(connection: Any) -> str:
+    """PostgreSQL: the ``INSERT ... SELECT FROM unnest(...)`` of :func:`insert_notes`, with
+    :func:`run_of`'s description in SQL, and the statistics of what it inserted (built
+    once)."""
+    global _notes_statement
+    if _notes_statement is None:
+        quote = connection.ops.quote_name
+        column = {f.name: quote(str(f.column)) for f in FinishedRun._meta.concrete_fields}
+        fields = [("job_id", "uuid"), ("state", "text"), ("name", "text"), ("queue", "text"),
+                  ("arguments", "text"), ("attempt", "integer"), ("due", "float8"),
+                  ("reserved", "float8"), ("elapsed", "float8"), ("detail", "text"),
+                  ("ended", "float8"), ("result_size", "integer"), ("tags", "text")]
+        finished = "to_timestamp(r.ended + %b::float8)"
+        values = {
+            "job_id": "r.job_id", "state": "r.state", "name": "r.name", "queue": "r.queue",
+            "arguments": "r.arguments::jsonb", "attempt": "r.attempt", "worker": "w.worker",
+            "started_at": f"{finished} - make_interval(secs => coalesce(r.elapsed, 0))",
+            "finished_at": finished, "runtime": "r.elapsed",
+            "wait": "CASE WHEN r.reserved >= r.due THEN r.reserved - r.due "
+                    "WHEN r.reserved < r.due THEN 0 END", "result_size": "r.result_size",
+            "error": f"CASE WHEN r.state = '{FAILED_STATE}' THEN r.detail ELSE '' END",
+            "tags": "r.tags"}
+        # Two parameters of the shift: each placeholder is bound once, in order.
+        selected = ", ".join(values[name] for name in COLUMNS)
+        selected = selected.replace("%b::float8", "w.shift")
+        insert = (
+            f"INSERT INTO {quote(FinishedRun._meta.db_table)} "
+            f"({', '.join(column[name] for name in COLUMNS)}) "
+            f"SELECT {selected} FROM (SELECT %b::text AS worker, %b::float8 AS shift) AS w, "
+            f"unnest({', '.join(f'%b::{kind}[]' for _, kind in fields)}) "
+            f"AS r({', '.join(name for name, _ in fields)}) ON CONFLICT DO NOTHING")
+        _notes_statement = _statistics_sql(
+            f"{insert} RETURNING {_returned(connection)}", connection)
+    return _notes_statement
 
 
 def _uuid(value: Any) -> uuid.UUID:

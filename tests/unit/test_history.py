@@ -128,13 +128,13 @@ def test_a_failed_flush_keeps_the_runs_and_a_retried_one_records_none_twice(monk
     recorder = history.RunRecorder("w1")
     for _ in range(3):
         recorder("w1", FakeRow(), "DONE", 0.1, "")
-    original = history.insert_runs
+    original = history.insert_notes
 
-    def written_then_lost(runs, **kwargs):  # the INSERT commits, the answer is lost
-        original(runs, **kwargs)
+    def written_then_lost(worker_id, notes, **kwargs):  # the INSERT commits, the answer is lost
+        original(worker_id, notes, **kwargs)
         raise ConnectionError("connection reset after commit")
 
-    monkeypatch.setattr(history, "insert_runs", written_then_lost)
+    monkeypatch.setattr(history, "insert_notes", written_then_lost)
     with pytest.raises(ConnectionError):
         recorder.flush()
     monkeypatch.undo()
@@ -164,6 +164,32 @@ def test_insert_runs_writes_in_one_statement_and_skips_runs_already_there():
     assert stored.wait == pytest.approx(2.0)
     assert sorted(r.arguments["args"][0] for r in FinishedRun.objects.filter(state="DONE")) \
         == list(range(1200))
+
+
+def test_the_server_describes_the_notes_as_run_of_does():
+    """PostgreSQL describes the buffered notes in SQL (insert_notes); elsewhere run_of does:
+    the rows are the same."""
+    odd = FakeRow(args=[1, {"x": "é"}])
+    odd.payload = "not a payload"
+    notes = [history.note_of(FakeRow(), "DONE", 0.25, result_size=12),
+             history.note_of(FakeRow(), "FAILED", None, "ValueError: x"),
+             history.note_of(odd, "DONE", 1.5)]
+    notes[1] = (*notes[1][:6], None, None, *notes[1][8:])  # no due/reserved time: no wait
+    history.insert_notes("w" * 120, notes)
+    fields = [name for name in history.COLUMNS if name != "job_id"]
+    stored = {str(row["job_id"]): row for row in FinishedRun.objects.values("job_id", *fields)}
+    for note in notes:
+        expected = dict(zip(history.COLUMNS, history.run_of("w" * 120, note), strict=True))
+        got = stored[str(note[0])]
+        for name in fields:
+            if isinstance(expected[name], float):
+                assert got[name] == pytest.approx(expected[name], abs=1e-6), name
+            elif isinstance(expected[name], datetime.datetime):
+                assert abs(got[name] - expected[name]) <= datetime.timedelta(microseconds=1)
+            else:
+                assert got[name] == expected[name], (name, got[name], expected[name])
+    assert RunStatistic.objects.filter(bucket=history.SUMMARY).aggregate(n=Sum("runs")) \
+        == {"n": 2 * len(notes)}  # one minute row and one hour row each
 
 
 def test_result_sizes_come_from_job_processed_and_are_not_kept_past_the_line():
