@@ -246,18 +246,6 @@ class RunRecorder:
             raise
         return len(taken)
 
-    def describe(self, notes: Sequence[Note]) -> list[tuple[Any, ...]]:
-        """The rows (:data:`COLUMNS`) of ``notes``; a note that cannot be described is
-        dropped and logged (one bad row must not hold back every flush after it)."""
-        shift = clock.offset()
-        runs = []
-        for note in notes:
-            try:
-                runs.append(run_of(self.worker_id, note, shift=shift))
-            except Exception:
-                logger.exception("Could not record the run of %s.", note[0])
-        return runs
-
 
 #: What :meth:`RunRecorder.__call__` buffers per run: ``(id, state, name, queue, payload,
 #: attempts, available_at, reserved_at, elapsed, detail, time.time() at the end,
@@ -288,6 +276,20 @@ def run_of(worker_id: str, note: Note, *, shift: float = 0.0) -> tuple[Any, ...]
             {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})},
             attempts, worker_id[:100], started, finished, elapsed, wait, result_size,
             detail if state == JobState.FAILED else "", tags)
+
+
+def describe(worker_id: str, notes: Sequence[Note]) -> list[tuple[Any, ...]]:
+    """The rows (:data:`COLUMNS`) of ``notes``; a note that cannot be described is dropped and
+    logged (one bad row must not hold back every flush after it)."""
+    shift = clock.offset()
+    runs = []
+    for note in notes:
+        try:
+            _arguments_json(note[4])  # arguments that cannot be stored fail here, not the insert
+            runs.append(run_of(worker_id, note, shift=shift))
+        except Exception:
+            logger.exception("Could not record the run of %s.", note[0])
+    return runs
 
 
 def note_of(row: Any, state: str, elapsed: float | None = None, detail: str = "", *,
@@ -355,20 +357,25 @@ def insert_notes(worker_id: str, notes: Sequence[Note], *, using: str | None = N
     using = queue_database(using)
     connection = connections[using]
     if psycopg is None or connection.vendor != "postgresql":
-        runs = []
-        shift = clock.offset()
+        insert_runs(describe(worker_id, notes), using=using)
+        return
+    try:
+        arguments = [_arguments_json(note[4]) for note in notes]
+    except Exception:  # one bad note must not hold back every flush after it: drop it
+        kept = []
         for note in notes:
             try:
-                runs.append(run_of(worker_id, note, shift=shift))
+                _arguments_json(note[4])
+                kept.append(note)
             except Exception:
                 logger.exception("Could not record the run of %s.", note[0])
-        insert_runs(runs, using=using)
-        return
-    (ids, states, names, queues, payloads, attempts, dues, reserveds, elapsed, details, ended,
+        notes = kept
+        if not notes:
+            return
+        arguments = [_arguments_json(note[4]) for note in notes]
+    (ids, states, names, queues, _, attempts, dues, reserveds, elapsed, details, ended,
      sizes, tags) = (list(column) for column in zip(*notes, strict=True))
-    dumps, Datetime = json.dumps, datetime.datetime
-    arguments = [dumps({"args": p.get("args", []), "kwargs": p.get("kwargs", {})})
-                 if isinstance(p, dict) else '{"args": [], "kwargs": {}}' for p in payloads]
+    Datetime = datetime.datetime
     dues = [d.timestamp() if isinstance(d, Datetime) else None for d in dues]
     reserveds = [r.timestamp() if isinstance(r, Datetime) else None for r in reserveds]
     params = [worker_id[:100], clock.offset(), ids, states, names, queues, arguments,
@@ -382,6 +389,13 @@ def insert_notes(worker_id: str, notes: Sequence[Note], *, using: str | None = N
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(sql, params, prepare=False)
+
+
+def _arguments_json(payload: Any) -> str:
+    """The JSON of a run's arguments (``{"args", "kwargs"}``), as :func:`run_of` keeps them."""
+    if not isinstance(payload, dict):
+        return '{"args": [], "kwargs": {}}'
+    return json.dumps({"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})})
 
 
 _notes_statement: str | None = None

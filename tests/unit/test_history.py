@@ -192,6 +192,16 @@ def test_the_server_describes_the_notes_as_run_of_does():
         == {"n": 2 * len(notes)}  # one minute row and one hour row each
 
 
+def test_a_note_that_cannot_be_written_is_dropped_and_the_others_recorded(caplog):
+    bad = FakeRow()
+    bad.payload = {"args": [object()], "kwargs": {}}  # not JSON
+    notes = [history.note_of(FakeRow(), "DONE", 0.1), history.note_of(bad, "DONE", 0.1)]
+    history.insert_notes("w1", notes)
+    assert [str(i) for i in FinishedRun.objects.values_list("job_id", flat=True)] \
+        == [str(notes[0][0])]
+    assert f"Could not record the run of {bad.id}" in caplog.text
+
+
 def test_result_sizes_come_from_job_processed_and_are_not_kept_past_the_line():
     mine, other = history.RunRecorder("w1"), history.RunRecorder("w2")
     mine.start(), other.start()
