@@ -378,8 +378,9 @@ def insert_notes(worker_id: str, notes: Sequence[Note], *, using: str | None = N
     Datetime = datetime.datetime
     dues = [d.timestamp() if isinstance(d, Datetime) else None for d in dues]
     reserveds = [r.timestamp() if isinstance(r, Datetime) else None for r in reserveds]
-    params = [worker_id[:100], clock.offset(), ids, states, names, queues, arguments,
-              attempts, dues, reserveds, elapsed, details, ended, sizes, tags]
+    params: list[Any] = [worker_id[:100], clock.offset(), ids, states, names, queues,
+                         arguments, attempts, dues, reserveds, elapsed, details, ended, sizes,
+                         tags]
     sql = _notes_sql(connection)
     if connection.queries_logged:
         with connection.cursor() as cursor:
