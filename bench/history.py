@@ -29,7 +29,7 @@ from bench.throughput import JOBGUARD_TABLES, REMAINING, jobguard_fill
 
 WORKERS = 2
 GOAL = 1.10
-TABLES = (*JOBGUARD_TABLES, "django_jobguard_finishedrun")
+TABLES = (*JOBGUARD_TABLES, "django_jobguard_finishedrun", "django_jobguard_runstatistic")
 
 
 def _run(n: int, *, history: str) -> tuple[float, float, float]:

@@ -600,6 +600,10 @@ class FinishedRun(models.Model):
             # The lists, the time range, the pruning and the statistics read by finished_at.
             models.Index(fields=["finished_at"], name="jobguard_run_finished_idx"),
             models.Index(fields=["name", "finished_at"], name="jobguard_run_name_idx"),
+            # The failures (the admin's state filter, the dashboard's failure links): their
+            # count and pages without a scan of every run; only failed runs are in it.
+            models.Index(fields=["finished_at"], condition=models.Q(state="FAILED"),
+                         name="jobguard_run_failed_idx"),
         ]
         constraints = [
             # A flush retried after an ambiguous error inserts the same rows again: ignored.
@@ -608,6 +612,47 @@ class FinishedRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.job_id}] {self.state} at {self.finished_at.isoformat()}"
+
+
+class RunStatistic(models.Model):
+    """Finished runs of one job class and queue in one minute (``span`` 60) or one hour
+    (``span`` 3600), pre-aggregated when the runs are inserted
+    (:func:`django_jobguard.history.insert_runs`) so that the statistics of a week of history
+    read a few thousand rows instead of every run (:func:`~django_jobguard.history.run_statistics`).
+
+    ``bucket`` -1 is the period's summary row (``runs``, ``failures``, the smallest and
+    largest runtime and wait); a bucket ``b >= 0`` row counts the runs whose runtime
+    (``runtimes``) or wait (``waits``) fell in histogram bucket ``b``
+    (:func:`~django_jobguard.history.bucket_of`). Every write is an additive upsert, so
+    concurrent workers' counts all add up. Housekeeping deletes minute rows after two days and
+    hour rows with the runs (``HISTORY_RETENTION_DAYS``)."""
+
+    span = models.PositiveIntegerField(_("span (s)"))
+    period = models.DateTimeField(_("period"))
+    name = models.CharField(_("job name"), max_length=255)
+    queue = models.CharField(_("queue"), max_length=100)
+    bucket = models.SmallIntegerField(_("bucket"))
+    runs = models.PositiveIntegerField(_("runs"), default=0)
+    failures = models.PositiveIntegerField(_("failures"), default=0)
+    runtimes = models.PositiveIntegerField(_("runtimes in the bucket"), default=0)
+    waits = models.PositiveIntegerField(_("waits in the bucket"), default=0)
+    runtime_min = models.FloatField(_("shortest runtime (s)"), null=True, blank=True)
+    runtime_max = models.FloatField(_("longest runtime (s)"), null=True, blank=True)
+    wait_min = models.FloatField(_("shortest wait (s)"), null=True, blank=True)
+    wait_max = models.FloatField(_("longest wait (s)"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("run statistic")
+        verbose_name_plural = _("run statistics")
+        constraints = [
+            # The upsert's conflict target; (span, period) leads: the window reads and the
+            # pruning are ranges of it.
+            models.UniqueConstraint(fields=["span", "period", "name", "queue", "bucket"],
+                                    name="jobguard_run_statistic"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.queue}] {self.period.isoformat()}/{self.span}s #{self.bucket}"
 
 
 class QueueAlert(models.Model):

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.paginator import Paginator
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.functional import Promise
+from django.utils.functional import Promise, cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
@@ -21,6 +22,7 @@ from django.utils.translation import gettext_lazy as _
 from django_jobguard import operations, registry
 from django_jobguard import tags as job_tags
 from django_jobguard.models import may_view_arguments
+from django_jobguard.operations import monitoring
 
 if TYPE_CHECKING:  # the mixins are used only beside ModelAdmin, whose methods they call
     _AdminBase = admin.ModelAdmin
@@ -119,6 +121,25 @@ def split_search(term: str) -> tuple[list[tuple[str, str]], str]:
         else:
             rest.append(token)
     return lookups, " ".join(rest)
+
+
+class EstimatedCountPaginator(Paginator):
+    """A list paginator whose count is exact up to
+    :data:`~django_jobguard.operations.monitoring.EXACT_UP_TO` rows (a LIMITed count), above
+    it PostgreSQL's planner estimate (``estimated``: the list says "about N"), so a page of a
+    million-row list costs no COUNT(*) over the table. Other databases count exactly
+    (:func:`~django_jobguard.operations.monitoring.count_or_estimate`)."""
+
+    estimated = False
+    exact_up_to = monitoring.EXACT_UP_TO
+
+    @cached_property
+    def count(self) -> int:
+        rows = self.object_list
+        if not hasattr(rows, "query"):  # not a queryset: a list
+            return len(rows)
+        count, self.estimated = monitoring.count_or_estimate(rows, exact_up_to=self.exact_up_to)
+        return count
 
 
 class HideArgumentsMixin(_AdminBase):

@@ -534,6 +534,12 @@ class QueueOverviewSerializer(QueueStatsSerializer):
     paused = serializers.BooleanField()
     unserved = serializers.BooleanField(
         help_text="Jobs wait and no live worker serves the queue.")
+    breached = serializers.ListField(
+        child=serializers.CharField(), default=list,
+        help_text="The queue's breached objectives (max_wait, max_failure_rate).")
+    recommended_workers = serializers.IntegerField(
+        default=0, help_text="The worker count the queue needs (Little's law), as the "
+                             "dashboard's Workers needed column.")
 
 
 class WorkerOverviewSerializer(serializers.Serializer):
@@ -662,6 +668,10 @@ class RunStatisticSerializer(serializers.Serializer):
     wait_p50 = serializers.FloatField(allow_null=True)
     wait_p95 = serializers.FloatField(allow_null=True)
     wait_max = serializers.FloatField(allow_null=True)
+    estimated = serializers.BooleanField(
+        default=False, help_text="Over 10,000 runs in the window: the percentiles come from "
+                                 "per-minute and per-hour histograms (within 9 %), not from "
+                                 "every run.")
 
 
 class RunStatisticsSerializer(serializers.Serializer):

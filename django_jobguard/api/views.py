@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from django_jobguard import history, operations, registry, schedules, serialization
+from django_jobguard import history, operations, registry, schedules, serialization, slo
 from django_jobguard import tags as job_tags
 from django_jobguard.api import serializers as s
 from django_jobguard.api.base import (
@@ -488,12 +488,19 @@ class StatsView(JobGuardAPIView, APIView):
 class StatsHistoryView(StatsView):
     """What the admin's dashboard shows: per-queue counts (exact up to 10,000, then
     estimated on PostgreSQL), failures of the last hour, oldest waiting job, paused and
-    unserved flags; live workers; locks and circuits per store; jobs/min done and failed per
-    queue over the last hour (per minute) and the last 24 clock hours (per hour)."""
+    unserved flags, breached objectives and the recommended worker count; live workers; locks
+    and circuits per store; jobs/min done and failed per queue over the last hour (per
+    minute) and the last 24 clock hours (per hour)."""
 
     @extend_schema(responses={200: s.StatsHistorySerializer, **error_responses(401, 403)})
     def get(self, request):
-        return Response(s.StatsHistorySerializer(monitoring.overview()).data)
+        data = monitoring.overview()
+        loads = slo.measure(counts=data["queues"])
+        for name, counts in data["queues"].items():
+            load = loads.get(name)
+            counts["breached"] = list(load.breached) if load else []
+            counts["recommended_workers"] = load.recommended_workers if load else 0
+        return Response(s.StatsHistorySerializer(data).data)
 
 
 # -- finished runs (history) -------------------------------------------------------------

@@ -25,6 +25,11 @@ from django_jobguard.envelope import UndecodedPayload
 from django_jobguard.fair_share import FairClaim
 from django_jobguard.models import COUNTER_MAX, PausedQueue, QueuedJob
 
+#: ``RunStatistic``'s conflict target and the columns an upsert merges.
+STATISTIC_KEY = ("span", "period", "name", "queue", "bucket")
+STATISTIC_MERGED = ("runs", "failures", "runtimes", "waits", "runtime_min", "runtime_max",
+                    "wait_min", "wait_max")
+
 
 @dataclass
 class NewJob:
@@ -290,6 +295,47 @@ class Dialect(ABC):
                 f"INSERT INTO {table} ({q('minute')}, {q('queue')}, {q('done')}, {q('failed')}) "
                 f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(counts))} "
                 f"{on_conflict(q, table)}", params)
+
+    def add_run_statistics(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Add ``RunStatistic`` rows (``history.STATISTIC_COLUMNS`` tuples, in key order) in
+        one atomic statement: counts added, smallest and largest values kept. Default:
+        ``INSERT … ON CONFLICT DO UPDATE`` (PostgreSQL, SQLite 3.24+)."""
+        self._insert_run_statistics(rows, lambda q, table, merge: (
+            f"ON CONFLICT ({', '.join(q(c) for c in STATISTIC_KEY)}) DO UPDATE SET " + ", ".join(
+                merge(f"{table}.{q(c)}", f"excluded.{q(c)}", c) for c in STATISTIC_MERGED)))
+
+    def _insert_run_statistics(self, rows: Sequence[tuple[Any, ...]], on_conflict: Any) -> None:
+        """``INSERT`` the rows, ``on_conflict(quote_name, table, merge)`` merging into a row
+        that is there; ``merge(old, new, column)`` is the SQL of a column's merged value."""
+        from django_jobguard.history import STATISTIC_COLUMNS
+        from django_jobguard.models import RunStatistic
+
+        connection = connections[self.using]
+        q = connection.ops.quote_name
+        table = q(RunStatistic._meta.db_table)
+        period = RunStatistic._meta.get_field("period")
+
+        def merge(old: str, new: str, column: str) -> str:
+            if column in ("runs", "failures", "runtimes", "waits"):
+                return f"{q(column)} = {old} + {new}"
+            better = "<" if column.endswith("_min") else ">"
+            return (f"{q(column)} = CASE WHEN {old} IS NULL OR {new} {better} {old} "
+                    f"THEN {new} ELSE {old} END")
+
+        at = STATISTIC_COLUMNS.index("period")
+        for start in range(0, len(rows), 500):  # bounded statements (SQLite's variables)
+            chunk = rows[start:start + 500]
+            params: list[Any] = []
+            for row in chunk:
+                values = list(row)
+                values[at] = period.get_db_prep_value(values[at], connection)
+                params += values
+            placeholders = "(" + ", ".join(["%s"] * len(STATISTIC_COLUMNS)) + ")"
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {table} ({', '.join(q(c) for c in STATISTIC_COLUMNS)}) "
+                    f"VALUES {', '.join([placeholders] * len(chunk))} "
+                    f"{on_conflict(q, table, merge)}", params)
 
     def queue_names(self) -> list[str]:
         """The queues that have rows, in order: a skip scan of the claim index (a recursive

@@ -40,6 +40,8 @@ from django.db.models.sql import Query
 
 from django_jobguard import clock
 from django_jobguard.dialects.base import (
+    STATISTIC_KEY,
+    STATISTIC_MERGED,
     Dialect,
     ThrottleRow,
     claimed_rows,
@@ -119,6 +121,36 @@ class GenericDialect(Dialect):
                         rows.create(minute=minute, queue=queue, done=done, failed=failed)
                 except IntegrityError:
                     this.update(done=F("done") + done, failed=F("failed") + failed)
+
+    def add_run_statistics(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Add to each row with an UPDATE (counts added, smallest and largest kept: atomic on
+        any database), inserting it when it is missing; an insert that lost the race to
+        another worker's adds to the row that one made."""
+        from django_jobguard.history import STATISTIC_COLUMNS
+        from django_jobguard.models import RunStatistic
+
+        table = RunStatistic.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            for row in rows:
+                values = dict(zip(STATISTIC_COLUMNS, row, strict=True))
+                this = table.filter(**{k: values[k] for k in STATISTIC_KEY})
+                changes: dict[str, Any] = {k: F(k) + values[k] for k in (
+                    "runs", "failures", "runtimes", "waits")}
+                for column in ("runtime_min", "runtime_max", "wait_min", "wait_max"):
+                    if values[column] is not None:
+                        beyond = (Q(**{f"{column}__gt": values[column]})
+                                  if column.endswith("_min")
+                                  else Q(**{f"{column}__lt": values[column]}))
+                        changes[column] = Case(
+                            When(Q(**{f"{column}__isnull": True}) | beyond,
+                                 then=Value(values[column])), default=F(column))
+                if this.update(**changes):
+                    continue
+                try:
+                    with transaction.atomic(using=self.using):
+                        table.create(**values)
+                except IntegrityError:
+                    this.update(**changes)
 
     def queue_names(self) -> list[str]:
         """``SELECT DISTINCT queue`` (MySQL and MariaDB read it from the claim index with a
@@ -313,6 +345,21 @@ class MySQLDialect(GenericDialect):
         self._insert_queue_counts(minute, counts, lambda q, table: (
             f"ON DUPLICATE KEY UPDATE {q('done')} = {q('done')} + VALUES({q('done')}), "
             f"{q('failed')} = {q('failed')} + VALUES({q('failed')})"))
+
+    def add_run_statistics(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """One ``INSERT … ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs)``."""
+        self._insert_run_statistics(rows, lambda q, table, _merge: (
+            "ON DUPLICATE KEY UPDATE " + ", ".join(
+                self._merge_sql(c, q) for c in STATISTIC_MERGED)))
+
+    @staticmethod
+    def _merge_sql(column: str, q: Any) -> str:
+        new = f"VALUES({q(column)})"
+        if column in ("runs", "failures", "runtimes", "waits"):
+            return f"{q(column)} = {q(column)} + {new}"
+        better = "<" if column.endswith("_min") else ">"
+        return (f"{q(column)} = CASE WHEN {q(column)} IS NULL OR {new} {better} {q(column)} "
+                f"THEN {new} ELSE {q(column)} END")
 
     def __init__(self, using: str) -> None:
         super().__init__(using)

@@ -110,7 +110,8 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     """Drop the expired locks and throttles of the default store, results kept past
     ``RESULT_RETENTION_DAYS``, failed jobs kept past ``FAILED_RETENTION_DAYS`` (when set) and
     the rows of workers silent for ``DEAD_WORKER_AFTER_LEASES`` leases, the dashboard's
-    per-minute counts older than ``history.KEEP``, up to ``history.PRUNE_BATCH`` finished runs
+    per-minute counts older than ``history.KEEP`` (and the run statistics' minute rows; their
+    hour rows past ``HISTORY_RETENTION_DAYS``), up to ``history.PRUNE_BATCH`` finished runs
     older than ``HISTORY_RETENTION_DAYS``; queue the
     callbacks of batches a dying worker left complete but not settled; and, once an hour,
     quarantine rows that can never become due (:func:`quarantine_unreachable`). Any live worker runs
@@ -125,7 +126,7 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     keep_failed = failed_retention()
     failed = failed_before(keep_failed, using)._raw_delete(using) if keep_failed else 0
     settled = batches.settle_finished(using=using)
-    minutes = history.prune(using=using)
+    minutes = history.prune(using=using) + history.prune_statistics(using=using)
     runs = history.prune_runs(using=using)
     quarantined = 0
     if not _quarantined_at or time.monotonic() - _quarantined_at[-1] >= QUARANTINE_EVERY:

@@ -132,13 +132,23 @@ def _priorities(rows, queue: str) -> list[int]:
 
 
 def _count(rows, using: str, exact_up_to: int) -> tuple[int, bool]:
-    """``(count, estimated)``: exact up to ``exact_up_to`` (a LIMITed count on an index
-    range), else PostgreSQL's estimate (never below the limit) or, elsewhere, an exact
-    count."""
-    counted = rows.values_list("available_at")[:exact_up_to + 1].count()
+    """:func:`count_or_estimate` of queued rows (the LIMITed count reads the claim index's
+    ``available_at``: an index-only range)."""
+    return count_or_estimate(rows, exact_up_to=exact_up_to, using=using,
+                             column="available_at")
+
+
+def count_or_estimate(rows, *, exact_up_to: int = EXACT_UP_TO, using: str | None = None,
+                      column: str = "pk") -> tuple[int, bool]:
+    """``(count, estimated)`` of the queryset ``rows``: exact up to ``exact_up_to`` (a
+    LIMITed count of ``column``), else PostgreSQL's planner estimate (never below the limit)
+    or, elsewhere, an exact count. What the dashboard's queue counts and the admin's
+    history list (:class:`~django_jobguard.admin.base.EstimatedCountPaginator`) show."""
+    using = using or rows.db
+    counted = rows.order_by().values_list(column)[:exact_up_to + 1].count()
     if counted <= exact_up_to:
         return counted, False
-    return _over_limit(rows, using, exact_up_to)
+    return _over_limit(rows.order_by(), using, exact_up_to)
 
 
 def _over_limit(rows, using: str, exact_up_to: int) -> tuple[int, bool]:

@@ -9,9 +9,10 @@ a worker killed with ``kill -9`` loses only the runs it acked since its last hea
 from __future__ import annotations
 
 import pytest
+from django.db.models import Sum
 
-from django_jobguard import dispatch_many
-from django_jobguard.models import FinishedRun
+from django_jobguard import dispatch_many, history
+from django_jobguard.models import FinishedRun, RunStatistic
 from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env
 from tests.support import POSTGRES, jobs
 
@@ -59,3 +60,7 @@ def test_kill_9_threaded_workers_records_each_run_once_and_loses_only_the_killed
     survivors = {r["pid"] for runs in out.runs.values() for r in runs} - workers.killed
     assert any(pid_of(w) in survivors for _, _, w, _ in recorded)  # survivors did record
     assert len(workers.killed) == kills
+    for span in history.SPANS:  # the statistics count the recorded runs, each once
+        counted = RunStatistic.objects.filter(span=span, bucket=history.SUMMARY).aggregate(
+            runs=Sum("runs"))["runs"]
+        assert counted == len(recorded), span

@@ -73,7 +73,7 @@ def test_every_model_but_the_internal_counters_has_an_admin_page(admin_client):
     from django.urls import reverse
 
     # Counters and states the workers keep (the dashboard shows the alerts): no page of their own.
-    internal = {"queuegate", "queueminute", "queuealert"}
+    internal = {"queuegate", "queueminute", "queuealert", "runstatistic"}
     models = apps.get_app_config("django_jobguard").get_models()
     paged = [model for model in models if model._meta.model_name not in internal]
     assert {model._meta.model_name for model in paged} == {

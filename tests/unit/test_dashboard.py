@@ -321,6 +321,23 @@ def test_stats_history_api_returns_the_overview():
                          "failed_last_minute", "stores", "history"}
 
 
+def test_stats_history_api_has_the_dashboards_breaches_and_workers_needed():
+    from django_jobguard.admin.dashboard import live_summary
+    from django_jobguard.models import QueueAlert
+
+    for _ in range(3):
+        waiting(queue_name="mail")
+    history.add_counts({"mail": (30, 0)})
+    QueueAlert.objects.create(queue="mail", slo="max_wait", breached=True, value=40.0,
+                              threshold=30.0, changed_at=timezone.now())
+    client = APIClient()
+    client.force_authenticate(user_with("reader", "view_queuedjob"))
+    mail = client.get(f"{API}stats/history/").json()["queues"]["mail"]
+    shown = live_summary()["queues"]["mail"]  # what the dashboard shows
+    assert mail["breached"] == shown["breached"] == ["max_wait"]
+    assert mail["recommended_workers"] == shown["recommended_workers"] >= 1
+
+
 def test_stats_history_api_permissions():
     anonymous = APIClient().get(f"{API}stats/history/")
     assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"]

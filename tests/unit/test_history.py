@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 from django.db import connection
+from django.db.models import Sum
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -17,7 +18,7 @@ from rest_framework.test import APIClient
 from django_jobguard import history, observe, operations, signals
 from django_jobguard.checks import check_settings
 from django_jobguard.conf import jobguard_settings
-from django_jobguard.models import FailedJob, FinishedRun, QueuedJob
+from django_jobguard.models import FailedJob, FinishedRun, QueuedJob, RunStatistic
 from django_jobguard.worker import Worker, WorkerOptions
 from tests.support import jobs
 from tests.support.inprocess import work
@@ -110,10 +111,13 @@ def test_runs_are_buffered_then_inserted_in_one_statement():
     assert recorder.pending() == 20 and not FinishedRun.objects.exists()
     with CaptureQueriesContext(connection) as queries:
         assert recorder.flush() == 20
-    inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
-    assert len(inserts) == 1  # one unnest() on PostgreSQL, one executemany elsewhere
-    assert inserts[0]["sql"].startswith(
-        "INSERT" if connection.vendor == "postgresql" else "20 times: INSERT")
+    inserts = [q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
+    if connection.vendor == "postgresql":  # one unnest(), the statistics added by the server
+        assert len(inserts) == 1 and inserts[0].startswith("WITH ins AS (INSERT")
+        assert "jobguard_runstatistic" in inserts[0]
+    else:  # one executemany, one upsert of the statistics
+        assert len(inserts) == 2 and inserts[0].startswith("20 times: INSERT")
+        assert "jobguard_runstatistic" in inserts[1]
     assert FinishedRun.objects.count() == 20 and recorder.pending() == 0
     one = FinishedRun.objects.first()
     assert one.wait == pytest.approx(2.0) and one.runtime == 0.25
@@ -124,13 +128,13 @@ def test_a_failed_flush_keeps_the_runs_and_a_retried_one_records_none_twice(monk
     recorder = history.RunRecorder("w1")
     for _ in range(3):
         recorder("w1", FakeRow(), "DONE", 0.1, "")
-    original = history.insert_runs
+    original = history.insert_notes
 
-    def written_then_lost(runs, **kwargs):  # the INSERT commits, the answer is lost
-        original(runs, **kwargs)
+    def written_then_lost(worker_id, notes, **kwargs):  # the INSERT commits, the answer is lost
+        original(worker_id, notes, **kwargs)
         raise ConnectionError("connection reset after commit")
 
-    monkeypatch.setattr(history, "insert_runs", written_then_lost)
+    monkeypatch.setattr(history, "insert_notes", written_then_lost)
     with pytest.raises(ConnectionError):
         recorder.flush()
     monkeypatch.undo()
@@ -144,11 +148,15 @@ def test_insert_runs_writes_in_one_statement_and_skips_runs_already_there():
             for n in range(1200)]
     with CaptureQueriesContext(connection) as queries:
         history.insert_runs(runs)
-    inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
+    inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()
+               and "jobguard_runstatistic" not in q["sql"].split("(")[0]]
     assert len(inserts) == 1 and FinishedRun.objects.count() == 1200
     history.insert_runs(runs[:10] + [
         history.run_of("w1", history.note_of(FakeRow(), "FAILED", 1.0, "E: x"))])
     assert FinishedRun.objects.count() == 1201
+    for span in history.SPANS:  # the runs already there are not counted again
+        summary = RunStatistic.objects.filter(span=span, bucket=history.SUMMARY)
+        assert summary.aggregate(n=Sum("runs"), f=Sum("failures")) == {"n": 1201, "f": 1}
     stored = FinishedRun.objects.get(state="FAILED")
     assert (stored.error, stored.runtime, stored.arguments) == (
         "E: x", 1.0, {"args": [1], "kwargs": {"k": "v"}})
@@ -156,6 +164,42 @@ def test_insert_runs_writes_in_one_statement_and_skips_runs_already_there():
     assert stored.wait == pytest.approx(2.0)
     assert sorted(r.arguments["args"][0] for r in FinishedRun.objects.filter(state="DONE")) \
         == list(range(1200))
+
+
+def test_the_server_describes_the_notes_as_run_of_does():
+    """PostgreSQL describes the buffered notes in SQL (insert_notes); elsewhere run_of does:
+    the rows are the same."""
+    odd = FakeRow(args=[1, {"x": "é"}])
+    odd.payload = "not a payload"
+    notes = [history.note_of(FakeRow(), "DONE", 0.25, result_size=12),
+             history.note_of(FakeRow(), "FAILED", None, "ValueError: x"),
+             history.note_of(odd, "DONE", 1.5)]
+    notes[1] = (*notes[1][:6], None, None, *notes[1][8:])  # no due/reserved time: no wait
+    history.insert_notes("w" * 120, notes)
+    fields = [name for name in history.COLUMNS if name != "job_id"]
+    stored = {str(row["job_id"]): row for row in FinishedRun.objects.values("job_id", *fields)}
+    for note in notes:
+        expected = dict(zip(history.COLUMNS, history.run_of("w" * 120, note), strict=True))
+        got = stored[str(note[0])]
+        for name in fields:
+            if isinstance(expected[name], float):
+                assert got[name] == pytest.approx(expected[name], abs=1e-6), name
+            elif isinstance(expected[name], datetime.datetime):
+                assert abs(got[name] - expected[name]) <= datetime.timedelta(microseconds=1)
+            else:
+                assert got[name] == expected[name], (name, got[name], expected[name])
+    assert RunStatistic.objects.filter(bucket=history.SUMMARY).aggregate(n=Sum("runs")) \
+        == {"n": 2 * len(notes)}  # one minute row and one hour row each
+
+
+def test_a_note_that_cannot_be_written_is_dropped_and_the_others_recorded(caplog):
+    bad = FakeRow()
+    bad.payload = {"args": [object()], "kwargs": {}}  # not JSON
+    notes = [history.note_of(FakeRow(), "DONE", 0.1), history.note_of(bad, "DONE", 0.1)]
+    history.insert_notes("w1", notes)
+    assert [str(i) for i in FinishedRun.objects.values_list("job_id", flat=True)] \
+        == [str(notes[0][0])]
+    assert f"Could not record the run of {bad.id}" in caplog.text
 
 
 def test_result_sizes_come_from_job_processed_and_are_not_kept_past_the_line():
@@ -235,6 +279,74 @@ def test_statistics_per_class_and_queue_with_percentiles_and_windows():
     assert week[("a.Fast", "default")]["runtime_max"] == 100.0
     with pytest.raises(ValueError, match="Unknown window '2h'"):
         history.run_statistics("2h")
+
+
+def recorded(name="a.Job", queue="default", state="DONE", runtime=1.0, wait=0.5, ago=60.0):
+    """A run as a worker's flush writes it (:func:`history.insert_runs`: statistics too)."""
+    row = FakeRow(name=name, queue=queue)
+    row.reserved_at = row.available_at + datetime.timedelta(seconds=wait)
+    return history.run_of("w1", history.note_of(
+        row, state, runtime, "E: x" if state == "FAILED" else "",
+        ended=(timezone.now() - datetime.timedelta(seconds=ago)).timestamp()))
+
+
+def test_statistics_from_the_histograms_agree_with_the_exact_ones():
+    runs = [recorded(name="a.Slow", runtime=0.01 * (1 + n % 97), wait=0.002 * (n % 13),
+                     ago=30 + n) for n in range(600)]
+    runs += [recorded(name="a.Slow", state="FAILED", runtime=5.0, wait=1.0, ago=400)]
+    runs += [recorded(name="a.Fast", queue="other", runtime=0.003, wait=0.0, ago=n * 60)
+             for n in [*range(1, 59), *range(62, 200)]]  # none in the 1 h edge's minute
+    runs += [recorded(name="a.Old", runtime=2.0, ago=3 * 86400)]  # in 7 d only
+    history.insert_runs(runs)
+    for window in history.WINDOWS:
+        exact = {(r["name"], r["queue"]): r for r in history.run_statistics(window)}
+        estimated = history.run_statistics(window, exact_up_to=0)
+        assert all(r["estimated"] for r in estimated)
+        assert not any(r["estimated"] for r in exact.values())
+        assert {(r["name"], r["queue"]) for r in estimated} == set(exact), window
+        for row in estimated:
+            truth = exact[(row["name"], row["queue"])]
+            # Counts and max exact (minute rows at the window's edges: the runs here are
+            # not within a minute of them).
+            for key in ("runs", "failures", "runtime_max", "wait_max"):
+                assert row[key] == pytest.approx(truth[key]), (window, row, truth)
+            for key in ("runtime_p50", "runtime_p95", "wait_p50", "wait_p95"):
+                if truth[key] is None or truth[key] < history.BUCKET_FLOOR:
+                    assert (row[key] or 0.0) <= history.BUCKET_FLOOR, (window, key, row)
+                else:
+                    assert row[key] == pytest.approx(truth[key], rel=0.1), (window, key, row)
+    hour = {r["name"]: r for r in history.run_statistics("1h", exact_up_to=0)}
+    assert hour["a.Fast"]["runs"] == 58 and hour["a.Slow"]["runs"] == 601
+    assert set(hour) == {"a.Slow", "a.Fast"}
+    same = history.run_statistics("24h", exact_up_to=0)
+    fast = next(r for r in same if r["name"] == "a.Fast")
+    assert fast["runtime_p50"] == fast["runtime_p95"] == fast["runtime_max"] == 0.003
+
+
+def test_histogram_buckets_and_percentiles():
+    assert history.bucket_of(0.0) == 0 and history.bucket_of(0.00009) == 0
+    for value in (0.0001, 0.0123, 1.0, 3600.0):
+        low, high = history.bucket_bounds(history.bucket_of(value))
+        assert low <= value < high and high / low == pytest.approx(history.BUCKET_FACTOR)
+    assert history.bucket_of(1e12) == history.LAST_BUCKET
+    assert history.histogram_percentile({}, 0.5, None, None) is None
+    one = {history.bucket_of(2.0): 1}
+    assert history.histogram_percentile(one, 0.95, 2.0, 2.0) == 2.0
+    spread = {history.bucket_of(1.0): 50, history.bucket_of(100.0): 50}
+    assert history.histogram_percentile(spread, 0.5, 1.0, 100.0) == pytest.approx(1.0, rel=0.1)
+    assert history.histogram_percentile(spread, 0.95, 1.0, 100.0) \
+        == pytest.approx(100.0, rel=0.1)
+
+
+def test_statistics_are_rebuilt_from_the_runs_and_pruned_with_them():
+    history.insert_runs([recorded(ago=60), recorded(state="FAILED", ago=3 * 86400)])
+    before = sorted(RunStatistic.objects.values_list(*history.STATISTIC_COLUMNS))
+    assert history.rebuild_statistics() == 2
+    assert sorted(RunStatistic.objects.values_list(*history.STATISTIC_COLUMNS)) == before
+    with history_settings("all", HISTORY_RETENTION_DAYS=2):
+        history.prune_statistics()
+    left = RunStatistic.objects.filter(bucket=history.SUMMARY)
+    assert sorted(left.values_list("span", "runs", "failures")) == [(60, 1, 0), (3600, 1, 0)]
 
 
 def test_percentile_interpolates_like_percentile_cont():
@@ -335,6 +447,50 @@ def test_admin_lists_searches_and_shows_runs_read_only(admin_client):
     assert b'name="_save"' not in detail.content
     assert admin_client.get(f"{RUNS}add/").status_code == 403
     assert admin_client.post(f"{RUNS}{mine.id}/delete/").status_code == 403
+
+
+def test_admin_finds_a_job_id_or_a_job_name_by_index_and_other_text_as_before(admin_client):
+    mine = run(name="a.Invoice", arguments={"args": [4711], "kwargs": {}}, ago=60)
+    other = run(name="a.Other", arguments={"args": [str(mine.job_id)], "kwargs": {}}, ago=30)
+    with CaptureQueriesContext(connection) as queries:
+        found = admin_client.get(RUNS, {"q": str(mine.job_id)})
+    assert list(found.context["cl"].result_list) == [mine]  # not the run naming it in its args
+    assert not [q for q in queries.captured_queries if "LIKE" in q["sql"].upper()]
+    with CaptureQueriesContext(connection) as queries:
+        named = admin_client.get(RUNS, {"q": "a.Other"})
+    assert list(named.context["cl"].result_list) == [other]
+    assert not [q for q in queries.captured_queries if "LIKE" in q["sql"].upper()]
+    assert list(admin_client.get(RUNS, {"q": "Invoi"}).context["cl"].result_list) == [mine]
+    assert list(admin_client.get(RUNS, {"q": "4711"}).context["cl"].result_list) == [mine]
+    assert list(admin_client.get(RUNS, {"q": "a.Other 4711"}).context["cl"].result_list) == []
+
+
+def test_admin_list_counts_exactly_up_to_the_limit_then_estimates_on_postgresql(
+        admin_client, monkeypatch):
+    from django_jobguard.admin.base import EstimatedCountPaginator
+
+    history.insert_runs([recorded(name=f"a.Job{n % 3}", queue=("mail", "pdf")[n % 2],
+                                  state="FAILED" if n % 5 == 0 else "DONE", ago=60 + n)
+                         for n in range(30)])
+    page = admin_client.get(RUNS)
+    assert page.context["cl"].result_count == 30 and not page.context["cl"].paginator.estimated
+    assert "about" not in page.content.decode().split('class="paginator"')[1]
+    filters = {spec.title: [choice["display"] for choice in spec.choices(page.context["cl"])]
+               for spec in page.context["cl"].filter_specs}
+    assert {"mail", "pdf"} <= set(filters["queue"]) and "FAILED" in filters["state"]
+    monkeypatch.setattr(EstimatedCountPaginator, "exact_up_to", 10)
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(RUNS)
+    cl = page.context["cl"]
+    if connection.vendor == "postgresql":  # the planner's estimate, never under the limit
+        assert cl.paginator.estimated and cl.result_count > 10
+        assert not [q for q in queries.captured_queries
+                    if q["sql"].upper().startswith("SELECT COUNT(*) AS")]  # no COUNT(*)
+        assert f"about {cl.result_count}" in page.content.decode()
+    else:  # an exact count elsewhere
+        assert not cl.paginator.estimated and cl.result_count == 30
+    failed = admin_client.get(RUNS, {"state__exact": "FAILED", "queue__exact": "mail"})
+    assert failed.context["cl"].result_count == 3 and not failed.context["cl"].paginator.estimated
 
 
 # -- the dashboard ------------------------------------------------------------------------
