@@ -12,9 +12,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_jobguard.aio import loop_thread, running
+
+if TYPE_CHECKING:
+    from django_jobguard.worker.prefetch import Prefetch
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -35,6 +38,10 @@ class AsyncExecutor:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._rows: dict[Any, Any] = {}
+        self._began: dict[Any, float] = {}  # each running row's start (time.monotonic())
+        #: Rows claimed ahead (:mod:`~django_jobguard.worker.prefetch`): a job that ends
+        #: hands its slot to the next async row there, started on the loop at once.
+        self.prefetch: Prefetch | None = None
 
     def submit(self, row: Any, *, stop: threading.Event | None = None) -> bool:
         """Start ``row`` once a slot is free; False (not started) if ``stop`` was set while
@@ -42,9 +49,10 @@ class AsyncExecutor:
         while not self._slots.acquire(timeout=0.2):
             if stop is not None and stop.is_set():
                 return False
+        started = time.monotonic()
         with self._lock:
             self._rows[row.id] = row
-        started = time.monotonic()
+            self._began[row.id] = started
         try:
             job = self.pipeline.begin(row, started)
         except BaseException as exc:
@@ -68,14 +76,45 @@ class AsyncExecutor:
         except BaseException as exc:
             logger.error("Error while finishing %s; if it was not acked its lease will expire "
                          "and it will be retried.", row, exc_info=exc)
-        with self._lock:
-            self._rows.pop(row.id, None)
-            self._idle.notify_all()
-        self._slots.release()
+        following = self._following(row)
+        if following is None:
+            with self._lock:
+                self._rows.pop(row.id, None)
+                self._began.pop(row.id, None)
+                self._idle.notify_all()
+            self._slots.release()
         try:
             self.finished(row, state)
         except Exception:
             logger.exception("Recording the end of %s failed.", row)
+        if following is not None:  # its slot, kept: started on the loop (begun off it)
+            loop_thread().submit(self._run_next(following)).add_done_callback(
+                lambda end: self._done(following, end))
+
+    def _following(self, row: Any) -> Any:
+        """The async row that takes ``row``'s slot, from the prefetch buffer (then running,
+        its lease renewed as such), or ``None`` (the slot is freed)."""
+        prefetch = self.prefetch
+        with self._lock:
+            began = self._began.get(row.id)
+            if prefetch is None:
+                return None
+            if began is not None:
+                prefetch.finished(time.monotonic() - began)
+            if self.pipeline.stopping():
+                return None
+            following = prefetch.take(is_async=True)
+            if following is None:
+                return None
+            self._rows.pop(row.id, None)
+            self._began.pop(row.id, None)
+            self._rows[following.id] = following
+            self._began[following.id] = time.monotonic()
+            return following
+
+    async def _run_next(self, row: Any) -> str:
+        """A buffered row, on the loop: its start and rebuild off the loop, then the job."""
+        return await self.pipeline.aprocess(row)
 
     def free(self) -> int:
         """How many more async jobs may start now."""

@@ -69,6 +69,7 @@ from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
 
 if TYPE_CHECKING:
     from django_jobguard.models import QueuedJob
+    from django_jobguard.worker.prefetch import Prefetch
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -248,14 +249,21 @@ class _Slot:
                     continue  # raised as its job ended: there is nothing left to stop
                 if row is None:
                     return
-                self._run(row)
-                if self.abandoned:
-                    return
+                # Its row, then each row the prefetch buffer has ready as one ends: taken in
+                # this thread, no hand-off through the coordinator.
+                following: QueuedJob | None = row
+                while following is not None:
+                    following = self._run(following)
+                    if self.abandoned:
+                        return
         finally:
             connections.close_all()  # this thread's connections only
 
-    def _run(self, row: QueuedJob) -> None:
+    def _run(self, row: QueuedJob) -> QueuedJob | None:
+        """Run ``row``; returns the next row to run here (taken from the prefetch buffer as
+        this one ended), or ``None`` (the slot went idle)."""
         state = ""
+        following = None
         try:
             state = self.pipeline.process(row)
         except (timeouts.ThreadTimeoutError, _Stopped):
@@ -270,8 +278,9 @@ class _Slot:
             timeouts.forget_thread_limit()
             if self.executor.rest and not self.abandoned:
                 self.executor.worker.pipeline.pause(self.executor.rest)
-            self.executor._finished(self, row, state)
             queue.close_broken_connections()
+            following = self.executor._finished(self, row, state)
+        return following
 
 
 class ThreadExecutor:
@@ -279,9 +288,15 @@ class ThreadExecutor:
 
     claims_ahead = False  # a free slot takes a row at once
 
-    def __init__(self, worker: Coordinator, size: int, *, rest: float = 0.0) -> None:
+    def __init__(self, worker: Coordinator, size: int, *, rest: float = 0.0,
+                 prefetch: Prefetch | None = None) -> None:
         self.worker = worker
         self.size = size
+        #: Rows claimed ahead: a thread whose job ends takes the next one from here itself
+        #: (:mod:`~django_jobguard.worker.prefetch`).
+        self.prefetch = prefetch
+        #: Set by :meth:`shutdown`: no thread takes a buffered row any more.
+        self.closing = False
         #: Seconds a thread rests after each job (``--rest``).
         self.rest = rest
         self._cond = threading.Condition()
@@ -409,6 +424,7 @@ class ThreadExecutor:
                 break
             self.wait(min(self.seconds_to_next_check(), 0.5))
         with self._cond:
+            self.closing = True
             slots = list(self._idle)
             self._idle.clear()
         for slot in slots:
@@ -443,17 +459,31 @@ class ThreadExecutor:
         with self._cond:
             return list(self._busy)
 
-    def _finished(self, slot: _Slot, row: QueuedJob, state: str) -> None:
-        """A thread is done with ``row`` (called in that thread)."""
+    def _finished(self, slot: _Slot, row: QueuedJob, state: str) -> QueuedJob | None:
+        """A thread is done with ``row`` (called in that thread); returns the row it runs
+        next, taken from the prefetch buffer (running from now on: its lease renewed as
+        such), or ``None`` when it goes idle."""
+        following = None
         with self._cond:
-            if self._busy.get(slot) is not None and self._busy[slot].row is row:
+            running = self._busy.get(slot)
+            if running is not None and running.row is row:
                 del self._busy[slot]
-                if not slot.abandoned:
+                now = time.monotonic()
+                if self.prefetch is not None:
+                    self.prefetch.finished(now - running.started)
+                    if not (slot.abandoned or self._aborted or self.closing
+                            or self.worker.pipeline.stopping()):
+                        following = self.prefetch.take(is_async=False)
+                if following is not None:
+                    self._busy[slot] = slot.running = _Running(following, now)
+                elif not slot.abandoned:
                     self._idle.append(slot)
                 self.worker.job_finished(state, row.queue)
                 self._publish()
-            slot.running = None
+            if following is None:
+                slot.running = None
             self._cond.notify_all()
+        return following
 
     def _publish(self) -> None:
         """Tell the worker which rows run now (under ``_cond``)."""
