@@ -39,6 +39,7 @@ class AsyncExecutor:
         self._idle = threading.Condition(self._lock)
         self._rows: dict[Any, Any] = {}
         self._began: dict[Any, float] = {}  # each running row's start (time.monotonic())
+        self._next: dict[Any, Any] = {}  # a running row's id: the buffered row run after it
         #: Rows claimed ahead (:mod:`~django_jobguard.worker.prefetch`): a job that ends
         #: hands its slot to the next async row there, started on the loop at once.
         self.prefetch: Prefetch | None = None
@@ -65,9 +66,29 @@ class AsyncExecutor:
             done.set_result(job)
             self._done(row, done)
             return True
-        future = loop_thread().submit(self.pipeline.acomplete(row, job, started))
+        future = loop_thread().submit(self.pipeline.acomplete(
+            row, job, started, then=self._then(row)))
         future.add_done_callback(lambda end: self._done(row, end))
         return True
+
+    def _then(self, row: Any) -> Callable[[], Any] | None:
+        """What ``row``'s pipeline asks, as its outcome is written, for the row that takes
+        its slot next (the ack starts it in the same round trip)."""
+        if self.prefetch is None:
+            return None
+
+        def take() -> Any:
+            with self._lock:
+                if row.id in self._next:
+                    return self._next[row.id]
+                if self.prefetch is None or self.pipeline.stopping():
+                    return None
+                following = self.prefetch.take(is_async=True)
+                if following is not None:
+                    self._next[row.id] = following
+                return following
+
+        return take
 
     def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
         state: str | None = None
@@ -97,13 +118,13 @@ class AsyncExecutor:
         prefetch = self.prefetch
         with self._lock:
             began = self._began.get(row.id)
+            following = self._next.pop(row.id, None)  # taken as its outcome was written
             if prefetch is None:
                 return None
             if began is not None:
                 prefetch.finished(time.monotonic() - began)
-            if self.pipeline.stopping():
-                return None
-            following = prefetch.take(is_async=True)
+            if following is None and not self.pipeline.stopping():
+                following = prefetch.take(is_async=True)
             if following is None:
                 return None
             self._rows.pop(row.id, None)
@@ -114,7 +135,7 @@ class AsyncExecutor:
 
     async def _run_next(self, row: Any) -> str:
         """A buffered row, on the loop: its start and rebuild off the loop, then the job."""
-        return await self.pipeline.aprocess(row)
+        return await self.pipeline.aprocess(row, then=self._then(row))
 
     def free(self) -> int:
         """How many more async jobs may start now."""
@@ -122,9 +143,10 @@ class AsyncExecutor:
             return self.concurrency - len(self._rows)
 
     def held(self) -> frozenset[Any]:
-        """Ids of the rows running now (the heartbeat renews their leases)."""
+        """Ids of the rows running now, and of those taken to run next (the heartbeat
+        renews their leases)."""
         with self._lock:
-            return frozenset(self._rows)
+            return frozenset(self._rows) | {row.id for row in self._next.values()}
 
     def __len__(self) -> int:
         with self._lock:

@@ -232,7 +232,11 @@ class _Slot:
         self.number = number
         self.inbox: stdlib_queue.SimpleQueue[QueuedJob | None] = stdlib_queue.SimpleQueue()
         self.pipeline = executor.new_pipeline()
+        if executor.prefetch is not None:
+            self.pipeline.next_row = self._take_next
         self.running: _Running | None = None
+        #: The buffered row this thread runs next, taken as its job's outcome was written.
+        self.following: QueuedJob | None = None
         self.abandoned = False
         self.thread = threading.Thread(target=self._loop, daemon=True,
                                        name=f"jobguard-executor-{number}")
@@ -258,6 +262,12 @@ class _Slot:
                         return
         finally:
             connections.close_all()  # this thread's connections only
+
+    def _take_next(self) -> QueuedJob | None:
+        """The row to run next (asked by the pipeline as it writes an outcome)."""
+        if self.following is None:
+            self.following = self.executor._take_for(self)
+        return self.following
 
     def _run(self, row: QueuedJob) -> QueuedJob | None:
         """Run ``row``; returns the next row to run here (taken from the prefetch buffer as
@@ -436,10 +446,14 @@ class ThreadExecutor:
         """Put back every row still running, its attempt unused (the process exits next)."""
         with self._cond:
             running = list(self._busy.items())
+            following = [slot.following for slot, _ in running if slot.following is not None]
             for slot, _ in running:
                 slot.abandoned = True
+                slot.following = None
                 del self._busy[slot]
             self._publish()
+        for row in following:
+            self._give_back(row)
         completer = self.worker.pipeline.completer
         for _slot, job in running:
             if completer is not None:
@@ -463,16 +477,18 @@ class ThreadExecutor:
         """A thread is done with ``row`` (called in that thread); returns the row it runs
         next, taken from the prefetch buffer (running from now on: its lease renewed as
         such), or ``None`` when it goes idle."""
-        following = None
+        back = None
         with self._cond:
+            following, slot.following = slot.following, None
             running = self._busy.get(slot)
             if running is not None and running.row is row:
                 del self._busy[slot]
                 now = time.monotonic()
                 if self.prefetch is not None:
                     self.prefetch.finished(now - running.started)
-                    if not (slot.abandoned or self._aborted or self.closing
-                            or self.worker.pipeline.stopping()):
+                    if slot.abandoned or self._aborted:
+                        back, following = following, None
+                    elif following is None and not self._stopping():
                         following = self.prefetch.take(is_async=False)
                 if following is not None:
                     self._busy[slot] = slot.running = _Running(following, now)
@@ -480,14 +496,43 @@ class ThreadExecutor:
                     self._idle.append(slot)
                 self.worker.job_finished(state, row.queue)
                 self._publish()
+            elif following is not None:  # given up meanwhile: not this thread's to run
+                back, following = following, None
             if following is None:
                 slot.running = None
             self._cond.notify_all()
+        if back is not None:
+            self._give_back(back)
         return following
+
+    def _stopping(self) -> bool:
+        return self.closing or self.worker.pipeline.stopping()
+
+    def _take_for(self, slot: _Slot) -> QueuedJob | None:
+        """A buffered row for ``slot`` to run after its job (held from now on: its lease
+        renewed with the running rows'), or ``None``."""
+        with self._cond:
+            if self.prefetch is None or slot.abandoned or self._aborted or self._stopping():
+                return None
+            row = self.prefetch.take(is_async=False)
+            if row is not None:
+                slot.following = row
+                self._publish()
+            return row
+
+    def _give_back(self, row: QueuedJob) -> None:
+        """Put back a row taken to run next that will not run here, its attempt unused."""
+        try:
+            queue.release(row, count_attempt=False, using=self.worker.pipeline.using)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Could not put back %s (%s); its lease will bring it back.", row,
+                           exc)
 
     def _publish(self) -> None:
         """Tell the worker which rows run now (under ``_cond``)."""
-        self.worker.show_running([running.row for running in self._busy.values()])
+        rows = [running.row for running in self._busy.values()]
+        rows += [slot.following for slot in self._busy if slot.following is not None]
+        self.worker.show_running(rows)
 
     def _give_up(self, slot: _Slot, limit: timeouts.ThreadLimit) -> None:
         """End the attempt of a job stuck past its timeout and the grace period, and put a
