@@ -63,6 +63,9 @@ logger = logging.getLogger("django_jobguard.worker")
 
 EXIT_OK = 0
 EXIT_MEMORY = 12
+#: Seconds a worker relies on its last "when is the next job due" answer while NOTIFYs keep
+#: waking it (see Worker._seconds_to_due); a claim that comes back empty asks again.
+DUE_KNOWN_FOR = 0.25
 
 
 class StopFlag(threading.Event):
@@ -222,6 +225,12 @@ class Worker:
         self._prefetch = Prefetch(self._runs_async)
         self._async.prefetch = self._prefetch
         self._buffer_pause_checked = 0.0
+        #: ``(asked at, due at)``, time.monotonic(): the last :meth:`seconds_until_next_due`
+        #: (forgotten when a claim comes back empty; see :meth:`_seconds_to_due`).
+        self._due_known: tuple[float, float] | None = None
+        #: Whether the last claim brought fewer rows than it asked for from the worker's
+        #: only queue (nothing more was due then: what comes later is heard by LISTEN).
+        self._drained = False
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
         #: Finished jobs acked in groups (``COMPLETION_WINDOW``), or one ack per job.
@@ -294,7 +303,7 @@ class Worker:
                 if code is not None:
                     return code
                 free = executor.free() + self._async.free()
-                if rows and free:
+                if rows and free and not (self._drained and self._listener is not None):
                     continue  # there may be more due
                 if self._completer is not None:
                     self._completer.flush()  # about to wait: nothing finished waits with it
@@ -337,14 +346,13 @@ class Worker:
             # with no free slot (it would wait, its attempt counted).
             start = 0 if self._completer is not None or (
                 self._has_async_jobs and not async_free) else 1
-            if self._has_async_jobs and not o.once:
-                # Async rows wait in the prefetch buffer: as many as it should hold.
+            if buffered:
+                # Async rows wait in the prefetch buffer (the async slots take them as they
+                # free): the next claim when it is down to half its size.
                 if not self._selection.weighted:
                     ahead = self._prefetch.target(self._async.concurrency)
-                room = 1 + async_free + ahead - buffered
-                if buffered and (room < 1 or buffered > ahead // 2):
-                    return []  # enough ready: the slots take them as they free
-                limit = max(1, min(limit, room))
+                if buffered > ahead // 2:
+                    return []
         else:
             # Slots for async jobs only where any job is async: a claim cannot tell the kinds
             # apart, and a sync row claimed for an async slot waits for a thread in the
@@ -385,6 +393,12 @@ class Worker:
         if executor.claims_ahead:
             self._claim_size.claimed(limit, len(rows))
         self._pause_checked = time.monotonic()  # the claim excluded paused queues
+        if not rows:
+            self._due_known = None  # woken for a job not due yet, or another took it: ask
+        # One queue, fewer rows than asked: nothing else was due. The rows committed since
+        # sent a NOTIFY, which ends the next wait at once: no empty claim needed to see it.
+        self._drained = (len(rows) < limit and len(o.queues) == 1
+                         and o.queues[0] != queue.ALL_QUEUES)
         return rows
 
     def _hand_out(self, rows: list[QueuedJob]) -> None:
@@ -585,7 +599,7 @@ class Worker:
     def _wait(self, cap: float | None = None) -> None:
         """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
         (PostgreSQL), a stop signal, or ``cap`` seconds."""
-        wait = min(self.options.sleep, self.seconds_until_next_due())
+        wait = min(self.options.sleep, self._seconds_to_due())
         deadline = time.monotonic() + (wait if cap is None else min(wait, cap))
         self._reopen_listener()
         while not self._stop.is_set():
@@ -629,6 +643,20 @@ class Worker:
             logger.warning("LISTEN %sunavailable (%s); polling.", "still " if again else "",
                            exc)
             self._listener_lost_at = time.monotonic()
+
+    def _seconds_to_due(self) -> float:
+        """:meth:`seconds_until_next_due`, asked again only when the last answer is more
+        than :data:`DUE_KNOWN_FOR` seconds old or a claim came back empty since (a NOTIFY
+        then woke the worker for something not due yet: a delayed job). Under load the
+        worker claims after each NOTIFY and waits again: one query per wait was a third of
+        its round trips per job."""
+        now = time.monotonic()
+        known = self._due_known
+        if known is not None and now - known[0] < DUE_KNOWN_FOR:
+            return max(known[1] - now, 0.01)
+        wait = self.seconds_until_next_due()
+        self._due_known = (now, now + wait)
+        return wait
 
     def seconds_until_next_due(self) -> float:
         """Seconds until the earliest delayed or leased job in our queues becomes due, by the
