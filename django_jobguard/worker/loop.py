@@ -231,6 +231,9 @@ class Worker:
         #: Whether the last claim brought fewer rows than it asked for from the worker's
         #: only queue (nothing more was due then: what comes later is heard by LISTEN).
         self._drained = False
+        #: Whether a NOTIFY ended the last wait (an empty claim after it asks for the next
+        #: due time again).
+        self._notified = False
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
         #: Finished jobs acked in groups (``COMPLETION_WINDOW``), or one ack per job.
@@ -393,8 +396,9 @@ class Worker:
         if executor.claims_ahead:
             self._claim_size.claimed(limit, len(rows))
         self._pause_checked = time.monotonic()  # the claim excluded paused queues
-        if not rows:
+        if not rows and self._notified:
             self._due_known = None  # woken for a job not due yet, or another took it: ask
+        self._notified = False
         # One queue, fewer rows than asked: nothing else was due. The rows committed since
         # sent a NOTIFY, which ends the next wait at once: no empty claim needed to see it.
         self._drained = (len(rows) < limit and len(o.queues) == 1
@@ -610,6 +614,7 @@ class Worker:
             if self._listener is not None:
                 try:
                     if self._listener.wait(chunk):
+                        self._notified = True
                         return
                 except Exception as exc:  # lost connection: fall back to polling
                     logger.warning("LISTEN connection lost (%s); polling until it is back.",
@@ -646,10 +651,10 @@ class Worker:
 
     def _seconds_to_due(self) -> float:
         """:meth:`seconds_until_next_due`, asked again only when the last answer is more
-        than :data:`DUE_KNOWN_FOR` seconds old or a claim came back empty since (a NOTIFY
-        then woke the worker for something not due yet: a delayed job). Under load the
-        worker claims after each NOTIFY and waits again: one query per wait was a third of
-        its round trips per job."""
+        than :data:`DUE_KNOWN_FOR` seconds old or a claim right after a NOTIFY came back
+        empty (the NOTIFY was for something not due yet: a delayed job). The worker claims
+        after each NOTIFY and waits again: one query per wait was a quarter of its round
+        trips per job."""
         now = time.monotonic()
         known = self._due_known
         if known is not None and now - known[0] < DUE_KNOWN_FOR:
