@@ -149,8 +149,9 @@ class AsyncExecutor:
             return frozenset(self._rows) | {row.id for row in self._next.values()}
 
     def __len__(self) -> int:
+        """How many async jobs run now, and rows taken to run next in their slots."""
         with self._lock:
-            return len(self._rows)
+            return len(self._rows) + len(self._next)
 
     def stop_all(self) -> None:
         """Cancel every running job's task (the worker stops at once): each goes back to the

@@ -345,9 +345,10 @@ class ThreadExecutor:
 
     @property
     def busy(self) -> int:
-        """How many jobs run now."""
+        """How many jobs run now, and rows taken to run next on a thread (their jobs start
+        as the ones before end: ``--max-jobs`` counts them)."""
         with self._cond:
-            return len(self._busy)
+            return len(self._busy) + sum(1 for slot in self._busy if slot.following)
 
     def running_queues(self) -> Counter[str]:
         """Running jobs per queue name."""

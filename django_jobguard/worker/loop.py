@@ -363,7 +363,7 @@ class Worker:
             free = executor.free()
             if not (o.once or o.max_jobs or self._selection.weighted):
                 ahead = self._prefetch.target(executor.size + async_free)
-            if buffered and (self._selection.weighted
+            if buffered and (self._selection.weighted or o.once or o.max_jobs
                              or (not (free or async_free) and buffered > ahead // 2)):
                 return []  # enough ready (or a queue's number to keep): nothing to claim
             # A refill brings the buffer back to ``ahead``, never past every slot and
