@@ -340,7 +340,7 @@ class Worker:
         executor = self._executor
         async_free = self._async.free() if self._has_async_jobs else 0
         buffered = len(self._prefetch)
-        ahead = 0
+        ahead = prefetching = 0
         if executor.claims_ahead:
             limit = 1 if o.once else self._claim_size.next()
             if o.max_jobs:
@@ -371,6 +371,8 @@ class Worker:
             slots = executor.size + (self._async.concurrency if self._has_async_jobs else 0)
             limit = min(free + async_free + max(0, ahead - buffered),
                         slots + ahead - buffered)
+            # Of those, the rows no slot waits for: a capped queue gives none of them.
+            prefetching = max(0, limit - free - async_free)
             # Counted in the claim: only rows sure to start now, whatever their kind.
             start = min(free, async_free) if self._has_async_jobs else free
             if self._completer is not None:
@@ -386,7 +388,7 @@ class Worker:
             rows = self._selection.claim(
                 lambda names, n: queue.claim(names, worker_id=self.id, limit=n,
                                              start=min(n, start), named=o.queues,
-                                             ahead=min(ahead, n - 1), using=o.using),
+                                             ahead=min(prefetching, n), using=o.using),
                 free=limit, running=running)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
