@@ -7,7 +7,9 @@ ahead for the slots, not started, are never lost and never spend an attempt.
 - a graceful stop (SIGTERM) gives the buffered rows back at once, attempts unused: another
   worker can claim them without waiting for a lease;
 - a row that waits in the buffer longer than the lease keeps it (the heartbeat renews it):
-  a second worker never takes it.
+  a second worker never takes it;
+- pausing its queue, or quieting the worker from the console, gives the buffered rows back
+  (attempts unused) while the running jobs go on.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import pytest
 from demo.models import JobRun
 
 from django_jobguard import dispatch, dispatch_many
-from django_jobguard.models import FailedJob, QueuedJob
+from django_jobguard.models import QUIET, FailedJob, QueuedJob
+from django_jobguard.models import Worker as WorkerRow
+from django_jobguard.operations import pausing
 from tests.support import MANAGE, ROOT, async_jobs, jobs, wait_for, worker_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -190,3 +194,40 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
     assert (run.pid, run.attempt) == (first.pid, 1)  # the first worker's, its first attempt
     # It waited in the buffer for a slot, longer than its lease.
     assert run.started_at >= min(r.ended_at for r in long_runs)
+
+
+@pytest.mark.parametrize("how", ["pause", "quiet"])
+def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(how):
+    """Two long jobs fill the slots of ``--threads 2``; the short jobs dispatched then wait in
+    the buffer. A pause of their queue (checked once a second) or a quiet command (read by
+    the heartbeat) puts them back, unreserved and with no attempt used; the long jobs finish."""
+    env = {"JOBGUARD_RETRY_AFTER": "3", "JOBGUARD_DEFAULT_TIMEOUT": "0"}
+    label = f"prefetch-{how}"
+    first, log = _start("--tries", "1", "--threads", "2", env=env)
+    try:
+        dispatch_many([jobs.Record(label, key=f"warm-{i}") for i in range(20)])
+        wait_for(lambda: not QueuedJob.objects.exists(), timeout=60)
+        dispatch_many([jobs.Record(label, key="long", seconds=5.0) for _ in range(2)])
+        wait_for(lambda: JobRun.objects.filter(label=label, key="long").count() == 2,
+                 timeout=30)
+        short = {h.id for h in dispatch_many([jobs.Record(label, key=f"short-{i}")
+                                               for i in range(2)])}
+        wait_for(lambda: QueuedJob.objects.filter(id__in=short, reserved_at__isnull=False,
+                                                  attempts=0).count() == 2,
+                 timeout=10, what="the short jobs buffered")
+        if how == "pause":
+            pausing.pause("default", force=True)
+        else:
+            WorkerRow.objects.update(command=QUIET)
+        wait_for(lambda: QueuedJob.objects.filter(id__in=short, reserved_at__isnull=True,
+                                                  attempts=0).count() == 2,
+                 timeout=10, what="the buffered rows given back")
+        # The long jobs were not disturbed; the short ones did not run here.
+        wait_for(lambda: JobRun.objects.filter(label=label, key="long",
+                                               ended_at__isnull=False).count() == 2,
+                 timeout=30)
+        assert not JobRun.objects.filter(label=label, key__startswith="short").exists()
+        assert first.poll() is None, _log_of(first, log)
+    finally:
+        _kill_group(first)
+        log.close()
