@@ -102,6 +102,14 @@ def knob(name: str, default: int | float) -> int | float:
     return value
 
 
+def wanted(label: str) -> bool:
+    """Whether the tool ``label`` is measured: ``JOBGUARD_BENCH_TOOLS`` (words separated by
+    commas, e.g. ``jobguard,celery``) keeps only the tools whose label holds one of them; unset,
+    every tool is."""
+    raw = os.environ.get("JOBGUARD_BENCH_TOOLS", "").strip()
+    return not raw or any(word.strip() in label for word in raw.split(",") if word.strip())
+
+
 def knob_list(name: str, default: Sequence[float]) -> list[float]:
     """A comma-separated list of positive numbers, as :func:`knob`."""
     raw = os.environ.get(f"JOBGUARD_BENCH_{name}", "").strip()

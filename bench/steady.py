@@ -41,6 +41,7 @@ from bench.common import (
     stop,
     truncate,
     wait_for_connections,
+    wanted,
 )
 from bench.throughput import JOBGUARD_TABLES
 from tests.support.waiting import WaitTimeout, wait_for
@@ -356,6 +357,8 @@ def run(*, smoke: bool) -> Report:
     report = Report(name="steady")
     rows = []
     for target in targets(smoke):
+        if not wanted(target.label):
+            continue
         reason = target.unavailable()
         if reason:
             report.notes.append(f"{target.label}: skipped ({reason})")

@@ -176,6 +176,7 @@ def claim(
     limit: int = 1,
     start: int | None = None,
     named: Sequence[str] | None = None,
+    ahead: int = 0,
     using: str | None = None,
 ) -> list[QueuedJob]:
     """Reserve up to ``limit`` due jobs from the first of ``queues`` that has any
@@ -187,6 +188,11 @@ def claim(
     through :func:`start` when they begin. A payload that does not decode comes back as its
     text, for the worker to fail the job; a poison row comes back with :func:`poison` saying
     why, for the worker to quarantine it.
+
+    ``ahead`` of the ``limit`` rows are a worker's prefetch (no slot waits for them,
+    :mod:`django_jobguard.worker.prefetch`): a queue with a concurrency cap or per-key
+    limits is not prefetched from (its claimed rows hold places of the limit), so it is
+    claimed ``limit - ahead`` rows at most.
     """
     using = queue_database(using)
     lease = float(jobguard_settings.RETRY_AFTER)
@@ -196,10 +202,12 @@ def claim(
         fair = fair_share.config(queue)
         if cap is None and (fair is None or fair.per_key is None):
             rows = _claim_from(dialect, queue, worker_id, limit, start, lease, fair)
+        elif limit - ahead < 1:
+            rows = []  # a prefetch only: nothing from a capped queue
         else:  # counted and claimed while holding the queue's gate row
             with queue_caps.gate(queue, cap, using=using) as room:
-                rows = _claim_from(dialect, queue, worker_id, min(limit, room), start, lease,
-                                   fair)
+                rows = _claim_from(dialect, queue, worker_id, min(limit - ahead, room), start,
+                                   lease, fair)
         if rows:
             return rows
     return []

@@ -12,9 +12,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_jobguard.aio import loop_thread, running
+
+if TYPE_CHECKING:
+    from django_jobguard.worker.prefetch import Prefetch
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -35,6 +38,11 @@ class AsyncExecutor:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._rows: dict[Any, Any] = {}
+        self._began: dict[Any, float] = {}  # each running row's start (time.monotonic())
+        self._next: dict[Any, Any] = {}  # a running row's id: the buffered row run after it
+        #: Rows claimed ahead (:mod:`~django_jobguard.worker.prefetch`): a job that ends
+        #: hands its slot to the next async row there, started on the loop at once.
+        self.prefetch: Prefetch | None = None
 
     def submit(self, row: Any, *, stop: threading.Event | None = None) -> bool:
         """Start ``row`` once a slot is free; False (not started) if ``stop`` was set while
@@ -42,9 +50,10 @@ class AsyncExecutor:
         while not self._slots.acquire(timeout=0.2):
             if stop is not None and stop.is_set():
                 return False
+        started = time.monotonic()
         with self._lock:
             self._rows[row.id] = row
-        started = time.monotonic()
+            self._began[row.id] = started
         try:
             job = self.pipeline.begin(row, started)
         except BaseException as exc:
@@ -57,9 +66,29 @@ class AsyncExecutor:
             done.set_result(job)
             self._done(row, done)
             return True
-        future = loop_thread().submit(self.pipeline.acomplete(row, job, started))
+        future = loop_thread().submit(self.pipeline.acomplete(
+            row, job, started, then=self._then(row)))
         future.add_done_callback(lambda end: self._done(row, end))
         return True
+
+    def _then(self, row: Any) -> Callable[[], Any] | None:
+        """What ``row``'s pipeline asks, as its outcome is written, for the row that takes
+        its slot next (the ack starts it in the same round trip)."""
+        if self.prefetch is None:
+            return None
+
+        def take() -> Any:
+            with self._lock:
+                if row.id in self._next:
+                    return self._next[row.id]
+                if self.prefetch is None or self.pipeline.stopping():
+                    return None
+                following = self.prefetch.take(is_async=True)
+                if following is not None:
+                    self._next[row.id] = following
+                return following
+
+        return take
 
     def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
         state: str | None = None
@@ -68,14 +97,45 @@ class AsyncExecutor:
         except BaseException as exc:
             logger.error("Error while finishing %s; if it was not acked its lease will expire "
                          "and it will be retried.", row, exc_info=exc)
-        with self._lock:
-            self._rows.pop(row.id, None)
-            self._idle.notify_all()
-        self._slots.release()
+        following = self._following(row)
+        if following is None:
+            with self._lock:
+                self._rows.pop(row.id, None)
+                self._began.pop(row.id, None)
+                self._idle.notify_all()
+            self._slots.release()
         try:
             self.finished(row, state)
         except Exception:
             logger.exception("Recording the end of %s failed.", row)
+        if following is not None:  # its slot, kept: started on the loop (begun off it)
+            loop_thread().submit(self._run_next(following)).add_done_callback(
+                lambda end: self._done(following, end))
+
+    def _following(self, row: Any) -> Any:
+        """The async row that takes ``row``'s slot, from the prefetch buffer (then running,
+        its lease renewed as such), or ``None`` (the slot is freed)."""
+        prefetch = self.prefetch
+        with self._lock:
+            began = self._began.get(row.id)
+            following = self._next.pop(row.id, None)  # taken as its outcome was written
+            if prefetch is None:
+                return None
+            if began is not None:
+                prefetch.finished(time.monotonic() - began)
+            if following is None and not self.pipeline.stopping():
+                following = prefetch.take(is_async=True)
+            if following is None:
+                return None
+            self._rows.pop(row.id, None)
+            self._began.pop(row.id, None)
+            self._rows[following.id] = following
+            self._began[following.id] = time.monotonic()
+            return following
+
+    async def _run_next(self, row: Any) -> str:
+        """A buffered row, on the loop: its start and rebuild off the loop, then the job."""
+        return await self.pipeline.aprocess(row, then=self._then(row))
 
     def free(self) -> int:
         """How many more async jobs may start now."""
@@ -83,13 +143,15 @@ class AsyncExecutor:
             return self.concurrency - len(self._rows)
 
     def held(self) -> frozenset[Any]:
-        """Ids of the rows running now (the heartbeat renews their leases)."""
+        """Ids of the rows running now, and of those taken to run next (the heartbeat
+        renews their leases)."""
         with self._lock:
-            return frozenset(self._rows)
+            return frozenset(self._rows) | {row.id for row in self._next.values()}
 
     def __len__(self) -> int:
+        """How many async jobs run now, and rows taken to run next in their slots."""
         with self._lock:
-            return len(self._rows)
+            return len(self._rows) + len(self._next)
 
     def stop_all(self) -> None:
         """Cancel every running job's task (the worker stops at once): each goes back to the

@@ -69,6 +69,7 @@ from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
 
 if TYPE_CHECKING:
     from django_jobguard.models import QueuedJob
+    from django_jobguard.worker.prefetch import Prefetch
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -231,7 +232,11 @@ class _Slot:
         self.number = number
         self.inbox: stdlib_queue.SimpleQueue[QueuedJob | None] = stdlib_queue.SimpleQueue()
         self.pipeline = executor.new_pipeline()
+        if executor.prefetch is not None:
+            self.pipeline.next_row = self._take_next
         self.running: _Running | None = None
+        #: The buffered row this thread runs next, taken as its job's outcome was written.
+        self.following: QueuedJob | None = None
         self.abandoned = False
         self.thread = threading.Thread(target=self._loop, daemon=True,
                                        name=f"jobguard-executor-{number}")
@@ -248,14 +253,27 @@ class _Slot:
                     continue  # raised as its job ended: there is nothing left to stop
                 if row is None:
                     return
-                self._run(row)
-                if self.abandoned:
-                    return
+                # Its row, then each row the prefetch buffer has ready as one ends: taken in
+                # this thread, no hand-off through the coordinator.
+                following: QueuedJob | None = row
+                while following is not None:
+                    following = self._run(following)
+                    if self.abandoned:
+                        return
         finally:
             connections.close_all()  # this thread's connections only
 
-    def _run(self, row: QueuedJob) -> None:
+    def _take_next(self) -> QueuedJob | None:
+        """The row to run next (asked by the pipeline as it writes an outcome)."""
+        if self.following is None:
+            self.following = self.executor._take_for(self)
+        return self.following
+
+    def _run(self, row: QueuedJob) -> QueuedJob | None:
+        """Run ``row``; returns the next row to run here (taken from the prefetch buffer as
+        this one ended), or ``None`` (the slot went idle)."""
         state = ""
+        following = None
         try:
             state = self.pipeline.process(row)
         except (timeouts.ThreadTimeoutError, _Stopped):
@@ -270,8 +288,9 @@ class _Slot:
             timeouts.forget_thread_limit()
             if self.executor.rest and not self.abandoned:
                 self.executor.worker.pipeline.pause(self.executor.rest)
-            self.executor._finished(self, row, state)
             queue.close_broken_connections()
+            following = self.executor._finished(self, row, state)
+        return following
 
 
 class ThreadExecutor:
@@ -279,9 +298,15 @@ class ThreadExecutor:
 
     claims_ahead = False  # a free slot takes a row at once
 
-    def __init__(self, worker: Coordinator, size: int, *, rest: float = 0.0) -> None:
+    def __init__(self, worker: Coordinator, size: int, *, rest: float = 0.0,
+                 prefetch: Prefetch | None = None) -> None:
         self.worker = worker
         self.size = size
+        #: Rows claimed ahead: a thread whose job ends takes the next one from here itself
+        #: (:mod:`~django_jobguard.worker.prefetch`).
+        self.prefetch = prefetch
+        #: Set by :meth:`shutdown`: no thread takes a buffered row any more.
+        self.closing = False
         #: Seconds a thread rests after each job (``--rest``).
         self.rest = rest
         self._cond = threading.Condition()
@@ -320,9 +345,10 @@ class ThreadExecutor:
 
     @property
     def busy(self) -> int:
-        """How many jobs run now."""
+        """How many jobs run now, and rows taken to run next on a thread (their jobs start
+        as the ones before end: ``--max-jobs`` counts them)."""
         with self._cond:
-            return len(self._busy)
+            return len(self._busy) + sum(1 for slot in self._busy if slot.following)
 
     def running_queues(self) -> Counter[str]:
         """Running jobs per queue name."""
@@ -409,6 +435,7 @@ class ThreadExecutor:
                 break
             self.wait(min(self.seconds_to_next_check(), 0.5))
         with self._cond:
+            self.closing = True
             slots = list(self._idle)
             self._idle.clear()
         for slot in slots:
@@ -420,10 +447,14 @@ class ThreadExecutor:
         """Put back every row still running, its attempt unused (the process exits next)."""
         with self._cond:
             running = list(self._busy.items())
+            following = [slot.following for slot, _ in running if slot.following is not None]
             for slot, _ in running:
                 slot.abandoned = True
+                slot.following = None
                 del self._busy[slot]
             self._publish()
+        for row in following:
+            self._give_back(row)
         completer = self.worker.pipeline.completer
         for _slot, job in running:
             if completer is not None:
@@ -443,21 +474,66 @@ class ThreadExecutor:
         with self._cond:
             return list(self._busy)
 
-    def _finished(self, slot: _Slot, row: QueuedJob, state: str) -> None:
-        """A thread is done with ``row`` (called in that thread)."""
+    def _finished(self, slot: _Slot, row: QueuedJob, state: str) -> QueuedJob | None:
+        """A thread is done with ``row`` (called in that thread); returns the row it runs
+        next, taken from the prefetch buffer (running from now on: its lease renewed as
+        such), or ``None`` when it goes idle."""
+        back = None
         with self._cond:
-            if self._busy.get(slot) is not None and self._busy[slot].row is row:
+            following, slot.following = slot.following, None
+            running = self._busy.get(slot)
+            if running is not None and running.row is row:
                 del self._busy[slot]
-                if not slot.abandoned:
+                now = time.monotonic()
+                if self.prefetch is not None:
+                    self.prefetch.finished(now - running.started)
+                    if slot.abandoned or self._aborted:
+                        back, following = following, None
+                    elif following is None and not self._stopping():
+                        following = self.prefetch.take(is_async=False)
+                if following is not None:
+                    self._busy[slot] = slot.running = _Running(following, now)
+                elif not slot.abandoned:
                     self._idle.append(slot)
                 self.worker.job_finished(state, row.queue)
                 self._publish()
-            slot.running = None
+            elif following is not None:  # given up meanwhile: not this thread's to run
+                back, following = following, None
+            if following is None:
+                slot.running = None
             self._cond.notify_all()
+        if back is not None:
+            self._give_back(back)
+        return following
+
+    def _stopping(self) -> bool:
+        return self.closing or self.worker.pipeline.stopping()
+
+    def _take_for(self, slot: _Slot) -> QueuedJob | None:
+        """A buffered row for ``slot`` to run after its job (held from now on: its lease
+        renewed with the running rows'), or ``None``."""
+        with self._cond:
+            if self.prefetch is None or slot.abandoned or self._aborted or self._stopping():
+                return None
+            row = self.prefetch.take(is_async=False)
+            if row is not None:
+                slot.following = row
+                self._publish()
+            return row
+
+    def _give_back(self, row: QueuedJob) -> None:
+        """Put back a row taken to run next that will not run here, its attempt unused."""
+        try:
+            queue.release(row, count_attempt=False, using=self.worker.pipeline.using)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Could not put back %s (%s); its lease will bring it back.", row,
+                           exc)
 
     def _publish(self) -> None:
         """Tell the worker which rows run now (under ``_cond``)."""
-        self.worker.show_running([running.row for running in self._busy.values()])
+        rows = [running.row for running in self._busy.values()]
+        rows += [slot.following for slot in self._busy if slot.following is not None]
+        self.worker.show_running(rows)
 
     def _give_up(self, slot: _Slot, limit: timeouts.ThreadLimit) -> None:
         """End the attempt of a job stuck past its timeout and the grace period, and put a

@@ -56,6 +56,7 @@ from django_jobguard.worker.executor import (
 )
 from django_jobguard.worker.heartbeat import Heartbeat
 from django_jobguard.worker.pipeline import Pipeline, log_finishing_error
+from django_jobguard.worker.prefetch import Prefetch
 from django_jobguard.worker.queue_selection import QueueEntry, QueueSelection
 from django_jobguard.worker.stopping import GracefulStop
 
@@ -63,6 +64,9 @@ logger = logging.getLogger("django_jobguard.worker")
 
 EXIT_OK = 0
 EXIT_MEMORY = 12
+#: Seconds a worker relies on its last "when is the next job due" answer while NOTIFYs keep
+#: waking it (see Worker._seconds_to_due); a claim that comes back empty asks again.
+DUE_KNOWN_FOR = 0.25
 
 
 class StopFlag(threading.Event):
@@ -214,9 +218,23 @@ class Worker:
         self._executor: Executor = SoloExecutor(self, finished=self._claim_size.finished,
                                                 rest=o.rest)
         self._finished_lock = threading.Lock()
-        #: Claimed rows not started yet: claimed ahead, or waiting for a slot of their kind
-        #: (replaced, never changed in place: the heartbeat reads it from its thread).
+        #: The solo executor's claimed sync rows not started yet (claimed ahead); replaced,
+        #: never changed in place: the heartbeat reads it from its thread.
         self._waiting: list[QueuedJob] = []
+        #: Every other claimed row not started yet (async rows, and the sync rows of
+        #: ``--threads``): a slot that frees takes its next row from here itself.
+        self._prefetch = Prefetch(self._runs_async)
+        self._async.prefetch = self._prefetch
+        self._buffer_pause_checked = 0.0
+        #: ``(asked at, due at)``, time.monotonic(): the last :meth:`seconds_until_next_due`
+        #: (forgotten when a claim comes back empty; see :meth:`_seconds_to_due`).
+        self._due_known: tuple[float, float] | None = None
+        #: Whether the last claim brought fewer rows than it asked for from the worker's
+        #: only queue (nothing more was due then: what comes later is heard by LISTEN).
+        self._drained = False
+        #: Whether a NOTIFY ended the last wait (an empty claim after it asks for the next
+        #: due time again).
+        self._notified = False
         self._has_async_jobs = any(aio.is_async(cls) for cls in registry.all_jobs().values())
         self._heartbeat = Heartbeat(self, o.using)
         #: Finished jobs acked in groups (``COMPLETION_WINDOW``), or one ack per job.
@@ -271,28 +289,33 @@ class Worker:
                 # so an empty claim means an empty queue only if none ran then: otherwise
                 # --stop-when-empty could stop with jobs left that the cap held back.
                 running = self._executor.busy + len(self._async)
-                if self._quiet.is_set() and self._waiting:  # claimed, never started: back
+                if self._quiet.is_set() and (self._waiting or len(self._prefetch)):
+                    # claimed, never started: back to the queue, attempts unused
                     waiting, self._waiting = self._waiting, []
-                    self._give_back(waiting)
+                    self._give_back(waiting + self._prefetch.drain(close=True))
+                self._give_back_paused()
                 rows = [] if self._waiting or self._quiet.is_set() else self._claim()
                 if may_turn and self._executor.claims_ahead and self._sync_beside_async(rows):
                     self._executor = self._threads(1)
-                self._start_async_ahead(rows)
                 self._hand_out(rows)
                 executor = self._executor
                 busy = executor.busy + len(self._async)
-                code = self._stop_code(found=bool(rows) or busy > 0 or running > 0,
+                buffered = len(self._prefetch)
+                code = self._stop_code(found=bool(rows) or busy > 0 or running > 0
+                                       or buffered > 0,
                                        started=started,
                                        jobs=self.jobs_processed + executor.busy)
                 if code is not None:
                     return code
                 free = executor.free() + self._async.free()
-                if rows and free:
+                if rows and free and not (self._drained and self._listener is not None):
                     continue  # there may be more due
                 if self._completer is not None:
                     self._completer.flush()  # about to wait: nothing finished waits with it
                 if not free or self._waiting or (busy and self.options.stop_when_empty):
                     executor.wait(executor.seconds_to_next_check())
+                elif buffered:  # woken as each job ends, to refill the buffer in time
+                    executor.wait(min(executor.seconds_to_next_check(), 0.1))
                 else:
                     self._wait(cap=executor.seconds_to_next_check() if busy else None)
             return EXIT_OK
@@ -302,12 +325,12 @@ class Worker:
             return EXIT_STUCK
         finally:
             waiting, self._waiting = self._waiting, []
-            self._give_back(waiting)
+            self._give_back(waiting + self._prefetch.drain(close=True))
             self._executor.shutdown()
 
     def _threads(self, size: int) -> Executor:
         """The executor of ``--threads`` (``size`` threads)."""
-        return ThreadExecutor(self, size, rest=self.options.rest)
+        return ThreadExecutor(self, size, rest=self.options.rest, prefetch=self._prefetch)
 
     def _claim(self) -> list[QueuedJob]:
         """Claim the rows to run next: for the solo executor an adaptive batch whose first
@@ -317,17 +340,43 @@ class Worker:
         second later on a fresh connection."""
         o = self.options
         executor = self._executor
+        async_free = self._async.free() if self._has_async_jobs else 0
+        buffered = len(self._prefetch)
+        ahead = prefetching = 0
         if executor.claims_ahead:
             limit = 1 if o.once else self._claim_size.next()
             if o.max_jobs:
                 limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
-            start = 0 if self._completer is not None else 1
+            # The first row starts now, counted in the claim: unless it may be an async row
+            # with no free slot (it would wait, its attempt counted).
+            start = 0 if self._completer is not None or (
+                self._has_async_jobs and not async_free) else 1
+            if buffered:
+                # Async rows wait in the prefetch buffer (the async slots take them as they
+                # free): the next claim when it is down to half its size.
+                if not self._selection.weighted:
+                    ahead = self._prefetch.target(self._async.concurrency)
+                if buffered > ahead // 2:
+                    return []
         else:
             # Slots for async jobs only where any job is async: a claim cannot tell the kinds
-            # apart, and a sync row claimed for an async slot waits for a thread (its lease
-            # renewed, its attempt counted only when it starts).
-            start = executor.free()
-            limit = start + (self._async.free() if self._has_async_jobs else 0)
+            # apart, and a sync row claimed for an async slot waits for a thread in the
+            # prefetch buffer (its lease renewed, its attempt counted only when it starts).
+            free = executor.free()
+            if not (o.once or o.max_jobs or self._selection.weighted):
+                ahead = self._prefetch.target(executor.size + async_free)
+            if buffered and (self._selection.weighted or o.once or o.max_jobs
+                             or (not (free or async_free) and buffered > ahead // 2)):
+                return []  # enough ready (or a queue's number to keep): nothing to claim
+            # A refill brings the buffer back to ``ahead``, never past every slot and
+            # ``ahead`` (rows of one kind may wait while the other kind's slots are free).
+            slots = executor.size + (self._async.concurrency if self._has_async_jobs else 0)
+            limit = min(free + async_free + max(0, ahead - buffered),
+                        slots + ahead - buffered)
+            # Of those, the rows no slot waits for: a capped queue gives none of them.
+            prefetching = max(0, limit - free - async_free)
+            # Counted in the claim: only rows sure to start now, whatever their kind.
+            start = min(free, async_free) if self._has_async_jobs else free
             if self._completer is not None:
                 start = 0  # each row's start is counted as it starts, or in its group
             if o.once or o.max_jobs:
@@ -341,7 +390,7 @@ class Worker:
             rows = self._selection.claim(
                 lambda names, n: queue.claim(names, worker_id=self.id, limit=n,
                                              start=min(n, start), named=o.queues,
-                                             using=o.using),
+                                             ahead=min(prefetching, n), using=o.using),
                 free=limit, running=running)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
@@ -351,38 +400,90 @@ class Worker:
         if executor.claims_ahead:
             self._claim_size.claimed(limit, len(rows))
         self._pause_checked = time.monotonic()  # the claim excluded paused queues
+        if not rows and self._notified:
+            self._due_known = None  # woken for a job not due yet, or another took it: ask
+        self._notified = False
+        # One queue, fewer rows than asked: nothing else was due. The rows committed since
+        # sent a NOTIFY, which ends the next wait at once: no empty claim needed to see it.
+        self._drained = (len(rows) < limit and len(o.queues) == 1
+                         and o.queues[0] != queue.ALL_QUEUES)
         return rows
 
     def _hand_out(self, rows: list[QueuedJob]) -> None:
-        """Start the rows waiting for a slot of their kind, then ``rows``, in order: async
-        ones on the event loop, sync ones on the executor (the solo executor runs each here,
-        ``then`` the row after it, which its ack starts); a row whose kind has no free slot
-        waits (claimed, its lease renewed) until one frees. Before each row the solo
-        executor, between jobs, sees a stop or a pause of the batch's queue (a claim returns
-        rows of one queue) and gives back the rows it did not start."""
-        self._waiting = waiting = self._waiting + rows
+        """Start the claimed rows that have a free slot of their kind, oldest first: async
+        ones on the event loop, sync ones on the executor; the others wait (claimed, their
+        leases renewed, attempts uncounted) until a slot frees. The solo executor's sync
+        rows wait in order in ``_waiting`` (it runs each here, ``then`` the row after it,
+        which its ack starts; before each row it sees a stop or a pause of the batch's queue
+        and gives back the rows it did not start); every other row waits in the prefetch
+        buffer, where a slot that frees takes its next row itself."""
         solo = self._executor.claims_ahead
+        if rows:
+            buffered = [row for row in rows if not solo or self._runs_async(row)]
+            if solo:
+                self._waiting = self._waiting + [row for row in rows
+                                                 if not self._runs_async(row)]
+            self._give_back(self._prefetch.put(buffered))
+        self._start_from_buffer()
+        if not solo:
+            return
+        waiting = self._waiting
         index = 0
         while index < len(waiting):
             row = waiting[index]
-            if solo and (self._stop.is_set() or self._quiet.is_set()
-                         or self._paused_meanwhile(row.queue)):
+            if self._stop.is_set() or self._quiet.is_set() or self._paused_meanwhile(
+                    row.queue):
                 self._waiting = waiting[:index]
                 self._give_back(waiting[index:])
                 return
-            is_async = self._runs_async(row)
-            if not (self._async.free() if is_async else self._executor.free()):
-                index += 1
-                continue
             # Started: from now on the executor's (its row's lease is renewed as running).
-            self._waiting = waiting = waiting[:index] + waiting[index + 1:]
+            self._waiting = waiting = waiting[index + 1:]
+            then = waiting[0] if waiting else None
+            self._executor.submit(row, then=then)
+
+    def _start_from_buffer(self) -> None:
+        """Start buffered rows in the free slots: async ones on the event loop, and (with
+        ``--threads``) sync ones on the executor's threads. The attempts of those claimed
+        ahead are counted in one statement (not one UPDATE each as they start)."""
+        starting: list[tuple[QueuedJob, bool]] = []
+        free_async = self._async.free() if self._has_async_jobs else 0
+        free_sync = 0 if self._executor.claims_ahead else self._executor.free()
+        for is_async, free in ((True, free_async), (False, free_sync)):
+            for _ in range(free):
+                row = self._prefetch.take(is_async=is_async)
+                if row is None:
+                    break
+                starting.append((row, is_async))
+        if not starting:
+            return
+        ahead = [row for row, _ in starting if queue.claimed_ahead(row)
+                 and not (self._completer is not None and self._completer.defers(row))]
+        if len(ahead) > 1:
+            try:
+                queue.start_many(ahead, using=self.options.using)
+            except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
+                logger.warning("Could not start %s jobs at once (%s).", len(ahead), exc)
+        for row, is_async in starting:
             if is_async:
                 self._async.submit(row)
-                continue
-            then = waiting[index] if solo and index < len(waiting) else None
-            if then is not None and self._runs_async(then):
-                then = None  # started by its own pipeline on the loop
-            self._executor.submit(row, then=then)
+            else:
+                self._executor.submit(row)
+
+    def _give_back_paused(self, every: float = 1.0) -> None:
+        """Give back the buffered rows of queues paused since their claim (asked at most
+        once per ``every`` seconds, and only while rows are buffered)."""
+        if not len(self._prefetch):
+            return
+        now = time.monotonic()
+        if now - self._buffer_pause_checked < every:
+            return
+        self._buffer_pause_checked = now
+        try:
+            names = queue.paused(sorted(self._prefetch.queues()), using=self.options.using)
+        except (DatabaseError, InterfaceError):
+            return
+        if names:
+            self._give_back(self._prefetch.take_queues(set(names)))
 
     def _give_back(self, rows: Sequence[QueuedJob]) -> None:
         """Put back claimed rows that never started here, their attempt unused."""
@@ -399,20 +500,6 @@ class Worker:
             return False
         kinds = [self._runs_async(row) for row in rows]
         return not all(kinds) and (any(kinds) or len(self._async) > 0)
-
-    def _start_async_ahead(self, rows: list[QueuedJob]) -> None:
-        """Count in one statement the attempts of the async rows claimed ahead that start on
-        the event loop now (instead of one UPDATE each as they start)."""
-        if not self._has_async_jobs:
-            return
-        starting = [row for row in rows if self._runs_async(row)][:self._async.free()]
-        ahead = [row for row in starting if queue.claimed_ahead(row)
-                 and not (self._completer is not None and self._completer.defers(row))]
-        if len(ahead) > 1:
-            try:
-                queue.start_many(ahead, using=self.options.using)
-            except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
-                logger.warning("Could not start %s async jobs at once (%s).", len(ahead), exc)
 
     def _runs_async(self, row: QueuedJob) -> bool:
         """Whether ``row``'s job is async (looked up once per job name: asked several times
@@ -475,7 +562,8 @@ class Worker:
         waiting for a slot (the heartbeat renews their leases)."""
         grouped = self._completer.held() if self._completer is not None else set()
         running = frozenset(row.id for row in self._running)
-        return running | self._async.held() | {row.id for row in self._waiting} | grouped
+        return (running | self._async.held() | {row.id for row in self._waiting} | grouped
+                | self._prefetch.ids())
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second
@@ -519,7 +607,7 @@ class Worker:
     def _wait(self, cap: float | None = None) -> None:
         """Idle until ``--sleep`` passes, the next delayed job is due, a NOTIFY arrives
         (PostgreSQL), a stop signal, or ``cap`` seconds."""
-        wait = min(self.options.sleep, self.seconds_until_next_due())
+        wait = min(self.options.sleep, self._seconds_to_due())
         deadline = time.monotonic() + (wait if cap is None else min(wait, cap))
         self._reopen_listener()
         while not self._stop.is_set():
@@ -530,6 +618,7 @@ class Worker:
             if self._listener is not None:
                 try:
                     if self._listener.wait(chunk):
+                        self._notified = True
                         return
                 except Exception as exc:  # lost connection: fall back to polling
                     logger.warning("LISTEN connection lost (%s); polling until it is back.",
@@ -563,6 +652,20 @@ class Worker:
             logger.warning("LISTEN %sunavailable (%s); polling.", "still " if again else "",
                            exc)
             self._listener_lost_at = time.monotonic()
+
+    def _seconds_to_due(self) -> float:
+        """:meth:`seconds_until_next_due`, asked again only when the last answer is more
+        than :data:`DUE_KNOWN_FOR` seconds old or a claim right after a NOTIFY came back
+        empty (the NOTIFY was for something not due yet: a delayed job). The worker claims
+        after each NOTIFY and waits again: one query per wait was a quarter of its round
+        trips per job."""
+        now = time.monotonic()
+        known = self._due_known
+        if known is not None and now - known[0] < DUE_KNOWN_FOR:
+            return max(known[1] - now, 0.01)
+        wait = self.seconds_until_next_due()
+        self._due_known = (now, now + wait)
+        return wait
 
     def seconds_until_next_due(self) -> float:
         """Seconds until the earliest delayed or leased job in our queues becomes due, by the

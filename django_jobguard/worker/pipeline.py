@@ -116,6 +116,10 @@ class Pipeline:
         #: Called with each row acked in a group and its state, once the group committed
         #: (the worker counts it; :meth:`process` returned :data:`GROUPED` for it).
         self.grouped_done: Callable[[QueuedJob, str], None] = _ignore
+        #: A thread of ``--threads``: the row it runs next, taken from the prefetch buffer
+        #: as a job's outcome is written, so that its ack also starts that row (one round
+        #: trip, as the solo executor's ``then``); ``None`` when there is none.
+        self.next_row: Callable[[], QueuedJob | None] | None = None
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -151,19 +155,24 @@ class Pipeline:
                 if job is not None and not isinstance(job, str):
                     job.context.close_reporter()
 
-    async def aprocess(self, row: QueuedJob) -> str:
+    async def aprocess(self, row: QueuedJob, *,
+                       then: Callable[[], QueuedJob | None] | None = None) -> str:
         """:meth:`process` for an async job's row, on the event loop: the database work off
         the loop (:func:`aio.call_sync`), the job on it, so that many async jobs wait at
-        once without a thread each."""
+        once without a thread each (``then``: as for :meth:`acomplete`)."""
         started = time.monotonic()
         with running(row, self.worker_id):  # the trace span, when tracing is on
             job = await aio.call_sync(self.begin, row, started)
             if isinstance(job, str):
                 return job
-            return await self.acomplete(row, job, started)
-    async def acomplete(self, row: QueuedJob, job: JobLike, started: float) -> str:
+            return await self.acomplete(row, job, started, then=then)
+
+    async def acomplete(self, row: QueuedJob, job: JobLike, started: float, *,
+                        then: Callable[[], QueuedJob | None] | None = None) -> str:
         """On the event loop: run the job :meth:`begin` returned, then apply its outcome
-        off the loop (one round trip to a thread)."""
+        off the loop (one round trip to a thread). ``then()``, asked as the outcome is
+        written, gives the row that runs next in this job's slot (the prefetch buffer's),
+        which its ack starts in the same round trip."""
         try:
             try:
                 result: Any = await self.run_on_loop(row, job)
@@ -172,7 +181,7 @@ class Pipeline:
                 result, error = None, exc
             if error is not None:  # perhaps a connection of the job's async ORM broke: drop
                 await aio.reset_job_connections()  # it before the retry can be claimed
-            return await aio.call_sync(self._finish, row, job, result, error, started)
+            return await aio.call_sync(self._finish, row, job, result, error, started, then)
         finally:
             job.context.close_reporter()
 
@@ -195,12 +204,14 @@ class Pipeline:
             return self._unprocessable(row, exc, started)
 
     def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
-                started: float) -> str:
-        """Off the loop: the outcome of an async job's run, applied."""
+                started: float, then: Callable[[], QueuedJob | None] | None = None) -> str:
+        """Off the loop: the outcome of an async job's run, applied (``then``: see
+        :meth:`acomplete`)."""
         try:
             outcome = self._outcome(row, job, result) if error is None else \
                 self._error_outcome(row, job, error)
-            return self.apply(row, job, outcome, started)
+            return self.apply(row, job, outcome, started,
+                              then=then() if then is not None else None)
         except (DatabaseError, InterfaceError, StoreUnavailableError):
             raise
         except Exception as exc:
@@ -485,6 +496,8 @@ class Pipeline:
               detail: str = "", then: QueuedJob | None = None) -> str:
         """Write ``outcome`` to the row and tell everyone; returns the state logged (an ack
         also starts ``then``, the row claimed ahead that runs next)."""
+        if then is None and self.next_row is not None:
+            then = self.next_row()
         completer = self.completer
         if completer is not None:
             completer.ran(row.name, time.monotonic() - started)

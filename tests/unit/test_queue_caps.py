@@ -50,3 +50,15 @@ def test_other_queues_are_not_capped():
     with override_settings(JOBGUARD=CAPPED):
         assert len(queue.claim(["default"], worker_id="w1", limit=5)) == 5
     assert not QueueGate.objects.exists()
+
+
+def test_a_capped_queue_gives_no_rows_to_a_prefetch():
+    """A worker's prefetch (``ahead``: rows no slot waits for) takes nothing from a capped
+    queue: a buffered row would hold a place of the cap an idle worker could use."""
+    dispatch_many([jobs.Noop(n) for n in range(3)], queue="reports")
+    dispatch_many([jobs.Noop(n) for n in range(3)])
+    with override_settings(JOBGUARD={"QUEUES": {"reports": {"global_concurrency": 5}}}):
+        assert queue.claim(["reports"], worker_id="w1", limit=2, ahead=2) == []
+        assert len(queue.claim(["reports"], worker_id="w1", limit=3, ahead=2)) == 1
+        # an uncapped queue is prefetched from
+        assert len(queue.claim(["default"], worker_id="w1", limit=3, ahead=2)) == 3
