@@ -53,7 +53,7 @@ from django_jobguard import clock, observe, signals
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects import dialect_for
 from django_jobguard.envelope import encoded_size
-from django_jobguard.models import FinishedRun, QueueMinute, RunStatistic
+from django_jobguard.models import STATISTIC_COLUMNS, FinishedRun, QueueMinute, RunStatistic
 from django_jobguard.outcome import JobState
 
 try:
@@ -581,9 +581,6 @@ SUMMARY = -1
 #: range); above it they come from the per-minute and per-hour rows (``estimated``).
 EXACT_UP_TO = 10_000
 #: The columns of a :class:`RunStatistic` row, in the order of :func:`statistics_of`'s tuples.
-STATISTIC_COLUMNS = ("span", "period", "name", "queue", "bucket", "runs", "failures",
-                     "runtimes", "waits", "runtime_min", "runtime_max", "wait_min", "wait_max")
-
 _LOG_FACTOR = math.log(BUCKET_FACTOR)
 
 

@@ -614,6 +614,12 @@ class FinishedRun(models.Model):
         return f"{self.name} [{self.job_id}] {self.state} at {self.finished_at.isoformat()}"
 
 
+#: The columns of a :class:`RunStatistic` row, in the order the history and the dialects
+#: pass its values (``history.py`` builds them, ``Dialect.add_run_statistics`` writes them).
+STATISTIC_COLUMNS = ("span", "period", "name", "queue", "bucket", "runs", "failures",
+                     "runtimes", "waits", "runtime_min", "runtime_max", "wait_min", "wait_max")
+
+
 class RunStatistic(models.Model):
     """Finished runs of one job class and queue in one minute (``span`` 60) or one hour
     (``span`` 3600), pre-aggregated when the runs are inserted

@@ -297,7 +297,7 @@ class Dialect(ABC):
                 f"{on_conflict(q, table)}", params)
 
     def add_run_statistics(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Add ``RunStatistic`` rows (``history.STATISTIC_COLUMNS`` tuples, in key order) in
+        """Add ``RunStatistic`` rows (``models.STATISTIC_COLUMNS`` tuples, in key order) in
         one atomic statement: counts added, smallest and largest values kept. Default:
         ``INSERT … ON CONFLICT DO UPDATE`` (PostgreSQL, SQLite 3.24+)."""
         self._insert_run_statistics(rows, lambda q, table, merge: (
@@ -307,8 +307,7 @@ class Dialect(ABC):
     def _insert_run_statistics(self, rows: Sequence[tuple[Any, ...]], on_conflict: Any) -> None:
         """``INSERT`` the rows, ``on_conflict(quote_name, table, merge)`` merging into a row
         that is there; ``merge(old, new, column)`` is the SQL of a column's merged value."""
-        from django_jobguard.history import STATISTIC_COLUMNS
-        from django_jobguard.models import RunStatistic
+        from django_jobguard.models import STATISTIC_COLUMNS, RunStatistic
 
         connection = connections[self.using]
         q = connection.ops.quote_name

@@ -126,8 +126,7 @@ class GenericDialect(Dialect):
         """Add to each row with an UPDATE (counts added, smallest and largest kept: atomic on
         any database), inserting it when it is missing; an insert that lost the race to
         another worker's adds to the row that one made."""
-        from django_jobguard.history import STATISTIC_COLUMNS
-        from django_jobguard.models import RunStatistic
+        from django_jobguard.models import STATISTIC_COLUMNS, RunStatistic
 
         table = RunStatistic.objects.using(self.using)
         with transaction.atomic(using=self.using):
