@@ -366,8 +366,13 @@ class Worker:
             if not (o.once or o.max_jobs or self._selection.weighted):
                 ahead = self._prefetch.target(executor.size + async_free)
             if buffered and (self._selection.weighted or o.once or o.max_jobs
+                             or buffered > ahead
                              or (not (free or async_free) and buffered > ahead // 2)):
-                return []  # enough ready (or a queue's number to keep): nothing to claim
+                # Enough ready (or a queue's number to keep): nothing to claim. Past the
+                # buffer's target (0 for slow jobs) its rows wait for a slot of their kind:
+                # claiming for the other kind's free slots could take the whole queue, one
+                # row of the wrong kind at a time, from the workers with free threads.
+                return []
             # A refill brings the buffer back to ``ahead``, never past every slot and
             # ``ahead`` (rows of one kind may wait while the other kind's slots are free).
             slots = executor.size + (self._async.concurrency if self._has_async_jobs else 0)

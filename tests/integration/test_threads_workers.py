@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections import defaultdict
 
 import pytest
@@ -175,6 +176,28 @@ def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(w
     assert len(runs) == 6 and len({job_id for job_id, _ in runs}) == 6  # none ran twice
     assert len({pid for _, pid in runs}) == 2  # both processes ran jobs
     assert not QueuedJob.objects.exists()
+
+
+def test_a_row_waiting_for_a_thread_is_not_followed_by_more_claims(workers):
+    """--threads 3 --async-concurrency 1 and six sync jobs of 4 s: the worker holds four rows
+    (three running, one claimed for the async slot waiting for a thread) and claims no more
+    while that row waits, so another worker can take the other two. (With the prefetch
+    buffer it once claimed again for the "free" async slot, one sync row at a time, until it
+    held the whole queue.)"""
+    env = worker_env(JOBGUARD_DEFAULT_TIMEOUT="0")
+    pool = workers(1, "--threads", "3", "--async-concurrency", "1", "--sleep", "0.05",
+                   env=env)
+    wait_for(lambda: WorkerRow.objects.count() == 1, timeout=60, what="the worker up")
+    dispatch_many([jobs.Record("held", key=str(i), seconds=4) for i in range(6)])
+    wait_for(lambda: JobRun.objects.filter(label="held").count() == 3, timeout=30,
+             what="three jobs running")
+    held = [QueuedJob.objects.exclude(reserved_by="").count()]
+    for _ in range(20):  # watched for 1 s: twenty of the worker's claim rounds at --sleep 0.05
+        time.sleep(0.05)
+        held.append(QueuedJob.objects.exclude(reserved_by="").count())
+    assert max(held) == 4, held
+    pool.procs[0].send_signal(signal.SIGTERM)
+    pool.wait(60)
 
 
 def test_a_queues_number_caps_its_running_jobs_in_a_threaded_worker(workers):
