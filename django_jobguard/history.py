@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, transaction
 from django.db.models import Max, Min, Q, Sum, Value
@@ -713,13 +713,13 @@ def run_statistics(window: str = "24h", *, exact_up_to: int = EXACT_UP_TO,
     using = queue_database(using)
     now = timezone.now()
     since = now - WINDOWS[window]
-    aggregated = list(
+    aggregated = cast(list[dict[str, Any]], list(
         RunStatistic.objects.using(using).filter(_window_rows(since, now))
         .values("name", "queue", "bucket").order_by()
         .annotate(runs_=Sum("runs"), failures_=Sum("failures"), runtimes_=Sum("runtimes"),
                   waits_=Sum("waits"), runtime_min_=Min("runtime_min"),
                   runtime_max_=Max("runtime_max"), wait_min_=Min("wait_min"),
-                  wait_max_=Max("wait_max")))
+                  wait_max_=Max("wait_max"))))
     if sum(row["runs_"] or 0 for row in aggregated if row["bucket"] == SUMMARY) > exact_up_to:
         rows = _statistics_histograms(aggregated)
     elif connections[using].vendor == "postgresql":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
@@ -152,12 +152,16 @@ class Job:
     #: job on its event loop, see :mod:`django_jobguard.aio`).
     is_async: ClassVar[bool] = False
 
-    @cached_property
-    def context(self) -> JobContext:
-        """This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`);
-        an empty one outside a worker, made when first asked for (a job made only to be
-        dispatched never needs it; the worker sets the run's own)."""
-        return JobContext()
+    if TYPE_CHECKING:
+        #: This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`).
+        context: JobContext
+    else:
+        @cached_property
+        def context(self) -> JobContext:
+            """This run: id, attempt, worker and retry policy (:mod:`django_jobguard.context`);
+            an empty one outside a worker, made when first asked for (a job made only to be
+            dispatched never needs it; the worker sets the run's own)."""
+            return JobContext()
 
     #: The arguments the job was made with (``repr`` and the payload show them).
     _dispatch_args: tuple[tuple[Any, ...], dict[str, Any]]

@@ -60,8 +60,9 @@ class RunQueueFilter(admin.SimpleListFilter):
         queues = set(RunStatistic.objects.using(db).filter(
             span=history.HOUR, bucket=history.SUMMARY).values_list("queue", flat=True)
             .distinct().order_by())
-        if self.value():
-            queues.add(self.value())
+        value = self.value()
+        if value:
+            queues.add(value)
         return [(queue, queue) for queue in sorted(queues)]
 
     def queryset(self, request, queryset):
@@ -76,8 +77,9 @@ class RunTagFilter(TagFilter):
         rows = model_admin.model._default_manager.using(model_admin.get_queryset(request).db)
         texts = rows.order_by("-finished_at").values_list("tags", flat=True)[:TAGGED_RUNS_READ]
         found = {tag for text in texts if text for tag in job_tags.decode(text)}
-        if self.value():
-            found.add(self.value())
+        value = self.value()
+        if value:
+            found.add(value)
         return [(tag, tag) for tag in sorted(found)]
 
 
