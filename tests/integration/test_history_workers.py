@@ -4,24 +4,33 @@ upserts), and the statistics count every run once."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from django.db.models import Sum
 
 from django_jobguard import dispatch_many, history
 from django_jobguard.models import FinishedRun, RunStatistic
-from tests.support import jobs, worker_env
+from django_jobguard.models import Worker as WorkerRow
+from tests.support import jobs, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_workers_statistics_count_each_run_once(workers):
-    dispatch_many([jobs.Noop(n) for n in range(240)] + [jobs.FailMe() for _ in range(10)],
-                  queue="stats")
     env = worker_env(JOBGUARD_HISTORY="all", JOBGUARD_RETRY_AFTER="1.5",  # 0.5 s beats
                      JOBGUARD_DEFAULT_TIMEOUT="1")
-    pool = workers(3, "--queue", "stats", "--stop-when-empty",
-                   "--sleep", "0.05", "--max-time", "120", env=env)
-    pool.wait(150)
+    # The three workers are up and polling before the jobs come, so that each takes some
+    # (started after a dispatch, the first one up could drain the queue alone).
+    pool = workers(3, "--queue", "stats", "--sleep", "0.05", "--max-time", "120", env=env)
+    wait_for(lambda: WorkerRow.objects.count() == 3, timeout=60, what="three workers up")
+    dispatch_many([jobs.Record("stats", key=str(n), seconds=0.01) for n in range(240)]
+                  + [jobs.FailMe() for _ in range(10)], queue="stats")
+    wait_for(lambda: FinishedRun.objects.filter(queue="stats").count() == 250, timeout=120,
+             what="250 runs recorded")
+    for proc in pool.procs:
+        proc.send_signal(signal.SIGTERM)
+    pool.wait(60)  # their last statistics are written as they stop
     runs = FinishedRun.objects.filter(queue="stats")
     assert runs.count() == 250 and runs.filter(state="FAILED").count() == 10
     assert runs.values("worker").distinct().count() >= 2  # several workers recorded
