@@ -34,7 +34,17 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.utils import timezone
 
-from django_jobguard import aio, clock, queue, registry, results, signals, unique_jobs, workflows
+from django_jobguard import (
+    aio,
+    clock,
+    queue,
+    registry,
+    results,
+    signals,
+    tracing,
+    unique_jobs,
+    workflows,
+)
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.context import JobContext
 from django_jobguard.durations import Due
@@ -120,6 +130,9 @@ class Pipeline:
         #: as a job's outcome is written, so that its ack also starts that row (one round
         #: trip, as the solo executor's ``then``); ``None`` when there is none.
         self.next_row: Callable[[], QueuedJob | None] | None = None
+        #: Async rows begun by :meth:`_begin_next`, by id: the job (or the state that ended
+        #: it) and when it started; :meth:`aprocess` takes its row's out.
+        self._begun: dict[Any, tuple[str | JobLike, float]] = {}
 
     def interruptible(self) -> JobContext | None:
         """The running job's context while an exception raised into it still ends the run
@@ -160,6 +173,12 @@ class Pipeline:
         """:meth:`process` for an async job's row, on the event loop: the database work off
         the loop (:func:`aio.call_sync`), the job on it, so that many async jobs wait at
         once without a thread each (``then``: as for :meth:`acomplete`)."""
+        begun = self._begun.pop(row.id, None)
+        if begun is not None:  # begun in the hop that wrote the outcome of the job before
+            job, started = begun
+            if isinstance(job, str):
+                return job
+            return await self.acomplete(row, job, started, then=then)
         started = time.monotonic()
         with running(row, self.worker_id):  # the trace span, when tracing is on
             job = await aio.call_sync(self.begin, row, started)
@@ -207,15 +226,33 @@ class Pipeline:
                 started: float, then: Callable[[], QueuedJob | None] | None = None) -> str:
         """Off the loop: the outcome of an async job's run, applied (``then``: see
         :meth:`acomplete`)."""
+        following = None
         try:
             outcome = self._outcome(row, job, result) if error is None else \
                 self._error_outcome(row, job, error)
-            return self.apply(row, job, outcome, started,
-                              then=then() if then is not None else None)
+            following = then() if then is not None else None
+            state = self.apply(row, job, outcome, started, then=following)
         except (DatabaseError, InterfaceError, StoreUnavailableError):
             raise
         except Exception as exc:
             return self._unprocessable(row, exc, started)
+        if following is not None:
+            self._begin_next(following)
+        return state
+
+    def _begin_next(self, row: QueuedJob) -> None:
+        """In the pool thread that wrote an async job's outcome: start and rebuild ``row``,
+        the row that takes its slot (:meth:`aprocess` then runs it at once: one hop to a
+        thread per job, not two). Not under tracing (its rebuild belongs in the row's own
+        run span), nor after an error: :meth:`aprocess` begins it again then."""
+        if tracing.tracer() is not None:
+            return
+        started = time.monotonic()
+        try:
+            self._begun[row.id] = (self.begin(row, started), started)
+        except Exception as exc:
+            logger.debug("Beginning %s after the job before it failed (%s); it begins on "
+                         "its own.", row, exc)
 
     def _start(self, row: QueuedJob) -> bool:
         """Count the attempt of a row claimed ahead as it starts (:func:`queue.start`), or

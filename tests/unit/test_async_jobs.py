@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 from demo.models import JobRun, Profile
+from django.utils import timezone
 
 from django_jobguard import (
     Job,
@@ -321,3 +322,55 @@ def test_on_the_worker_loop_broken_connections_are_dropped_where_the_jobs_orm_ra
     assert len(closed) == 1 and closed[0] != loop.thread.name  # in the middleware's thread
     loop.run(aio.reset_job_connections())  # after a run that raised
     assert len(closed) == 2 and closed[1] != loop.thread.name
+
+
+def test_the_row_after_an_async_job_begins_in_the_hop_that_writes_its_outcome(monkeypatch):
+    """Issue 29: an async job whose slot goes to a row claimed ahead starts and rebuilds that
+    row in the same call off the loop that writes its own outcome, so the next job runs with
+    one hop to a thread, not two; both run once, each on its first attempt."""
+    from asgiref.sync import async_to_sync
+
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    first = async_jobs.AsyncRecord("hop", key="first").dispatch()
+    second = async_jobs.AsyncRecord("hop", key="second").dispatch()
+    rows = queue.claim(["default"], worker_id="w-hop", limit=2, start=1)
+    assert [str(row.id) for row in rows] == [first.id, second.id]
+    assert queue.claimed_ahead(rows[1])
+    pipeline = Pipeline(worker_id="w-hop")
+    hops: list[str] = []
+    call_sync = aio.call_sync
+
+    async def counted(func, *args, **kwargs):
+        hops.append(func.__name__)
+        return await call_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(aio, "call_sync", counted)
+
+    state = async_to_sync(pipeline.aprocess)(rows[0], then=lambda: rows[1])
+    assert state == "DONE" and hops == ["begin", "_finish"]
+    state = async_to_sync(pipeline.aprocess)(rows[1])
+    assert state == "DONE" and hops == ["begin", "_finish", "_finish"]  # begun already
+    assert not QueuedJob.objects.exists()
+    assert sorted((run.key, run.attempt) for run in JobRun.objects.filter(label="hop")) == [
+        ("first", 1), ("second", 1)]
+
+
+def test_a_row_begun_after_an_async_job_that_its_start_ended_keeps_that_state(monkeypatch):
+    """The row begun in the outcome's hop may end there (here: its cancel was requested
+    while it waited in the buffer): it is not run, and its state is the one returned."""
+    from asgiref.sync import async_to_sync
+
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    async_jobs.AsyncRecord("hop", key="first").dispatch()
+    second = async_jobs.AsyncRecord("hop", key="second").dispatch()
+    rows = queue.claim(["default"], worker_id="w-hop", limit=2, start=1)
+    rows[1].cancel_requested_at = timezone.now()
+    pipeline = Pipeline(worker_id="w-hop")
+    assert async_to_sync(pipeline.aprocess)(rows[0], then=lambda: rows[1]) == "DONE"
+    assert async_to_sync(pipeline.aprocess)(rows[1]) == "CANCELLED"
+    assert [run.key for run in JobRun.objects.filter(label="hop")] == ["first"]
+    assert not QueuedJob.objects.filter(id=second.id).exists()
