@@ -22,6 +22,17 @@ class Noop(Job):
         return None
 
 
+class AsyncNoop(Job):
+    """Does nothing on the event loop (``jobworker --async-concurrency``): the async path's
+    own cost per job."""
+
+    name = "bench.AsyncNoop"
+    queue = "bench"
+
+    async def handle(self) -> None:
+        return None
+
+
 class Stamp(Job):
     """Records when ``handle()`` started next to when the caller dispatched it (latency)."""
 

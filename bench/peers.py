@@ -108,6 +108,11 @@ COMPLETION_WINDOW = 0.01
 QUIET = ("-v", "0")
 GROUPED = f"jobguard, COMPLETION_WINDOW {COMPLETION_WINDOW}, -v 0"
 GROUPED_DURABLE = f"{GROUPED}, SYNCHRONOUS_ACKS"
+#: Async no-op jobs (``async def handle()``) on the event loop, 10 at a time, as PgQueuer and
+#: Oban run theirs: issue 29 asks their CPU per job to stay within 1.2x of sync jobs'.
+ASYNC_FLAGS = ("--async-concurrency", "10")
+ASYNC = "jobguard async (--async-concurrency 10)"
+ASYNC_GROUPED = f"{ASYNC}, COMPLETION_WINDOW {COMPLETION_WINDOW}, -v 0"
 
 
 def burn_timeout(n: int) -> float:
@@ -483,6 +488,13 @@ def systems(smoke: bool) -> list[System]:
                lambda p, n: throughput.jobguard_processing(
                    p, n, completion_window=COMPLETION_WINDOW, synchronous_acks=True,
                    extra=QUIET, cpu=True), lambda: None),
+        System(ASYNC,
+               lambda p, n: throughput.jobguard_processing(p, n, extra=ASYNC_FLAGS, cpu=True,
+                                                           is_async=True), lambda: None),
+        System(ASYNC_GROUPED,
+               lambda p, n: throughput.jobguard_processing(
+                   p, n, completion_window=COMPLETION_WINDOW, extra=(*ASYNC_FLAGS, *QUIET),
+                   cpu=True, is_async=True), lambda: None),
         System("PgQueuer (batch 10)", lambda p, n: pgqueuer(p, n, cpu=True),
                _module_missing("pgqueuer")),
         System(f"PgQueuer --batch-size {big}", lambda p, n: pgqueuer(p, n, batch=big, cpu=True),
@@ -590,6 +602,17 @@ def _goals(report: Report, medians: dict, counts: list[int]) -> None:
                              f"{best or 0:,.0f}/s", best >= 10_000 if best else None))
     report.goals.append(Goal(">= 5,000 no-op jobs/s with SYNCHRONOUS_ACKS=True",
                              f"{durable or 0:,.0f}/s", durable >= 5_000 if durable else None))
+
+    def total_ms(label: str, processes: int) -> float | None:
+        return medians.get(label, {}).get(processes, {}).get("total_ms")
+
+    for sync_label, async_label in (("jobguard", ASYNC), (GROUPED, ASYNC_GROUPED)):
+        for processes in counts:  # issue 29: async jobs cost no more than 1.2x sync ones
+            sync_ms, async_ms = total_ms(sync_label, processes), total_ms(async_label, processes)
+            report.goals.append(Goal(
+                f"{async_label}: CPU per job <= 1.2x {sync_label}'s at {processes} workers",
+                f"{ratio(async_ms, sync_ms) or 0:.2f}x",
+                async_ms <= 1.2 * sync_ms if async_ms and sync_ms else None))
 
     top = counts[-1]
     jg, dtdb = rate("jobguard", top), rate("django-tasks-db", top)

@@ -102,24 +102,28 @@ def ensure_floor_table() -> None:
 # -- processing --------------------------------------------------------------------------------
 
 
-def jobguard_fill(n: int) -> None:
-    """Queue ``n`` no-op jobs in one transaction (they appear to the workers at once)."""
+def jobguard_fill(n: int, *, is_async: bool = False) -> None:
+    """Queue ``n`` no-op jobs in one transaction (they appear to the workers at once);
+    ``is_async``: ``async def`` ones."""
     from django.db import transaction
 
-    from bench.jobs import Noop
+    from bench.jobs import AsyncNoop, Noop
     from django_jobguard import dispatch_many
 
+    job_class = AsyncNoop if is_async else Noop
     with transaction.atomic():
-        dispatch_many([Noop() for _ in range(n)], batch_size=1000)
+        dispatch_many([job_class() for _ in range(n)], batch_size=1000)
 
 
 def jobguard_processing(processes: int, n: int, *, batch: int | None = None,
                         extra: tuple[str, ...] = (), synchronous_acks: bool = False,
-                        completion_window: float = 0.0, cpu: bool = False) -> Run:
+                        completion_window: float = 0.0, cpu: bool = False,
+                        is_async: bool = False) -> Run:
     """``processes`` workers through ``n`` no-op jobs; ``batch=None`` is the default
     (adaptive) claim; ``synchronous_acks``: each ack waits for the WAL flush; ``cpu``: also
     the CPU of the workers and their PostgreSQL backends (``common.CpuMeter``);
-    ``completion_window``: batched completion (``COMPLETION_WINDOW``)."""
+    ``completion_window``: batched completion (``COMPLETION_WINDOW``); ``is_async``:
+    ``async def`` no-op jobs (give ``extra`` an ``--async-concurrency``)."""
     from django_jobguard.conf import jobguard_settings
 
     env = child_env(JOBGUARD_BENCH_SYNCHRONOUS_ACKS="1" if synchronous_acks else "0",
@@ -142,7 +146,8 @@ def jobguard_processing(processes: int, n: int, *, batch: int | None = None,
     run = measure_processing(
         tool=f"jobguard (batch {batch or 'adaptive'})", processes=processes, jobs=n,
         start=lambda: spawn(argv, count=processes, env=env), ready=ready,
-        fill=jobguard_fill, remaining_sql=REMAINING, cpu=cpu, timeout=max(600, n / 25),
+        fill=lambda count: jobguard_fill(count, is_async=is_async), remaining_sql=REMAINING,
+        cpu=cpu, timeout=max(600, n / 25),
     )
     truncate(*JOBGUARD_TABLES)
     return run

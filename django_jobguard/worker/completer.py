@@ -8,7 +8,10 @@ transaction per job. Its :class:`Completer` holds two kinds of rows, and one sta
   after the commit each is released from its unique lock, ``job_processed`` is sent and its
   DONE line is logged, in that order, exactly as after a single ack — never before;
 - **started** rows whose attempt has not been written (a *deferred start*): counted in the
-  group that follows their start, unless they finished first (then the row is simply gone).
+  first group written once they have run for a window, unless they finished first (then the
+  row is simply gone). A row still younger than the window stays deferred: with threads or
+  async jobs, many rows wait for a thread or the loop at every group, and writing their
+  starts would send each of them down the per-job path for its ack.
 
 A group is written when ``COMPLETION_BATCH_SIZE`` rows finished, ``COMPLETION_WINDOW``
 seconds after its oldest entry (a timer thread, so a long job does not hold back the acks
@@ -17,16 +20,18 @@ of those before it), when the worker goes idle, and when it stops.
 **Which rows are grouped.** Only a row whose start was deferred: a row claimed ahead (its
 attempt not counted by the claim), not *recovered* (its previous worker did not vanish
 holding it), of a job class whose last run in this process took less than the window. Its
-start and its end then meet in one group, or its start is written within the window and the
-row is acked on its own. Everything else (the first run of each class, slow classes, kept
-results, chains and batches, releases and failures) takes the per-job path, as without the
-completer, after taking the row's start back from the group (:meth:`Completer.take_start`).
+start and its end then meet in one group, or its start is written within two windows (the
+first group after it ran for one) and the row is acked on its own. Everything else (the
+first run of each class, slow classes, kept results, chains and batches, releases and
+failures) takes the per-job path, as without the completer, after taking the row's start
+back from the group (:meth:`Completer.take_start`).
 
 **What a crash costs** (``kill -9``, OOM): the rows finished in the last window run again,
-and so do the rows that started in it. Neither had an attempt written, so the re-run uses
-none: a finished run's repetition never spends a try or fails a job (``tries=1`` included).
-A recovered row always starts with its attempt written, so a job that kills its worker
-within the window is counted from its second run on and ends by its ``tries`` as before.
+and so do the rows that started in the last two. Neither had an attempt written, so the
+re-run uses none: a finished run's repetition never spends a try or fails a job
+(``tries=1`` included). A recovered row always starts with its attempt written, so a job
+that kills its worker within the window is counted from its second run on and ends by its
+``tries`` as before.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class Completer:
         self._wake = threading.Condition(self._lock)
         self._finished: list[Finished] = []
         self._starts: dict[Any, QueuedJob] = {}  # deferred: running, attempt not written
+        self._started: dict[Any, float] = {}  # when each deferred start came
         self._since: float | None = None  # when the oldest entry came
         self._runtimes: dict[str, float] = {}  # a class's last run here, in seconds
         self._closed = False
@@ -112,6 +118,7 @@ class Completer:
             queue.counted(row)  # the job sees its attempt; the database learns it in the group
             with self._wake:
                 self._starts[row.id] = row
+                self._started[row.id] = time.monotonic()
                 self._entered()
             return True
         if not queue.claimed_ahead(row):
@@ -122,6 +129,7 @@ class Completer:
         """Before a per-job write of ``row``: take its deferred start out of the group, and
         mark the attempt not written (``queue.release`` then counts it in its own update)."""
         with self._lock:
+            self._started.pop(row.id, None)
             if self._starts.pop(row.id, None) is not None:
                 row.attempt_counted = False
 
@@ -140,6 +148,7 @@ class Completer:
         """``entry`` finished: its ack joins the group (written now when the group is full)."""
         with self._wake:
             self._starts.pop(entry.row.id, None)
+            self._started.pop(entry.row.id, None)
             self._finished.append(entry)
             self._entered()
             full = len(self._finished) >= self.batch_size
@@ -153,14 +162,13 @@ class Completer:
 
     # -- the group ---------------------------------------------------------------------------
 
-    def flush(self, *, start: QueuedJob | None = None) -> bool:
+    def flush(self, *, start: QueuedJob | None = None, every_start: bool = False) -> bool:
         """Write the group (and ``start``'s attempt, a row starting now) in one statement,
-        then finish its acked rows; returns whether ``start`` was still held."""
+        then finish its acked rows; returns whether ``start`` was still held. The deferred
+        starts younger than the window wait for a later group, unless ``every_start``."""
         with self._lock:
             finished, self._finished = self._finished, []
-            starts = list(self._starts.values())
-            self._starts.clear()
-            self._since = None
+            starts = self._due_starts(every_start)
         if start is not None:
             starts.append(start)
         if not finished and not starts:
@@ -190,6 +198,22 @@ class Completer:
                 logger.exception("Error while finishing %s after its group was written.",
                                  entry.row)
         return start is None or start.id in started
+
+    def _due_starts(self, every: bool) -> list[QueuedJob]:
+        """Under the lock: take out the deferred starts to write now (those that ran for a
+        window, or all), and time the next group from the oldest one left."""
+        if every:
+            due = list(self._starts.values())
+            self._starts.clear()
+            self._started.clear()
+            self._since = None
+            return due
+        ripe = time.monotonic() - self.window
+        due = [row for job_id, row in self._starts.items() if self._started[job_id] <= ripe]
+        for row in due:
+            del self._starts[row.id], self._started[row.id]
+        self._since = min(self._started.values(), default=None)
+        return due
 
     def _entered(self) -> None:
         """Under the lock: an entry came; the timer writes the group at most ``window``
@@ -226,7 +250,7 @@ class Completer:
     def close(self) -> None:
         """Write what is left and stop the timer (the worker is stopping)."""
         try:
-            self.flush()
+            self.flush(every_start=True)
         finally:
             with self._wake:
                 self._closed = True

@@ -310,8 +310,11 @@ class Worker:
                 free = executor.free() + self._async.free()
                 if rows and free and not (self._drained and self._listener is not None):
                     continue  # there may be more due
-                if self._completer is not None:
-                    self._completer.flush()  # about to wait: nothing finished waits with it
+                if self._completer is not None and not busy:
+                    # About to wait idle: nothing finished waits with it. (While jobs run, on
+                    # threads or the loop, the group's timer writes it: a flush at each of
+                    # their ends would make groups of one.)
+                    self._completer.flush()
                 if not free or self._waiting or (busy and self.options.stop_when_empty):
                     executor.wait(executor.seconds_to_next_check())
                 elif buffered:  # woken as each job ends, to refill the buffer in time

@@ -193,14 +193,17 @@ class Pipeline:
         written, gives the row that runs next in this job's slot (the prefetch buffer's),
         which its ack starts in the same round trip."""
         try:
+            began = time.monotonic()
             try:
                 result: Any = await self.run_on_loop(row, job)
                 error: BaseException | None = None
             except (Exception, SystemExit, KeyboardInterrupt) as exc:
                 result, error = None, exc
+            ran = time.monotonic() - began
             if error is not None:  # perhaps a connection of the job's async ORM broke: drop
                 await aio.reset_job_connections()  # it before the retry can be claimed
-            return await aio.call_sync(self._finish, row, job, result, error, started, then)
+            return await aio.call_sync(self._finish, row, job, result, error, started, then,
+                                       ran)
         finally:
             job.context.close_reporter()
 
@@ -223,15 +226,16 @@ class Pipeline:
             return self._unprocessable(row, exc, started)
 
     def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
-                started: float, then: Callable[[], QueuedJob | None] | None = None) -> str:
+                started: float, then: Callable[[], QueuedJob | None] | None = None,
+                ran: float | None = None) -> str:
         """Off the loop: the outcome of an async job's run, applied (``then``: see
-        :meth:`acomplete`)."""
+        :meth:`acomplete`; ``ran``: seconds the job itself ran on the loop)."""
         following = None
         try:
             outcome = self._outcome(row, job, result) if error is None else \
                 self._error_outcome(row, job, error)
             following = then() if then is not None else None
-            state = self.apply(row, job, outcome, started, then=following)
+            state = self.apply(row, job, outcome, started, then=following, ran=ran)
         except (DatabaseError, InterfaceError, StoreUnavailableError):
             raise
         except Exception as exc:
@@ -530,14 +534,17 @@ class Pipeline:
     # -- 4. apply --------------------------------------------------------------------------
 
     def apply(self, row: QueuedJob, job: JobLike | None, outcome: Outcome, started: float, *,
-              detail: str = "", then: QueuedJob | None = None) -> str:
+              detail: str = "", then: QueuedJob | None = None,
+              ran: float | None = None) -> str:
         """Write ``outcome`` to the row and tell everyone; returns the state logged (an ack
-        also starts ``then``, the row claimed ahead that runs next)."""
+        also starts ``then``, the row claimed ahead that runs next). ``ran``: how long the
+        job itself ran, when not since ``started`` (an async job, whose time since then also
+        holds its waits for the loop and for a thread)."""
         if then is None and self.next_row is not None:
             then = self.next_row()
         completer = self.completer
         if completer is not None:
-            completer.ran(row.name, time.monotonic() - started)
+            completer.ran(row.name, time.monotonic() - started if ran is None else ran)
             if (job is not None and outcome.kind in (Kind.DONE, Kind.DROPPED)
                     and not job.keep_result and not workflows.involved(row.payload)
                     and completer.groups(row)):

@@ -1,0 +1,92 @@
+"""The completion group's deferred starts (issue 29, worker/completer.py): a start is written
+once its row has run for a window, so rows that only wait for a thread or the event loop
+keep their ack in the group."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from django_jobguard.models import QueuedJob
+from django_jobguard.worker import completer as completer_module
+from django_jobguard.worker.completer import Completer
+
+WINDOW = 0.05
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Dialect:
+    """Records what each group writes; every row is still the worker's."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[list, list]] = []
+
+    def complete(self, done, starts, reserved_by, *, relaxed=False):
+        self.groups.append(([job_id for job_id, _ in done], [job_id for job_id, _ in starts]))
+        return {job_id for job_id, _ in done}, {job_id for job_id, _ in starts}
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(completer_module.time, "monotonic", clock)
+    return clock
+
+
+@pytest.fixture
+def group(clock):
+    group = Completer(worker_id="w", using="default", window=WINDOW, batch_size=100)
+    group._dialect = Dialect()
+    group._timer = object()  # no timer thread: the test writes the groups itself
+    group.ran("tests.Fast", 0.001)  # a fast class: its next starts may be deferred
+    return group
+
+
+def _row() -> QueuedJob:
+    row = QueuedJob(id=uuid.uuid4(), name="tests.Fast", queue="default", claims=1, attempts=0,
+                    reserved_by="w")
+    row.attempt_counted, row.recovered = False, False  # claimed ahead, not recovered
+    return row
+
+
+def test_a_start_younger_than_the_window_waits_and_its_ack_stays_in_the_group(group, clock):
+    row = _row()
+    assert group.start(row) and row.attempts == 1  # deferred: the job sees its attempt
+    group.flush()  # e.g. a group written for others while this row waits for the loop
+    assert group._dialect.groups == []
+    assert group.groups(row)  # its ack may still join a group
+    clock.now += WINDOW / 2
+    group.flush()
+    assert group._dialect.groups == [] and group.groups(row)
+
+
+def test_a_start_is_written_by_the_first_group_after_it_ran_for_a_window(group, clock):
+    slow, young = _row(), _row()
+    group.start(slow)
+    clock.now += WINDOW
+    group.start(young)
+    assert group._since == 1000.0  # the timer writes the group a window after the oldest
+    group.flush()
+    assert group._dialect.groups == [([], [slow.id])]
+    assert not group.groups(slow)  # its attempt is written: acked on its own
+    assert group.groups(young) and group._since == 1000.0 + WINDOW  # the next group's time
+    clock.now += WINDOW
+    group.flush()
+    assert group._dialect.groups[-1] == ([], [young.id])
+
+
+def test_stopping_writes_every_deferred_start(group, clock):
+    rows = [_row(), _row()]
+    for row in rows:
+        group.start(row)
+    group._timer = None
+    group.close()
+    assert group._dialect.groups == [([], [row.id for row in rows])]
