@@ -180,8 +180,21 @@ class JobRun:
                  grace: float = GIVE_UP_AFTER) -> None:
         self.task, self.context, self.label, self.grace = task, context, label, grace
         self.reason: str | None = None
-        self.given_up = asyncio.Event()
+        #: Whether the worker stopped waiting for a task that would not end.
+        self.given_up = False
         self._grace: asyncio.TimerHandle | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def ended(self) -> asyncio.Future[None]:
+        """A future done once the task is, or once it was given up on (one future and a
+        callback, not ``asyncio.wait()`` over a second task: this is on every job's path)."""
+        waiter: asyncio.Future[None] = self.task.get_loop().create_future()
+        if self.task.done() or self.given_up:
+            waiter.set_result(None)
+            return waiter
+        self._waiters.append(waiter)
+        self.task.add_done_callback(lambda _task: _wake(waiter))
+        return waiter
 
     def cancel(self, reason: str) -> None:
         """Cancel the task (first reason wins); after the grace period stop waiting for it."""
@@ -209,7 +222,9 @@ class JobRun:
             logger.critical("%s was cancelled (%s) and has not ended %g s later (it swallows "
                             "asyncio.CancelledError?); the worker stops waiting for it, its task "
                             "is left running on the loop.", self.label, self.reason, grace)
-            self.given_up.set()
+            self.given_up = True
+            for waiter in self._waiters:
+                _wake(waiter)
 
     def close(self) -> None:
         if self._grace is not None:
@@ -249,21 +264,25 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
         _runs[task] = run
     timer = loop.call_later(timeout, run.time_up, timeout) if timeout else None
     watcher = loop.create_task(_watch_cancel(run)) if context.reporter is not None else None
-    ended = loop.create_task(run.given_up.wait())
     try:
-        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        await run.ended()
     except asyncio.CancelledError:  # whoever awaits us was cancelled: stop the job too
         run.cancel(STOPPED)
-        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        await run.ended()
         raise
     finally:
-        for handle in (timer, watcher, ended):
+        for handle in (timer, watcher):
             if handle is not None:
                 handle.cancel()
         run.close()
         with _runs_lock:
             _runs.pop(task, None)
     return _result(run, timeout)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _result(run: JobRun, timeout: float) -> Any:
@@ -313,6 +332,7 @@ class LoopThread:
                                                           thread_name_prefix=f"{name}-sync")
         self._closed = threading.Event()
         self._started = threading.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()  # those of spawn()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
         self._started.wait()
@@ -334,6 +354,19 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop; a future to wait on from any thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def spawn(self, coro: Coroutine[Any, Any, T],
+              done: Callable[[asyncio.Future[T] | concurrent.futures.Future[T]], Any]) -> None:
+        """Run ``coro`` on the loop and call ``done(future)`` as it ends. From the loop's own
+        thread (a job's end starting the next) it is a task made there, without the
+        cross-thread hand-off of :meth:`submit` (a second future, a wake-up of the loop)."""
+        if threading.current_thread() is not self.thread:
+            self.submit(coro).add_done_callback(done)
+            return
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)  # the loop keeps only a weak reference to it
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(done)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for it in this thread. An exception raised into

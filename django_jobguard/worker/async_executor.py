@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -66,9 +67,8 @@ class AsyncExecutor:
             done.set_result(job)
             self._done(row, done)
             return True
-        future = loop_thread().submit(self.pipeline.acomplete(
-            row, job, started, then=self._then(row)))
-        future.add_done_callback(lambda end: self._done(row, end))
+        loop_thread().spawn(self.pipeline.acomplete(row, job, started, then=self._then(row)),
+                            lambda end: self._done(row, end))
         return True
 
     def _then(self, row: Any) -> Callable[[], Any] | None:
@@ -90,7 +90,8 @@ class AsyncExecutor:
 
         return take
 
-    def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
+    def _done(self, row: Any, future: concurrent.futures.Future[str] | asyncio.Future[str]
+              ) -> None:
         state: str | None = None
         try:
             state = future.result()
@@ -109,8 +110,8 @@ class AsyncExecutor:
         except Exception:
             logger.exception("Recording the end of %s failed.", row)
         if following is not None:  # its slot, kept: started on the loop (begun off it)
-            loop_thread().submit(self._run_next(following)).add_done_callback(
-                lambda end: self._done(following, end))
+            loop_thread().spawn(self._run_next(following),
+                                lambda end: self._done(following, end))
 
     def _following(self, row: Any) -> Any:
         """The async row that takes ``row``'s slot, from the prefetch buffer (then running,
