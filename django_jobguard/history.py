@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
 from django.db.models import Max, Min, Q, Sum, Value
@@ -55,6 +55,9 @@ from django_jobguard.dialects import dialect_for
 from django_jobguard.envelope import encoded_size
 from django_jobguard.models import STATISTIC_COLUMNS, FinishedRun, QueueMinute, RunStatistic
 from django_jobguard.outcome import JobState
+
+if TYPE_CHECKING:
+    from django_jobguard.dialects.postgresql import PostgreSQLDialect
 
 try:
     import psycopg
@@ -381,15 +384,13 @@ def insert_notes(worker_id: str, notes: Sequence[Note], *, using: str | None = N
     params: list[Any] = [worker_id[:100], clock.offset(), ids, states, names, queues,
                          arguments, attempts, dues, reserveds, elapsed, details, ended, sizes,
                          tags]
-    sql = _notes_sql(connection)
-    if connection.queries_logged:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-        return
-    with connection.wrap_database_errors:
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(sql, params, prepare=False)
+    _postgresql(connection).execute(_notes_sql(connection), params, prepare=False)
+
+
+def _postgresql(connection: Any) -> PostgreSQLDialect:
+    """The dialect of a PostgreSQL ``connection``: its statement runner (a server-binding
+    psycopg cursor; Django's own when it logs queries, so tests see the statement)."""
+    return cast("PostgreSQLDialect", dialect_for(connection.alias))
 
 
 def _arguments_json(payload: Any) -> str:
@@ -451,15 +452,7 @@ def _insert_runs_unnest(runs: list[tuple[Any, ...]], connection: Any) -> None:
     columns = [list(column) for column in zip(*runs, strict=True)]
     arguments = COLUMNS.index("arguments")
     columns[arguments] = [json.dumps(value) for value in columns[arguments]]
-    sql = _unnest_sql(connection)
-    if connection.queries_logged:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, columns)
-        return
-    with connection.wrap_database_errors:
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(sql, columns, prepare=False)
+    _postgresql(connection).execute(_unnest_sql(connection), columns, prepare=False)
 
 
 _unnest_statement: str | None = None

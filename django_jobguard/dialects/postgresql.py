@@ -488,6 +488,12 @@ class PostgreSQLDialect(SQLDialect):
             fetch=True)
         return set(acked), set(started)
 
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
+                prepare: bool | None = None) -> Any:
+        """Run one of jobguard's own statements the way the per-job path does (see
+        :meth:`_execute`): the history's flush of many runs, one array per column."""
+        return self._execute(sql, params, prepare=prepare)
+
     def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
                  fetch: bool = False, prepare: bool | None = None, binary: bool = False,
                  rows: bool = False) -> Any:
