@@ -14,11 +14,14 @@ ahead for the slots, not started, are never lost and never spend an attempt.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from demo.models import JobRun
@@ -82,6 +85,23 @@ def _holds_buffered_rows(label: str) -> bool:
             and QueuedJob.objects.filter(reserved_at__isnull=False, attempts=0).exists())
 
 
+@contextlib.contextmanager
+def _buffering(mode: str, label: str) -> Iterator[tuple[set[str], subprocess.Popen, Any]]:
+    """``TOTAL`` short jobs and a worker (``--tries 1``) that holds some in its buffer: the
+    jobs' ids, the worker and its log; the worker is killed and its log closed after."""
+    ids = {h.id for h in dispatch_many([_record(mode, label, str(i), SECONDS)
+                                        for i in range(TOTAL)])}
+    first, log = _start("--tries", "1", *MODES[mode])
+    try:
+        wait_for(lambda: first.poll() is not None or _holds_buffered_rows(label),
+                 timeout=60, interval=0.01, what="a buffered row")
+        assert first.poll() is None, _log_of(first, log)
+        yield ids, first, log
+    finally:
+        _kill_group(first)
+        log.close()
+
+
 def _runs(label: str) -> dict[str, list[JobRun]]:
     runs: dict[str, list[JobRun]] = {}
     for run in JobRun.objects.filter(label=label).order_by("id"):
@@ -92,18 +112,9 @@ def _runs(label: str) -> dict[str, list[JobRun]]:
 @pytest.mark.parametrize("mode", list(MODES))
 def test_rows_buffered_by_a_killed_worker_run_later_on_their_first_attempt(mode):
     label = f"prefetch-kill-{mode}"
-    ids = {h.id for h in dispatch_many([_record(mode, label, str(i), SECONDS)
-                                        for i in range(TOTAL)])}
-    first, log = _start("--tries", "1", *MODES[mode])
-    try:
-        # Kill while the buffer holds rows: reserved, their attempt not counted (not begun).
-        wait_for(lambda: first.poll() is not None or _holds_buffered_rows(label),
-                 timeout=60, interval=0.01, what="a buffered row")
-        assert first.poll() is None, _log_of(first, log)
+    # Kill while the buffer holds rows: reserved, their attempt not counted (not begun).
+    with _buffering(mode, label) as (ids, first, _log):
         _kill_group(first)
-    finally:
-        _kill_group(first)
-        log.close()
     # What the kill left: begun = a recorded run, or a row whose attempt is counted.
     begun = set(_runs(label)) | {str(pk) for pk in QueuedJob.objects.filter(
         attempts__gt=0).values_list("id", flat=True)}
@@ -132,18 +143,9 @@ def test_rows_buffered_by_a_killed_worker_run_later_on_their_first_attempt(mode)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode):
     label = f"prefetch-stop-{mode}"
-    ids = {h.id for h in dispatch_many([_record(mode, label, str(i), SECONDS)
-                                        for i in range(TOTAL)])}
-    first, log = _start("--tries", "1", *MODES[mode])
-    try:
-        wait_for(lambda: first.poll() is not None or _holds_buffered_rows(label),
-                 timeout=60, interval=0.01, what="a buffered row")
-        assert first.poll() is None, _log_of(first, log)
+    with _buffering(mode, label) as (ids, first, log):
         os.killpg(first.pid, signal.SIGTERM)
         assert first.wait(timeout=60) == 0, _log_of(first, log)
-    finally:
-        _kill_group(first)
-        log.close()
     # Nothing held any more (no lease to wait for), no attempt used by a row not run.
     assert not QueuedJob.objects.filter(reserved_at__isnull=False).exists()
     assert not QueuedJob.objects.filter(attempts__gt=0).exists()
