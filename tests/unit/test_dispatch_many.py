@@ -280,3 +280,19 @@ def test_an_aware_deadline_in_another_zone_is_kept_as_given(scratch_jobs):
     (handle,) = dispatch_many([Later()])
     assert QueuedJob.objects.get(id=handle.id).payload["retry_until"] == when.isoformat()
     assert build_row(Later())[1].retry_until == when
+
+
+def test_no_jobs_queue_nothing_and_send_nothing(django_assert_num_queries):
+    inserted: list[list[str]] = []
+
+    def on_inserted(sender, job_ids, **kwargs):
+        inserted.append(job_ids)
+
+    signals.jobs_inserted.connect(on_inserted)
+    try:
+        with django_assert_num_queries(0):
+            assert dispatch_many([]) == []
+            assert dispatch_many(job for job in ()) == []
+    finally:
+        signals.jobs_inserted.disconnect(on_inserted)
+    assert inserted == []
