@@ -10,6 +10,8 @@ arguments once into an :class:`~django_jobguard.envelope.Envelope` stored as the
 from __future__ import annotations
 
 import datetime
+import os
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -46,7 +48,7 @@ from django_jobguard.retry import RetryPolicy
 __all__ = ["Delay", "Dispatched", "Job", "dispatch", "dispatch_many", "dispatch_sync"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dispatched:
     """What ``dispatch()`` returns: the queued job's id, or falsy with ``skipped`` set."""
 
@@ -88,6 +90,25 @@ class Dispatched:
                 connections.close_all()  # this thread's: nothing else will close them
 
         return await sync_to_async(wait_and_close, thread_sensitive=False)()
+
+
+# Each field's slot setter: a frozen dataclass's ``__init__`` sets every field through
+# ``object.__setattr__`` (2.5 times what _queued costs), and dispatch_many makes a handle a job.
+_SET_ID, _SET_JOB_NAME, _SET_QUEUE, _SET_SKIPPED, _SET_FOLDED, _SET_USING = (
+    getattr(Dispatched, name).__set__
+    for name in ("id", "job_name", "queue", "skipped", "folded", "using"))
+
+
+def _queued(job_id: str, job_name: str, queue: str, using: str) -> Dispatched:
+    """``Dispatched(id=job_id, job_name=job_name, queue=queue, using=using)``, made faster."""
+    handle = object.__new__(Dispatched)
+    _SET_ID(handle, job_id)
+    _SET_JOB_NAME(handle, job_name)
+    _SET_QUEUE(handle, queue)
+    _SET_SKIPPED(handle, None)
+    _SET_FOLDED(handle, False)
+    _SET_USING(handle, using)
+    return handle
 
 
 def outcome_of(finished: Any) -> Any:
@@ -304,10 +325,7 @@ class Job:
         """This job's arguments as JSON-safe data (``TypeError`` naming a bad argument), its
         ``retry_until`` deadline, evaluated now, and the ``unique`` lock it would own."""
         args, kwargs = self._dispatch_args
-        deadline = self.retry_until()
-        if deadline is not None and (not isinstance(deadline, datetime.datetime)
-                                     or timezone.is_naive(deadline)):
-            raise TypeError(f"{type(self).__name__}.retry_until() must return an aware datetime.")
+        deadline = _deadline_of(self)
         return Envelope(args=[serialization.encode(arg, path=f"args[{i}]")
                               for i, arg in enumerate(args)],
                         kwargs={key: serialization.encode(value, path=key)
@@ -318,6 +336,143 @@ class Job:
     def from_envelope(cls, envelope: Envelope) -> Job:
         """Rebuild a job from its envelope (fetches model arguments again)."""
         return cls(*serialization.decode(envelope.args), **serialization.decode(envelope.kwargs))
+
+
+def _deadline_of(job: Job) -> datetime.datetime | None:
+    """``job.retry_until()``, checked: ``TypeError`` unless it is ``None`` or aware."""
+    deadline = job.retry_until()
+    if deadline is not None and (not isinstance(deadline, datetime.datetime)
+                                 or timezone.is_naive(deadline)):
+        raise TypeError(f"{type(job).__name__}.retry_until() must return an aware datetime.")
+    return deadline
+
+
+#: The version and variant bits of a random UUID (RFC 4122 version 4), and the rest.
+_UUID4_BITS = (4 << 76) | (0x8000 << 48)
+_UUID4_KEEP = ~((0xF000 << 64) | (0xC000 << 48))
+
+
+def _new_ids(count: int) -> list[uuid.UUID]:
+    """``count`` random UUIDs, each as ``uuid.uuid4()`` makes one, from one read of the
+    system's random source instead of one read (a system call) per id."""
+    if count <= 1:
+        return [uuid.uuid4() for _ in range(count)]
+    raw = os.urandom(16 * count)
+    number = int.from_bytes
+    return [uuid.UUID(int=(number(raw[at:at + 16]) & _UUID4_KEEP) | _UUID4_BITS)
+            for at in range(0, 16 * count, 16)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """What the rows of one job class share within a dispatch."""
+
+    #: The tags column: the class's tags and the dispatch's (``""`` for none).
+    tags: str
+    #: Its payload is its arguments, deadline and context alone (``Job.to_envelope``, not
+    #: unique, no tracing): encoded without an :class:`Envelope`.
+    plain: bool
+    #: It has a ``retry_until()`` of its own (``Job``'s returns ``None``).
+    deadline: bool
+    #: It has a ``queue_name`` of its own (``Job``'s is ``queue`` or ``DEFAULT_QUEUE``).
+    queue_name: bool
+
+
+class _Rows:
+    """Turns the jobs of one dispatch into the rows to insert (:func:`build_row` for one,
+    ``dispatch_many`` for thousands); nothing touches the database.
+
+    What every job of the call shares is worked out once (the context captured, the
+    settings, whether tracing is on), what every job of a class shares once per class (its
+    tags merged with the call's, whether its payload is its arguments alone), a queue name
+    is checked once, and the ids come from one read of the random source. Each row is still
+    checked as :func:`build_row` documents, in the same order, so the first bad job raises
+    the same error as before."""
+
+    def __init__(self, count: int, *, queue: str | None, priority: int | None,
+                 tags: Sequence[str] | None, fair_key: str | None, context: dict[str, Any],
+                 always_envelopes: bool = False) -> None:
+        self.queue, self.priority, self.tags, self.fair_key = queue, priority, tags, fair_key
+        self.context = context
+        #: Build an :class:`Envelope` for every row (its caller reads it), never the plain way.
+        self.always_envelopes = always_envelopes
+        #: The envelope of each row built, in order; ``None``: a plain payload, no envelope.
+        self.envelopes: list[Envelope | None] = []
+        self.limit = jobguard_settings.MAX_PAYLOAD_BYTES
+        self.default_queue = jobguard_settings.DEFAULT_QUEUE
+        self.traced = tracing.tracer() is not None
+        self.ids = iter(_new_ids(count))
+        self.checked: set[str] = set()
+        self.kinds: dict[type[Job], _Kind] = {}
+        #: The payload of a job without arguments or deadline (most no-op and signal jobs).
+        self.bare = Envelope.encode_plain([], {}, None, context)
+
+    def kind(self, job: Job) -> _Kind:
+        cls = type(job)
+        kind = self.kinds.get(cls)
+        if kind is None:
+            declared = cls.tags  # the class's (an instance may use the name for its own data)
+            tags = (job_tags.encode(job_tags.merged(declared, self.tags, owner=job.name))
+                    if self.tags or declared else "")
+            kind = self.kinds[cls] = _Kind(
+                tags=tags,
+                plain=(not self.always_envelopes and not self.traced
+                       and cls.to_envelope is Job.to_envelope
+                       and not isinstance(job, unique_jobs.ShouldBeUnique)),
+                deadline=cls.retry_until is not Job.retry_until,
+                queue_name=cls.queue_name is not Job.queue_name)
+        return kind
+
+    def build(self, job: Job, when: durations.Due) -> job_queue.NewJob:
+        """``job``'s row, due ``when`` (see :func:`build_row`). Its envelope, when one was
+        built (a unique job's holds its lock), goes to :attr:`envelopes`."""
+        fair_key = fair_share.key_of(job, self.fair_key)
+        cls = type(job)
+        kind = self.kinds.get(cls) or self.kind(job)
+        if self.queue:
+            queue = self.queue
+        elif kind.queue_name:
+            queue = job.queue_name
+        else:
+            queue = job.queue or self.default_queue
+        if type(queue) is not str or queue not in self.checked:
+            problem = job_queue.queue_name_problem(queue)
+            if problem is not None:
+                raise ValueError(problem)
+            self.checked.add(queue)  # a queue name: a string
+        row = job_queue.NewJob(name=job.name, queue=queue, payload="", at=when.at,
+                               delay=when.delay, id=next(self.ids), fair_key=fair_key,
+                               tags=kind.tags)
+        envelope = None
+        if kind.plain:
+            args, kwargs = job._dispatch_args
+            deadline = _deadline_of(job) if kind.deadline else None
+            if args or kwargs or deadline is not None:
+                text = Envelope.encode_plain(
+                    [serialization.encode(arg, path=f"args[{i}]") for i, arg in enumerate(args)],
+                    {key: serialization.encode(value, path=key) for key, value in kwargs.items()},
+                    deadline, self.context)
+            else:
+                text = self.bare
+        else:
+            envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
+            if self.context:
+                envelope = envelope.replace(context=self.context)
+            envelope = tracing.dispatched(job.name, row, envelope)  # its trace context
+            text = envelope.encode()
+        row.payload = text
+        limit = self.limit
+        if limit and len(text) > limit / 4:  # a character is at most 4 bytes of UTF-8
+            size = len(text) if text.isascii() else len(text.encode())
+            if size > limit:
+                raise ValueError(
+                    f"{job.name} payload is {size} bytes, over JOBGUARD['MAX_PAYLOAD_BYTES'] = "
+                    f"{limit}. Pass ids instead of large data.")
+        row.priority = job.priority if self.priority is None else self.priority
+        if not -100 <= row.priority <= 100:
+            raise ValueError(f"priority must be between -100 and 100, not {row.priority}.")
+        self.envelopes.append(envelope)
+        return row
 
 
 #: ``build_row``'s default ``context``: capture it for this job.
@@ -333,34 +488,15 @@ def build_row(job: Job, *, when: durations.Due = durations.NOW, queue: str | Non
     it would own and the class's tags plus ``tags``; nothing touches the database. The
     envelope is encoded once, and that text is both what the row stores and what
     ``MAX_PAYLOAD_BYTES`` measures (its UTF-8 bytes). ``context``: what the context carriers
-    captured, when the caller captured it once for many jobs (``dispatch_many``); by default
-    it is captured here."""
-    row = job_queue.NewJob(name=job.name, queue=queue or job.queue_name, payload="",
-                           at=when.at, delay=when.delay,
-                           fair_key=fair_share.key_of(job, fair_key))
-    problem = job_queue.queue_name_problem(row.queue)
-    if problem is not None:
-        raise ValueError(problem)
-    declared = type(job).tags  # the class's (an instance may use the name for its own data)
-    if tags or declared:
-        row.tags = job_tags.encode(job_tags.merged(declared, tags, owner=job.name))
-    envelope = job.to_envelope(unique=unique_jobs.ref_for(job, row.id))
+    captured, when the caller captured it once for many jobs; by default it is captured
+    here (the language, correlation id, tenant... of the caller)."""
     if context is _CAPTURE:
-        context = carriers.capture()  # the language, correlation id, tenant... of the caller
-    if context:
-        envelope = envelope.replace(context=context)
-    envelope = tracing.dispatched(job.name, row, envelope)  # its trace context, if tracing
-    row.payload = text = envelope.encode()
-    limit = jobguard_settings.MAX_PAYLOAD_BYTES
-    if limit and len(text) > limit / 4:  # a character is at most 4 bytes of UTF-8
-        size = len(text) if text.isascii() else len(text.encode())
-        if size > limit:
-            raise ValueError(
-                f"{job.name} payload is {size} bytes, over JOBGUARD['MAX_PAYLOAD_BYTES'] = "
-                f"{limit}. Pass ids instead of large data.")
-    row.priority = job.priority if priority is None else priority
-    if not -100 <= row.priority <= 100:
-        raise ValueError(f"priority must be between -100 and 100, not {row.priority}.")
+        context = carriers.capture()
+    rows = _Rows(1, queue=queue, priority=priority, tags=tags, fair_key=fair_key,
+                 context=context if isinstance(context, dict) else {}, always_envelopes=True)
+    row = rows.build(job, when)
+    envelope = rows.envelopes[0]
+    assert envelope is not None  # always_envelopes: one for every row
     return row, envelope
 
 
@@ -422,47 +558,48 @@ def dispatch_many(
     using = queue_database(using)
     jobs = list(jobs)
     when = durations.due(delay)
-    debounced = [_debounce_of(job, debounce, delay) for job in jobs]
-    context = carriers.capture()  # once: the caller's context is the same for every job
-    built = [build_row(job, when=when if rule is None else durations.due(rule.seconds),
-                       queue=queue, priority=priority, tags=tags, context=context,
-                       fair_key=fair_key)
-             for job, rule in zip(jobs, debounced, strict=True)]
-    results = [Dispatched(id=str(row.id), job_name=job.name, queue=row.queue, using=using)
-               for job, (row, _) in zip(jobs, built, strict=True)]
+    # A job without debounce (most) skips _debounce_of's parse: None is no rule.
+    debounced = [None if debounce is None and job.debounce is None
+                 else _debounce_of(job, debounce, delay) for job in jobs]
+    rows = _Rows(len(jobs), queue=queue, priority=priority, tags=tags, fair_key=fair_key,
+                 context=carriers.capture())  # once: the caller's context is the same for all
+    build = rows.build
+    if any(rule is not None for rule in debounced):
+        built = [build(job, when if rule is None else durations.due(rule.seconds))
+                 for job, rule in zip(jobs, debounced, strict=True)]
+    else:
+        built = [build(job, when) for job in jobs]
+        debounced = []
+    envelopes = rows.envelopes
+    results = [_queued(str(row.id), row.name, row.queue, using) for row in built]
 
     def insert() -> None:
-        plain = [i for i, rule in enumerate(debounced) if rule is None]
-        kept = {plain[k] for k in _push_unique([jobs[i] for i in plain],
-                                               [built[i] for i in plain], using=using,
-                                               batch_size=batch_size)}
-        for i, rule in enumerate(debounced):
-            if rule is not None:
-                row = built[i][0]
-                job_id, folded = debouncing.fold_or_push(row, debouncing.key_for(jobs[i]), rule,
-                                                       using=using)
-                if folded:
-                    results[i] = Dispatched(id=job_id, job_name=jobs[i].name, queue=row.queue,
-                                            folded=True, using=using)
-                    signals.job_dispatched.send(sender=type(jobs[i]), job=jobs[i],
-                                                job_id=job_id, queue=row.queue,
-                                                priority=row.priority, delay=rule.seconds,
-                                                at=None)
-                else:
-                    kept.add(i)
+        if debounced:
+            kept = _push_debounced(jobs, built, envelopes, debounced, results, using=using,
+                                   batch_size=batch_size)
+        else:
+            kept = _push_unique(jobs, built, envelopes, using=using, batch_size=batch_size)
+        everything = len(kept) == len(jobs)
+        if not everything:
+            for i, (job, row) in enumerate(zip(jobs, built, strict=True)):
+                if i not in kept and not results[i].folded:
+                    results[i] = Dispatched(id=None, job_name=job.name, queue=row.queue,
+                                            skipped="unique", using=using)
+                    signals.job_skipped_unique.send(sender=type(job), job=job)
         inserted = []
-        for i, (job, (row, _)) in enumerate(zip(jobs, built, strict=True)):
-            if i not in kept and not results[i].folded:
-                results[i] = Dispatched(id=None, job_name=job.name, queue=row.queue,
-                                        skipped="unique", using=using)
-                signals.job_skipped_unique.send(sender=type(job), job=job)
-        for i in sorted(kept):
-            job, (row, _) = jobs[i], built[i]
+        listening: dict[type[Job], bool] = {}
+        for i in range(len(jobs)) if everything else sorted(kept):
+            job, row = jobs[i], built[i]
             job_id = results[i].id or str(row.id)  # str(row.id), made once above
             inserted.append(job_id)
-            signals.job_dispatched.send(sender=type(job), job=job, job_id=job_id,
-                                        queue=row.queue, priority=row.priority,
-                                        delay=row.delay, at=row.at)
+            cls = type(job)
+            heard = listening.get(cls)
+            if heard is None:  # send() costs even with no receiver: asked once per class
+                heard = listening[cls] = signals.job_dispatched.has_listeners(cls)
+            if heard:
+                signals.job_dispatched.send(sender=cls, job=job, job_id=job_id,
+                                            queue=row.queue, priority=row.priority,
+                                            delay=row.delay, at=row.at)
         if inserted:
             signals.jobs_inserted.send(sender=Job, job_ids=inserted, using=using)
 
@@ -471,6 +608,35 @@ def dispatch_many(
     else:
         insert()
     return results
+
+
+def _push_debounced(jobs: list[Job], built: list[job_queue.NewJob],
+                    envelopes: list[Envelope | None],
+                    debounced: list[debouncing.Debounce | None], results: list[Dispatched], *,
+                    using: str, batch_size: int) -> set[int]:
+    """Insert the jobs without a debounce rule (:func:`_push_unique`), then fold or insert
+    each debounced one (``results`` of the folded become their waiting job's, and
+    ``job_dispatched`` is sent for them here); the indexes of the jobs inserted."""
+    plain = [i for i, rule in enumerate(debounced) if rule is None]
+    kept = {plain[k] for k in _push_unique([jobs[i] for i in plain],
+                                           [built[i] for i in plain],
+                                           [envelopes[i] for i in plain], using=using,
+                                           batch_size=batch_size)}
+    for i, rule in enumerate(debounced):
+        if rule is not None:
+            row = built[i]
+            job_id, folded = debouncing.fold_or_push(row, debouncing.key_for(jobs[i]), rule,
+                                                   using=using)
+            if folded:
+                results[i] = Dispatched(id=job_id, job_name=jobs[i].name, queue=row.queue,
+                                        folded=True, using=using)
+                signals.job_dispatched.send(sender=type(jobs[i]), job=jobs[i],
+                                            job_id=job_id, queue=row.queue,
+                                            priority=row.priority, delay=rule.seconds,
+                                            at=None)
+            else:
+                kept.add(i)
+    return kept
 
 
 def _debounce_of(job: Job, given: Any, delay: Delay) -> debouncing.Debounce | None:
@@ -497,15 +663,14 @@ def commit_database(on_commit: bool | str) -> str:
     return on_commit if isinstance(on_commit, str) else DEFAULT_DB_ALIAS
 
 
-def _push_unique(jobs: list[Job], built: list[tuple[job_queue.NewJob, Envelope]], *,
-                 using: str, batch_size: int) -> set[int]:
+def _push_unique(jobs: list[Job], rows: list[job_queue.NewJob],
+                 envelopes: list[Envelope | None], *, using: str, batch_size: int) -> set[int]:
     """Insert the rows, then take the unique locks; the indexes of the jobs kept.
 
     Rows first: a lock is then never held by a job without a row, except when the caller's
     transaction rolls back later, which :func:`unique_jobs.acquire` recognises. A failure
     gives back the locks taken (owner-checked) and the transaction takes the rows away."""
-    rows = [row for row, _ in built]
-    if not any(envelope.unique for _, envelope in built):
+    if not any(envelope is not None and envelope.unique for envelope in envelopes):
         job_queue.push(rows, using=using, batch_size=batch_size)
         return set(range(len(rows)))
     taken: list[UniqueRef] = []
@@ -513,8 +678,8 @@ def _push_unique(jobs: list[Job], built: list[tuple[job_queue.NewJob, Envelope]]
     try:
         with transaction.atomic(using=using):
             job_queue.push(rows, using=using, batch_size=batch_size)
-            for i, (job, (_, envelope)) in enumerate(zip(jobs, built, strict=True)):
-                if envelope.unique is None:
+            for i, (job, envelope) in enumerate(zip(jobs, envelopes, strict=True)):
+                if envelope is None or envelope.unique is None:
                     kept.add(i)
                 elif unique_jobs.acquire(job, envelope.unique, using=using):
                     taken.append(envelope.unique)

@@ -31,7 +31,7 @@ STATISTIC_MERGED = ("runs", "failures", "runtimes", "waits", "runtime_min", "run
                     "wait_min", "wait_max")
 
 
-@dataclass
+@dataclass(slots=True)
 class NewJob:
     """A job about to be inserted (built by dispatch, inserted by :meth:`Dialect.push`)."""
 

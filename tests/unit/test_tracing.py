@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_jobguard import tracing
+from django_jobguard import dispatch_many, tracing
 from django_jobguard.models import QueuedJob
 from django_jobguard.testing import drain
 from tests.support import jobs, make_due
@@ -79,6 +79,17 @@ def test_a_payload_without_trace_context_runs_in_a_new_trace(exporter):
     assert drain().done == 1
     (run,) = spans(exporter, "jobguard run tests.support.jobs.Noop")
     assert run.parent is None and run.attributes["jobguard.outcome"] == "done"
+
+
+def test_each_job_of_dispatch_many_has_a_dispatch_span_of_its_own(exporter):
+    """``dispatch_many`` asks once whether tracing is on; when it is, every row's payload
+    carries the context of its own dispatch span."""
+    handles = dispatch_many([jobs.Noop(1), jobs.Noop(2), jobs.Record("r")])
+    traces = [QueuedJob.objects.get(id=h.id).payload["trace"] for h in handles]
+    assert len({trace["traceparent"] for trace in traces}) == 3
+    sent = spans(exporter, "jobguard dispatch tests.support.jobs.Noop")
+    assert sorted(span.attributes["jobguard.job_id"] for span in sent) == sorted(
+        h.id for h in handles[:2])
 
 
 def test_nothing_is_added_while_no_sdk_is_configured():

@@ -137,6 +137,33 @@ def test_push_in_batches_keeps_each_rows_time(dialect):
         assert before + shift - MS <= rows[job.id].available_at <= after + shift + MS, delay
 
 
+def test_push_stores_every_column_of_batches_that_share_them_or_not(dialect):
+    """A batch whose rows share all but their id and payload (PostgreSQL sends the shared
+    values once) and batches that differ in one column each store every row's own."""
+    at = datetime.datetime(2031, 5, 6, 7, 8, 9, tzinfo=datetime.UTC)
+    shared = {"queue": "q1", "name": "tests.support.jobs.Record", "priority": 7, "at": at,
+              "fair_key": "tenant-1"}
+    differing = [("queue", "q2"), ("name", "tests.support.jobs.Noop"), ("priority", -2),
+                 ("at", at + datetime.timedelta(hours=1)), ("fair_key", "tenant-2")]
+    batches = [[_job(f'{{"args":[{i}],"kwargs":{{}}}}', **shared) for i in range(3)]]
+    for field, value in differing:
+        batches.append([_job(**shared), _job(**{**shared, field: value})])
+    delays = [_job(delay=30.0), _job(delay=30.0)], [_job(delay=30.0), _job(delay=None)]
+    before = dialect.now()
+    for batch in [*batches, *delays]:
+        dialect.push(batch, batch_size=len(batch))
+    after = dialect.now()
+    rows = {row.id: row for row in QueuedJob.objects.all()}
+    assert [rows[job.id].payload["args"] for job in batches[0]] == [[0], [1], [2]]
+    for job in [job for batch in batches for job in batch]:
+        row = rows[job.id]
+        assert (row.queue, row.name, row.priority, row.available_at, row.fair_key) == (
+            job.queue, job.name, job.priority, job.at, job.fair_key)
+    for job in [job for batch in delays for job in batch]:
+        shift = datetime.timedelta(seconds=job.delay or 0)
+        assert before + shift - MS <= rows[job.id].available_at <= after + shift + MS
+
+
 def test_push_refuses_a_payload_that_is_not_json(dialect):
     with pytest.raises(DatabaseError), transaction.atomic():
         dialect.push([_job("{not json")], batch_size=500)
