@@ -84,6 +84,22 @@ class UniqueRef:
         return cls(key=key, store=store, owner=owner)
 
 
+def _payload(args: list[Any], kwargs: dict[str, Any], retry_until: datetime.datetime | None,
+             unique: UniqueRef | None, context: dict[str, Any],
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A row's payload as JSON data (:meth:`Envelope.as_json`, and
+    :meth:`Envelope.encode_plain` without building an envelope)."""
+    data: dict[str, Any] = {**extra, "args": args, "kwargs": kwargs} if extra else \
+        {"args": args, "kwargs": kwargs}
+    if retry_until is not None:
+        data["retry_until"] = retry_until.isoformat()
+    if unique is not None:
+        data["unique"] = unique.as_json()
+    if context:
+        data["context"] = context
+    return data
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """A job's arguments (already JSON-safe, see :mod:`~django_jobguard.serialization`) and
@@ -98,14 +114,8 @@ class Envelope:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {**self.extra, "args": self.args, "kwargs": self.kwargs}
-        if self.retry_until is not None:
-            data["retry_until"] = self.retry_until.isoformat()
-        if self.unique is not None:
-            data["unique"] = self.unique.as_json()
-        if self.context:
-            data["context"] = self.context
-        return data
+        return _payload(self.args, self.kwargs, self.retry_until, self.unique, self.context,
+                        self.extra)
 
     def encode(self) -> str:
         """The compact JSON text stored in the row."""
@@ -117,12 +127,7 @@ class Envelope:
         """What ``Envelope(args=args, kwargs=kwargs, retry_until=retry_until,
         context=context).encode()`` gives (no unique lock, no extra entries), without
         building the envelope: ``dispatch_many`` encodes thousands of rows a call."""
-        data: dict[str, Any] = {"args": args, "kwargs": kwargs}
-        if retry_until is not None:
-            data["retry_until"] = retry_until.isoformat()
-        if context:
-            data["context"] = context
-        return _compact(data)
+        return _compact(_payload(args, kwargs, retry_until, None, context))
 
     def replace(self, **changes: Any) -> Envelope:
         return replace(self, **changes)

@@ -86,8 +86,8 @@ class Completer:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._finished: list[Finished] = []
-        self._starts: dict[Any, QueuedJob] = {}  # deferred: running, attempt not written
-        self._started: dict[Any, float] = {}  # when each deferred start came
+        #: Deferred starts (running, attempt not written): each row and when it started.
+        self._starts: dict[Any, tuple[QueuedJob, float]] = {}
         self._since: float | None = None  # when the oldest entry came
         self._runtimes: dict[str, float] = {}  # a class's last run here, in seconds
         self._closed = False
@@ -117,8 +117,7 @@ class Completer:
         if self.defers(row):
             queue.counted(row)  # the job sees its attempt; the database learns it in the group
             with self._wake:
-                self._starts[row.id] = row
-                self._started[row.id] = time.monotonic()
+                self._starts[row.id] = (row, time.monotonic())
                 self._entered()
             return True
         if not queue.claimed_ahead(row):
@@ -129,7 +128,6 @@ class Completer:
         """Before a per-job write of ``row``: take its deferred start out of the group, and
         mark the attempt not written (``queue.release`` then counts it in its own update)."""
         with self._lock:
-            self._started.pop(row.id, None)
             if self._starts.pop(row.id, None) is not None:
                 row.attempt_counted = False
 
@@ -148,7 +146,6 @@ class Completer:
         """``entry`` finished: its ack joins the group (written now when the group is full)."""
         with self._wake:
             self._starts.pop(entry.row.id, None)
-            self._started.pop(entry.row.id, None)
             self._finished.append(entry)
             self._entered()
             full = len(self._finished) >= self.batch_size
@@ -203,16 +200,15 @@ class Completer:
         """Under the lock: take out the deferred starts to write now (those that ran for a
         window, or all), and time the next group from the oldest one left."""
         if every:
-            due = list(self._starts.values())
+            due = [row for row, _ in self._starts.values()]
             self._starts.clear()
-            self._started.clear()
             self._since = None
             return due
         ripe = time.monotonic() - self.window
-        due = [row for job_id, row in self._starts.items() if self._started[job_id] <= ripe]
+        due = [row for row, started in self._starts.values() if started <= ripe]
         for row in due:
-            del self._starts[row.id], self._started[row.id]
-        self._since = min(self._started.values(), default=None)
+            del self._starts[row.id]
+        self._since = min((started for _, started in self._starts.values()), default=None)
         return due
 
     def _entered(self) -> None:
