@@ -144,12 +144,13 @@ class QueuedJob(models.Model):
     debounce_folds = models.PositiveIntegerField(_("dispatches folded"), default=0,
                                                  db_default=0, editable=False)
     #: ``debounce_key`` while no worker has taken the row, else NULL; kept by the database
-    #: and unique, so that at most one row per key waits to be folded into, on every database
-    #: (MariaDB has no partial indexes: a unique generated column does the same).
+    #: and unique (``jobguard_debounce_slot_uniq``), so that at most one row per key waits to
+    #: be folded into, on every database (MariaDB has no partial indexes: a unique generated
+    #: column does the same).
     debounce_slot = models.GeneratedField(
         expression=Case(When(reserved_at__isnull=True, then=F("debounce_key")),
                         default=Value(None), output_field=CharField(max_length=255)),
-        output_field=CharField(max_length=255, null=True), db_persist=True, unique=True)
+        output_field=CharField(max_length=255, null=True), db_persist=True)
 
     #: An iterable job's checkpoint, ``{"cursor": ..., "done": n}``: written in the
     #: transaction of each item's own writes; the next run resumes after it.
@@ -195,6 +196,9 @@ class QueuedJob(models.Model):
                 condition=Q(priority__gte=-100) & Q(priority__lte=100),
                 name="jobguard_priority_range",
             ),
+            # A constraint, not ``unique=True``: on PostgreSQL that would add a second index
+            # (``varchar_pattern_ops``, for LIKE) which every claim and insert writes too.
+            models.UniqueConstraint(fields=["debounce_slot"], name="jobguard_debounce_slot_uniq"),
         ]
 
     def __str__(self) -> str:
