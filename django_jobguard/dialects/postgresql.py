@@ -506,8 +506,7 @@ class PostgreSQLDialect(SQLDialect):
     def complete(self, done: Sequence[tuple[Any, int]], starts: Sequence[tuple[Any, int]],
                  reserved_by: str, *, relaxed: bool = False) -> tuple[set[Any], set[Any]]:
         ((acked, started, *_),) = self._execute(self._complete_sql[relaxed], [
-            [job_id for job_id, _ in done], [claims for _, claims in done], reserved_by,
-            [job_id for job_id, _ in starts], [claims for _, claims in starts], reserved_by],
+            *_array_literals(done), reserved_by, *_array_literals(starts), reserved_by],
             fetch=True)
         return set(acked), set(started)
 
@@ -556,6 +555,14 @@ class PostgreSQLDialect(SQLDialect):
         if isinstance(plan, str):
             plan = json.loads(plan)
         return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def _array_literals(pairs: Sequence[tuple[Any, int]]) -> tuple[str, str]:
+    """Ids and claim counts as two array literals (``{a,b}``): one text parameter each,
+    which PostgreSQL parses, instead of psycopg dumping every element in Python (a third
+    of a completion group's cost in the worker)."""
+    return ("{" + ",".join([str(job_id) for job_id, _ in pairs]) + "}",
+            "{" + ",".join([str(claims) for _, claims in pairs]) + "}")
 
 
 def _session_params(alias: str) -> dict[str, Any]:

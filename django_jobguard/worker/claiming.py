@@ -8,9 +8,24 @@ millisecond jobs is claimed up to 128 at a time (one round trip instead of 128),
 of one-second jobs one at a time (no worker sits on jobs an idle one could run). Rows claimed
 ahead keep their lease renewed by the heartbeat, count their attempt only when they start,
 and are given back on shutdown.
+
+:class:`ClaimAhead` makes the solo worker's next claim on a thread of its own while a
+backlog's batch runs, so that the worker does not wait for the claim's round trip between
+batches.
 """
 
 from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+logger = logging.getLogger("django_jobguard.worker")
 
 #: The most rows one adaptive claim asks for.
 MAX_CLAIM = 128
@@ -40,6 +55,12 @@ class ClaimSize:
             return max(1, min(self._next, int(self.ahead_seconds / self.average)))
         return self._next
 
+    def fast(self, batch: int) -> bool:
+        """Whether a batch of ``batch`` jobs ends within :data:`AHEAD_SECONDS` at the recent
+        average (unknown before the first job ended): only then may the next batch be
+        claimed while it runs (:class:`ClaimAhead`), held no longer than that."""
+        return self.average is not None and self.average * batch <= self.ahead_seconds
+
     def claimed(self, asked: int, got: int) -> None:
         """Record a claim's result: full means a backlog, so ask for more next time."""
         self._next = min(self.most, max(1, asked * 2)) if got >= asked else 1
@@ -48,3 +69,71 @@ class ClaimSize:
         """Record how long a job took (wall clock, claim to outcome)."""
         self.average = seconds if self.average is None else (
             self.average + _SMOOTHING * (seconds - self.average))
+
+
+class ClaimAhead:
+    """The next claim of a solo worker draining a backlog, made on this class's thread (its
+    own database connection) while the worker runs the batch before it.
+
+    One claim at a time: :meth:`start` sends it, :meth:`take` waits for its rows. Its rows
+    are held from the moment they come (:meth:`ids`: the heartbeat renews their leases) until
+    taken; like every row claimed ahead, their attempts count only when each starts, and
+    what is never taken goes back to the queue (:meth:`close`)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._future: Future[None] | None = None
+        self._lock = threading.Lock()
+        self._asked = 0
+        self._rows: list[Any] | None = []  # None: the claim failed
+        self._at = 0.0  # time.monotonic() of the claim
+
+    @property
+    def pending(self) -> bool:
+        """Whether a claim was sent and its rows not taken yet."""
+        return self._future is not None
+
+    def start(self, asked: int, claim: Callable[[], list[Any]]) -> None:
+        """Send ``claim()`` (which asks for ``asked`` rows) to the claim thread."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="jobguard-claim")
+        self._future = self._pool.submit(self._run, asked, claim)
+
+    def _run(self, asked: int, claim: Callable[[], list[Any]]) -> None:
+        at = time.monotonic()
+        rows: list[Any] | None
+        try:
+            rows = claim()
+        except (DatabaseError, InterfaceError) as exc:  # the worker claims itself next
+            logger.warning("Claim ahead failed (%s); the next claim is the worker's own.", exc)
+            for conn in connections.all(initialized_only=True):
+                conn.close()
+            rows = None
+        with self._lock:
+            self._asked, self._rows, self._at = asked, rows, at
+
+    def take(self) -> tuple[int, list[Any] | None, float]:
+        """Wait for the claim sent: how many rows it asked for, the rows (the caller's now;
+        ``None`` if the claim failed) and when it was made (``time.monotonic()``)."""
+        future, self._future = self._future, None
+        if future is None:
+            return 0, [], time.monotonic()
+        future.result()
+        with self._lock:
+            taken = self._asked, self._rows, self._at
+            self._rows = []
+        return taken
+
+    def ids(self) -> set[Any]:
+        """Ids of the rows claimed and not taken (from any thread)."""
+        with self._lock:
+            return {row.id for row in self._rows or ()}
+
+    def close(self) -> list[Any]:
+        """Wait for a claim still sent and stop the thread; the rows nobody took."""
+        rows = self.take()[1] or []
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.submit(connections.close_all).result()
+            pool.shutdown()
+        return rows

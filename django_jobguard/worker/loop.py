@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, InterfaceError, connections
 
 from django_jobguard import aio, history, logs, queue, registry
 from django_jobguard.conf import jobguard_settings, queue_database
@@ -45,7 +45,7 @@ from django_jobguard.outcome import JobState
 from django_jobguard.retry import Defaults
 from django_jobguard.worker import timeouts
 from django_jobguard.worker.async_executor import AsyncExecutor
-from django_jobguard.worker.claiming import ClaimSize
+from django_jobguard.worker.claiming import ClaimAhead, ClaimSize
 from django_jobguard.worker.completer import Completer
 from django_jobguard.worker.executor import (
     EXIT_STUCK,
@@ -211,6 +211,11 @@ class Worker:
         self._run_history = None if mode == "off" else history.RunRecorder(
             self.id, failures_only=mode == "failures")
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
+        #: The solo worker's next claim, made while a backlog's batch runs (see run()).
+        self._ahead = ClaimAhead()
+        self._claims_meanwhile = False
+        #: Whether the last claim came back full (a backlog).
+        self._backlog = False
         self._pause_checked = 0.0
         self._selection = QueueSelection([QueueEntry(name, o.queue_limits.get(name))
                                           for name in o.queues])
@@ -260,6 +265,7 @@ class Worker:
         self.pipeline.hard_limits = in_main
         if self.options.threads > 1:
             self._executor = self._threads(self.options.threads)
+        self._claims_meanwhile = self._may_claim_meanwhile()
         try:
             return self._loop(time.monotonic(), may_turn=in_main and self._has_async_jobs)
         finally:
@@ -289,10 +295,12 @@ class Worker:
                 # so an empty claim means an empty queue only if none ran then: otherwise
                 # --stop-when-empty could stop with jobs left that the cap held back.
                 running = self._executor.busy + len(self._async)
-                if self._quiet.is_set() and (self._waiting or len(self._prefetch)):
+                if self._quiet.is_set() and (self._waiting or len(self._prefetch)
+                                             or self._ahead.pending):
                     # claimed, never started: back to the queue, attempts unused
                     waiting, self._waiting = self._waiting, []
-                    self._give_back(waiting + self._prefetch.drain(close=True))
+                    self._give_back(waiting + (self._ahead.take()[1] or [])
+                                    + self._prefetch.drain(close=True))
                 self._give_back_paused()
                 rows = [] if self._waiting or self._quiet.is_set() else self._claim()
                 if may_turn and self._executor.claims_ahead and self._sync_beside_async(rows):
@@ -328,19 +336,39 @@ class Worker:
             return EXIT_STUCK
         finally:
             waiting, self._waiting = self._waiting, []
-            self._give_back(waiting + self._prefetch.drain(close=True))
+            self._give_back(waiting + self._ahead.close() + self._prefetch.drain(close=True))
             self._executor.shutdown()
 
     def _threads(self, size: int) -> Executor:
         """The executor of ``--threads`` (``size`` threads)."""
         return ThreadExecutor(self, size, rest=self.options.rest, prefetch=self._prefetch)
 
+    def _may_claim_meanwhile(self) -> bool:
+        """Whether the solo worker makes its next claim while a backlog's batch runs
+        (:class:`ClaimAhead`): on PostgreSQL, from an unnumbered queue list, with no
+        ``--once`` nor ``--max-jobs``, and not inside a transaction (a test's: the claim
+        thread's own connection could not see its rows)."""
+        o = self.options
+        using = queue_database(o.using)
+        connection = connections[using]
+        return (self._executor.claims_ahead
+                and not (o.once or o.max_jobs) and not self._selection.weighted
+                and connection.vendor == "postgresql" and not connection.in_atomic_block)
+
     def _claim(self) -> list[QueuedJob]:
         """Claim the rows to run next: for the solo executor an adaptive batch whose first
         row starts now and the rest are claimed ahead, their attempts uncounted until each
-        starts (a worker killed meanwhile has not used their tries); for threads as many
-        rows as there are free slots, started. A failed claim is logged, and retried a
-        second later on a fresh connection."""
+        starts (a worker killed meanwhile has not used their tries), or the batch claimed
+        while the one before ran (:meth:`_claim_meanwhile`); for threads as many rows as
+        there are free slots, started. A failed claim is logged, and retried a second later
+        on a fresh connection."""
+        if self._ahead.pending:
+            asked, taken, at = self._ahead.take()
+            # An empty one (or a failure) is asked again now: the jobs that ran meanwhile
+            # may have queued more (a chain's next link), and an empty claim may stop
+            # ``--stop-when-empty``.
+            if taken:
+                return self._claimed(asked, taken, at)
         o = self.options
         executor = self._executor
         async_free = self._async.free() if self._has_async_jobs else 0
@@ -394,20 +422,46 @@ class Worker:
                 return []
         running = self._selection.running(executor.running_queues()) \
             if self._selection.weighted else None
+        at = time.monotonic()
         try:
-            rows = self._selection.claim(
-                lambda names, n: queue.claim(names, worker_id=self.id, limit=n,
-                                             start=min(n, start), named=o.queues,
-                                             ahead=min(prefetching, n), using=o.using),
-                free=limit, running=running)
+            rows = self._claim_rows(limit, start=start, ahead=prefetching, running=running)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Claim failed (%s); reconnecting in 1 s.", exc)
             queue.close_broken_connections(all_idle=True)
             self._stop.wait(1)
             return []
-        if executor.claims_ahead:
+        return self._claimed(limit, rows, at)
+
+    def _claim_rows(self, limit: int, *, start: int, ahead: int,
+                    running: Any = None) -> list[QueuedJob]:
+        """Up to ``limit`` rows from the worker's queues, the first ``start`` started and
+        ``ahead`` of them claimed for no slot (none of those from a capped queue)."""
+        o = self.options
+        return self._selection.claim(
+            lambda names, n: queue.claim(names, worker_id=self.id, limit=n,
+                                         start=min(n, start), named=o.queues,
+                                         ahead=min(ahead, n), using=o.using),
+            free=limit, running=running)
+
+    def _claim_meanwhile(self) -> None:
+        """While the solo worker runs a full batch (a backlog) of jobs that end within the
+        claim's ``AHEAD_SECONDS`` at their recent average, its next batch is claimed on the
+        claim thread: every row ahead (attempts uncounted; none from a capped queue), so the
+        worker goes from one batch to the next without waiting for the database. (Slower
+        jobs' rows are not claimed meanwhile: an idle worker can take them.)"""
+        if self._stop.is_set() or self._quiet.is_set():
+            return
+        limit = self._claim_size.next()
+        self._ahead.start(limit, lambda: self._claim_rows(limit, start=0, ahead=limit))
+
+    def _claimed(self, limit: int, rows: list[QueuedJob], at: float) -> list[QueuedJob]:
+        """What a claim of ``limit`` rows made at ``at`` (``time.monotonic()``) tells the
+        worker; its rows."""
+        o = self.options
+        if self._executor.claims_ahead:
             self._claim_size.claimed(limit, len(rows))
-        self._pause_checked = time.monotonic()  # the claim excluded paused queues
+        self._backlog = len(rows) >= limit
+        self._pause_checked = at  # the claim excluded paused queues
         if not rows and self._notified:
             self._due_known = None  # woken for a job not due yet, or another took it: ask
         self._notified = False
@@ -435,6 +489,9 @@ class Worker:
         self._start_from_buffer()
         if not solo:
             return
+        if (rows and self._backlog and self._claims_meanwhile and not self._ahead.pending
+                and self._claim_size.fast(len(self._waiting))):
+            self._claim_meanwhile()
         waiting = self._waiting
         index = 0
         while index < len(waiting):
@@ -571,7 +628,7 @@ class Worker:
         grouped = self._completer.held() if self._completer is not None else set()
         running = frozenset(row.id for row in self._running)
         return (running | self._async.held() | {row.id for row in self._waiting} | grouped
-                | self._prefetch.ids())
+                | self._prefetch.ids() | self._ahead.ids())
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second

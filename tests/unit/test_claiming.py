@@ -8,7 +8,7 @@ from django_jobguard import queue
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker import Worker, WorkerOptions
 from django_jobguard.worker.claiming import MAX_CLAIM, ClaimSize
-from tests.support import jobs, work
+from tests.support import jobs, requires_postgres, work
 
 
 def test_a_full_claim_doubles_the_next_up_to_the_most():
@@ -102,3 +102,94 @@ def test_jobs_started_by_the_ack_before_them_count_one_attempt_each(monkeypatch)
     assert work(batch=6, tries=1) == ["DONE"] * 6  # each ran on its first and only try
     assert sorted(JobRun.objects.values_list("attempt", flat=True)) == [1] * 6
     assert len(calls) == 5  # the ack of each of the first five started the next
+
+
+# -- the next claim made while a batch runs (ClaimAhead, PostgreSQL) ------------------------
+
+
+def _spy_claims(monkeypatch) -> list[dict]:
+    """Record each claim: the thread it ran on, what it asked for and how many rows came."""
+    import threading
+
+    calls: list[dict] = []
+    real_claim = queue.claim
+
+    def spy(*args, **kwargs):
+        rows = real_claim(*args, **kwargs)
+        calls.append({"thread": threading.current_thread().name, "limit": kwargs["limit"],
+                      "start": kwargs["start"], "ahead": kwargs["ahead"], "got": len(rows)})
+        return rows
+
+    monkeypatch.setattr(queue, "claim", spy)
+    return calls
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_backlog_is_claimed_on_the_claim_thread_while_each_batch_runs(monkeypatch):
+    from demo.models import JobRun
+
+    for n in range(60):
+        jobs.Record("meanwhile", key=str(n)).dispatch()
+    calls = _spy_claims(monkeypatch)
+    assert work(batch=8, tries=1) == ["DONE"] * 60
+    meanwhile = [c for c in calls if c["thread"].startswith("jobguard-claim")]
+    # After the first full batch every next one was claimed while the one before ran: all
+    # of it ahead (attempts uncounted, nothing from a capped queue).
+    assert len(meanwhile) >= 6, calls
+    assert all(c["start"] == 0 and c["ahead"] == c["limit"] == 8 for c in meanwhile)
+    runs = list(JobRun.objects.filter(label="meanwhile"))
+    assert sorted(int(r.key) for r in runs) == list(range(60))  # each ran, and once
+    assert {r.attempt for r in runs} == {1}  # each used its one try, none more
+    assert not QueuedJob.objects.exists()
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_rows_claimed_meanwhile_are_held_and_go_back_unused_when_the_worker_stops():
+    from tests.support import wait_for
+
+    handles = [jobs.Noop(n).dispatch() for n in range(5)]
+    worker = Worker(WorkerOptions(batch=5, stop_when_empty=True, sleep=0, memory=0))
+    assert worker._may_claim_meanwhile()
+    worker._claim_meanwhile()
+    ids = {str(h.id) for h in handles}
+    wait_for(lambda: {str(i) for i in worker.held_ids()} == ids, timeout=10,
+             what="the rows claimed meanwhile are held (the heartbeat renews them)")
+    assert {str(i) for i in QueuedJob.objects.filter(reserved_by=worker.id).values_list(
+        "id", flat=True)} == ids
+    worker.stop()  # before its loop took them: they go back as the worker ends
+    assert worker.run() == 0
+    rows = QueuedJob.objects.filter(id__in=ids)
+    assert rows.count() == 5
+    assert all(r.reserved_by == "" and r.attempts == 0 for r in rows)
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_meanwhile_that_fails_is_logged_and_the_worker_claims_itself(
+        monkeypatch, caplog):
+    import threading
+
+    from django.db import OperationalError
+
+    for n in range(30):
+        jobs.Noop(n).dispatch()
+    real_claim = queue.claim
+    failed = []
+
+    def flaky(*args, **kwargs):
+        if threading.current_thread().name.startswith("jobguard-claim") and not failed:
+            failed.append(True)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(queue, "claim", flaky)
+    assert work(batch=4, tries=1) == ["DONE"] * 30
+    assert failed and "Claim ahead failed" in caplog.text
+    assert not QueuedJob.objects.exists()
+
+
+def test_no_claim_meanwhile_inside_a_transaction_or_with_numbered_queues(db):
+    # A test's transaction: the claim thread's connection could not see its rows.
+    assert not Worker(WorkerOptions(memory=0))._may_claim_meanwhile()
