@@ -180,6 +180,9 @@ class Completer:
                          "leases will run out and they will run again, without using a try.",
                          len(finished), exc)
             queue.close_broken_connections()
+            for row in starts:  # not written: a deferred start is counted by its row's own
+                if row is not start:  # write (a release, a failure), as take_start() does
+                    row.attempt_counted = False
             if start is not None:
                 raise
             return False
@@ -189,6 +192,9 @@ class Completer:
         if start is not None and start.id in started:
             queue.counted(start)
         for entry in finished:
+            # A release that met a cut connection leaves it closed, not reconnected: without
+            # this, every later release of the group failed too, each leaving its lock held.
+            queue.close_broken_connections()
             try:
                 (entry.acked if entry.row.id in acked else entry.lost)(entry)
             except Exception:

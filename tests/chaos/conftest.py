@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import IO
 
 import pytest
 from demo.models import JobRun
+from django.db import connection
 from django.test import override_settings
 
 from django_jobguard import stores
@@ -113,11 +114,13 @@ class Fleet:
 
     def errors(self) -> str:
         """Everything the workers logged (warnings and errors go to stderr)."""
-        out = []
-        for log in self.logs:
-            log.seek(0)
-            out.append(log.read())
-        return "\n".join(out)
+        return "\n".join(self.log_of(proc) for proc in self.procs)
+
+    def log_of(self, proc: subprocess.Popen) -> str:
+        """What ``proc`` (one of these workers) logged so far."""
+        log = self.logs[self.procs.index(proc)]
+        log.seek(0)
+        return log.read()
 
     def cleanup(self) -> None:
         for proc in self.procs:
@@ -183,6 +186,16 @@ class Outcome:
         survivors_done = [r for runs in self.runs.values() for r in runs
                           if r["ended_at"] is not None and r["pid"] not in killed]
         assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
+
+
+def terminate_backends(app: str) -> int:
+    """``pg_terminate_backend`` on every connection of the workers started with
+    ``PGAPPNAME=app`` (a database restart, as the workers see it); returns how many."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE application_name = %s AND datname = current_database() "
+                       "AND pid <> pg_backend_pid()", [app])
+        return len(cursor.fetchall())
 
 
 def stop_and_read(procs: Sequence[subprocess.Popen | None], logs: Sequence[IO[str]]
@@ -254,15 +267,17 @@ class PrivateRedis:
             self.proc.kill()
             self.proc.wait(timeout=20)
 
-    def restart_midway(self, label: str, total: int, *, finished_meanwhile: int) -> None:
+    def restart_midway(self, label: str, total: int, *, finished_meanwhile: int,
+                       until: Callable[[], bool] | None = None) -> None:
         """Once a quarter of the ``total`` jobs ran (runs of ``label``), shut this server down
         until ``finished_meanwhile`` more of them finished without it (only their lock
-        release fails), then start it again."""
+        release fails) and ``until()`` holds, if given; then start it again."""
         wait_for(lambda: JobRun.objects.filter(label=label).count() >= total // 4, timeout=60)
         self.shutdown()
         ended = JobRun.objects.filter(label=label, ended_at__isnull=False)
         down_at = ended.count()
-        wait_for(lambda: ended.count() >= down_at + finished_meanwhile, timeout=60)
+        wait_for(lambda: ended.count() >= down_at + finished_meanwhile
+                 and (until is None or until()), timeout=60)
         self.start()
 
 

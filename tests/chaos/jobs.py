@@ -286,3 +286,46 @@ class PartitionRecord(Job):
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
         return None
+
+
+class RerunWaits(Job):
+    """Records its run (label ``rerun-waits``); with ``hold``, a run after the first (the row
+    taken over from a stalled worker) waits up to a minute for a ``go`` row of its job before
+    it ends, so the test can act while the second owner holds the row. No time limit."""
+
+    LABEL = "rerun-waits"
+    tries = 3
+    timeout = 0
+
+    def __init__(self, key: str, seconds: float = 0.0, hold: bool = False):
+        self.key, self.seconds, self.hold = key, seconds, hold
+
+    def handle(self):
+        waits = self.hold and JobRun.objects.filter(label=self.LABEL,
+                                                    job_id=self.job_id).exists()
+        run = JobRun.objects.create(label=self.LABEL, key=self.key, job_id=self.job_id or "",
+                                    pid=os.getpid(), attempt=self.attempts(),
+                                    started_at=timezone.now())
+        deadline = time.monotonic() + (60 if waits else self.seconds)
+        while time.monotonic() < deadline and not (
+                waits and JobRun.objects.filter(label="go", key=self.job_id).exists()):
+            time.sleep(0.05)
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])
+
+
+class AsyncRerunWaits(RerunWaits):
+    """:class:`RerunWaits` as an async job (``--async-concurrency``)."""
+
+    async def handle(self):
+        waits = await JobRun.objects.filter(label=self.LABEL, job_id=self.job_id).aexists() \
+            if self.hold else False
+        run = await JobRun.objects.acreate(label=self.LABEL, key=self.key,
+                                           job_id=self.job_id or "", pid=os.getpid(),
+                                           attempt=self.attempts(), started_at=timezone.now())
+        deadline = time.monotonic() + (60 if waits else self.seconds)
+        while time.monotonic() < deadline and not (
+                waits and await JobRun.objects.filter(label="go", key=self.job_id).aexists()):
+            await asyncio.sleep(0.05)
+        run.ended_at = timezone.now()
+        await run.asave(update_fields=["ended_at"])

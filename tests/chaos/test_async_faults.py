@@ -16,12 +16,11 @@ import tempfile
 
 import pytest
 from demo.models import JobRun
-from django.db import connection
 
 from django_jobguard import aio, dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env, stop_and_read
+from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env, stop_and_read, terminate_backends
 from tests.chaos.test_redis_restart import assert_unique_jobs_outlived_the_restart
 from tests.support import MANAGE, ROOT, async_jobs, requires_postgres, wait_for
 
@@ -52,15 +51,6 @@ def test_kill_9_async_workers_loses_no_job(fleet):
 APP = "jobguard-chaos-async"
 
 
-def _terminate_backends() -> int:
-    """``pg_terminate_backend`` on every connection of the workers (by application name)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE application_name = %s AND datname = current_database() "
-                       "AND pid <> pg_backend_pid()", [APP])
-        return len(cursor.fetchall())
-
-
 @requires_postgres
 def test_async_jobs_reconnect_after_their_connections_are_terminated(fleet):
     """The job's own async ORM calls run on asgiref's thread-sensitive thread: once its
@@ -71,11 +61,11 @@ def test_async_jobs_reconnect_after_their_connections_are_terminated(fleet):
     [proc] = workers.start(1)
     wait_for(lambda: JobRun.objects.filter(label="pg-before", ended_at__isnull=False).count()
              >= 5, timeout=60)
-    assert _terminate_backends() >= 3  # jobs in flight: main, heartbeat, the async ORM's ...
+    assert terminate_backends(APP) >= 3  # jobs in flight: main, heartbeat, the async ORM's ...
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
     # The async ORM's connection is idle now, and still the one that was cut unless the
     # worker closed it: cut it again, then the jobs after it.
-    _terminate_backends()
+    terminate_backends(APP)
     after = _records("pg-after", 20, 0.05)
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=120)
     assert proc.poll() is None, workers.errors()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from django.db import OperationalError
 
+from django_jobguard import queue
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker import completer as completer_module
 from django_jobguard.worker.completer import Completer
@@ -90,3 +92,21 @@ def test_stopping_writes_every_deferred_start(group, clock):
     group._timer = None
     group.close()
     assert group._dialect.groups == [([], [row.id for row in rows])]
+
+
+class Cut(Dialect):
+    """A group write that meets a cut connection."""
+
+    def complete(self, done, starts, reserved_by, *, relaxed=False):
+        raise OperationalError("terminating connection due to administrator command")
+
+
+def test_a_start_whose_group_was_not_written_is_counted_by_its_own_write(group, clock):
+    # A start taken out for a group that failed was written nowhere: the row's own write (a
+    # release after an exception) must count it, as after take_start(), not take it as done.
+    row = _row()
+    group.start(row)
+    clock.now += WINDOW
+    group._dialect = Cut()
+    assert group.flush() is False
+    assert queue.claimed_ahead(row) and not group.groups(row)  # acked on its own, counting it
