@@ -5,7 +5,8 @@ first async job): sync jobs never run on it, and many async jobs await on it at 
 (``jobworker --async-concurrency N``). :func:`run_job` runs one job's middleware and
 ``handle()`` as a task with its time limit: a ``timeout`` cancels the task (the job sees
 ``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
-read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
+read about once a second: on the worker's loop by one :class:`CancelPoller` for all its jobs),
+so is a second Ctrl-C. A job that swallows the cancellation is given up
 on after a grace period (logged; its task is left to end on its own). In a jobworker the
 pipeline also arms the watchdog's hard limit around each run
 (:func:`~django_jobguard.worker.timeouts.watched`): a job that blocks the loop past it is
@@ -263,7 +264,15 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     with _runs_lock:
         _runs[task] = run
     timer = loop.call_later(timeout, run.time_up, timeout) if timeout else None
-    watcher = loop.create_task(_watch_cancel(run)) if context.reporter is not None else None
+    watcher = None
+    poller = None
+    if context.reporter is not None:
+        current = _loop_thread
+        if current is not None and threading.current_thread() is current.thread:
+            poller = current.cancel_poller()  # one task for all the worker's jobs
+            poller.add(run)
+        else:
+            watcher = loop.create_task(_watch_cancel(run))
     try:
         await run.ended()
     except asyncio.CancelledError:  # whoever awaits us was cancelled: stop the job too
@@ -275,6 +284,8 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
             if handle is not None:
                 handle.cancel()
         run.close()
+        if poller is not None:
+            poller.discard(run)
         with _runs_lock:
             _runs.pop(task, None)
     return _result(run, timeout)
@@ -317,6 +328,68 @@ async def _watch_cancel(run: JobRun) -> None:
             logger.warning("Could not read the cancel flag of %s (%s).", run.label, exc)
 
 
+class CancelPoller:
+    """Reads the cancel flags of the async jobs on the worker's loop, each about once every
+    :data:`CANCEL_POLL` seconds, in one task and one call off the loop for all of them (a
+    task per job, with its timer and its cancellation, cost every no-op job as much as its
+    run). A job's first read comes :data:`CANCEL_POLL` to 1.25 times that after it started."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        #: The runs watched, each with when its flag was last read (``loop.time()``).
+        self.runs: dict[JobRun, float] = {}
+        self._wanted: asyncio.Future[None] | None = None
+        self._task = loop.create_task(self._run(), name="jobguard-cancel-poller")
+
+    def add(self, run: JobRun) -> None:
+        """On the loop: watch ``run`` until :meth:`discard`."""
+        self.runs[run] = self.loop.time()
+        wanted = self._wanted
+        if wanted is not None and not wanted.done():
+            wanted.set_result(None)
+
+    def discard(self, run: JobRun) -> None:
+        self.runs.pop(run, None)
+
+    async def _run(self) -> None:
+        while True:
+            if not self.runs:  # idle: no wake-ups until a job starts
+                self._wanted = self.loop.create_future()
+                await self._wanted
+            await asyncio.sleep(CANCEL_POLL / 4)
+            try:
+                await self._read_due()
+            except Exception:  # never let a bug stop the reads of the jobs to come
+                logger.exception("Reading the cancel flags of the async jobs failed.")
+
+    async def _read_due(self) -> None:
+        now = self.loop.time()
+        due = [run for run, read in self.runs.items()
+               if now - read >= CANCEL_POLL and run.reason is None and not run.task.done()]
+        if not due:
+            return
+        flags = await call_sync(_read_flags, due)
+        read = self.loop.time()
+        for run, flag in zip(due, flags, strict=True):
+            if run in self.runs:
+                self.runs[run] = read
+                if flag:
+                    run.cancel(CANCELLED)
+
+
+def _read_flags(runs: list[JobRun]) -> list[bool]:
+    """Off the loop: each run's cancel flag (``False`` when it could not be read)."""
+    flags = []
+    for run in runs:
+        reporter = run.context.reporter
+        try:
+            flags.append(reporter is not None and reporter.cancelled())
+        except Exception as exc:  # the flag is advice: the job goes on
+            logger.warning("Could not read the cancel flag of %s (%s).", run.label, exc)
+            flags.append(False)
+    return flags
+
+
 # -- the worker's loop ---------------------------------------------------------------------------
 
 
@@ -337,6 +410,7 @@ class LoopThread:
         self.thread.start()
         self._started.wait()
         self.blocked_episodes = 0
+        self._cancels: CancelPoller | None = None
         self._probe: threading.Thread | None = None
         if self.blocked_after > 0:
             self._probe = threading.Thread(target=self._watch, name=f"{name}-probe",
@@ -350,6 +424,12 @@ class LoopThread:
             self.loop.run_forever()
         finally:
             self.loop.close()
+
+    def cancel_poller(self) -> CancelPoller:
+        """On the loop: the task that reads its jobs' cancel flags (started on first use)."""
+        if self._cancels is None:
+            self._cancels = CancelPoller(self.loop)
+        return self._cancels
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop; a future to wait on from any thread."""
