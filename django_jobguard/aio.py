@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import inspect
 import logging
@@ -121,8 +122,7 @@ async def call_sync(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     which holds the test's transaction."""
     current = _loop_thread
     if current is not None and threading.current_thread() is current.thread:
-        return await current.loop.run_in_executor(
-            current.pool, lambda: _reset_after(func, *args, **kwargs))
+        return await current.pool.call(lambda: _reset_after(func, *args, **kwargs))
     return await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
 
 
@@ -393,6 +393,137 @@ def _read_flags(runs: list[JobRun]) -> list[bool]:
 # -- the worker's loop ---------------------------------------------------------------------------
 
 
+class Offload:
+    """The worker loop's threads for sync calls (:func:`call_sync`: the jobs' outcomes
+    written, stores), handed their work and giving back their results in batches.
+
+    ``run_in_executor`` wakes a thread for every call and the loop for every result (a
+    byte through its self-pipe, a hand-over of the GIL each way): for no-op async jobs
+    that cost more than the jobs. Here a thread that is already working takes the calls
+    queued meanwhile without being woken, and its results reach the loop in one wake-up
+    once it has nothing queued (or, as a call ends, once the oldest waited
+    :data:`DELIVER_AFTER`). Calls still run side by
+    side: another thread is woken when those working have been on their call for
+    :data:`STALLED_AFTER` (a slow store does not hold back the acks queued behind it)."""
+
+    #: Seconds a working thread's call may take before a queued call wakes another thread.
+    STALLED_AFTER = 0.02
+    #: Seconds a result may wait for the thread's next ones before it is handed back alone.
+    DELIVER_AFTER = 0.001
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
+        self.loop, self.size, self.name = loop, size, name
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[tuple[asyncio.Future[Any], Callable[[], Any]]] = \
+            collections.deque()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # threads waiting for work
+        self._waking = 0  # of those, woken and not running yet
+        self._working: dict[int, float] = {}  # thread id: when its call began (monotonic)
+        self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._results_since = 0.0
+        self._posted = False  # a delivery is scheduled on the loop
+        self._recheck: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def call(self, func: Callable[[], T]) -> asyncio.Future[T]:
+        """On the loop: ``func()`` in one of the threads; a future of the loop."""
+        future: asyncio.Future[T] = self.loop.create_future()
+        with self._cond:
+            self._queue.append((future, func))
+            self._dispatch()
+        return future
+
+    def _dispatch(self) -> None:
+        """On the loop, under the lock: wake (or start) a thread for the queued calls unless
+        one at work will take them; else look again once it may have stalled."""
+        if not self._queue or self._waking:  # a thread woken already takes them
+            return
+        if self._working:
+            if len(self._working) >= self.size:
+                return  # every thread works: each takes the next call as it is done
+            now = time.monotonic()
+            latest = max(self._working.values())
+            if now - latest < self.STALLED_AFTER:
+                if self._recheck is None:
+                    self._recheck = self.loop.call_later(
+                        latest + self.STALLED_AFTER - now, self._look_again)
+                return
+        if self._idle > self._waking:
+            self._waking += 1
+            self._cond.notify()
+        elif len(self._threads) < self.size:
+            thread = threading.Thread(target=self._work, daemon=True,
+                                      name=f"{self.name}_{len(self._threads)}")
+            self._threads.append(thread)
+            thread.start()
+
+    def _look_again(self) -> None:
+        with self._cond:
+            self._recheck = None
+            self._dispatch()
+
+    def _work(self) -> None:
+        ident = threading.get_ident()
+        cond = self._cond
+        with cond:
+            while True:
+                while not self._queue:
+                    if self._closed:
+                        return
+                    self._idle += 1
+                    cond.wait()
+                    self._idle -= 1
+                    if self._waking:
+                        self._waking -= 1
+                future, func = self._queue.popleft()
+                if future.cancelled():  # its awaiter went away before it started
+                    continue
+                self._working[ident] = time.monotonic()
+                cond.release()
+                try:
+                    result, ok = func(), True
+                except BaseException as exc:  # handed to the awaiting coroutine
+                    result, ok = exc, False
+                    if isinstance(exc, StopIteration):  # a future cannot take one
+                        result = RuntimeError(f"StopIteration raised in {func}")
+                finally:
+                    cond.acquire()
+                del self._working[ident]
+                now = time.monotonic()
+                if not self._results:
+                    self._results_since = now
+                self._results.append((future, ok, result))
+                if not self._posted and (not self._queue
+                                         or now - self._results_since >= self.DELIVER_AFTER):
+                    self._posted = True
+                    try:
+                        self.loop.call_soon_threadsafe(self._deliver)
+                    except RuntimeError:  # the loop is closed: nobody waits any more
+                        return
+
+    def _deliver(self) -> None:
+        """On the loop: hand the results over to their awaiters."""
+        with self._cond:
+            results, self._results = self._results, []
+            self._posted = False
+        for future, ok, value in results:
+            if future.cancelled():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    def close(self) -> None:
+        """Let the threads end once the calls queued are done."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+
+
 class LoopThread:
     """An event loop in a daemon thread, with a probe that logs when the loop stops answering
     for more than ``blocked_after`` seconds (0: no probe)."""
@@ -401,8 +532,7 @@ class LoopThread:
         self.blocked_after = float(blocked_after or 0)
         self.loop = asyncio.new_event_loop()
         #: Threads for jobguard's own sync calls of async jobs (stores, the queue rows).
-        self.pool = concurrent.futures.ThreadPoolExecutor(POOL_SIZE,
-                                                          thread_name_prefix=f"{name}-sync")
+        self.pool = Offload(self.loop, POOL_SIZE, f"{name}-sync")
         self._closed = threading.Event()
         self._started = threading.Event()
         self._tasks: set[asyncio.Task[Any]] = set()  # those of spawn()
@@ -513,7 +643,7 @@ class LoopThread:
             return
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout)
-        self.pool.shutdown(wait=False)
+        self.pool.close()
 
 
 _loop_thread: LoopThread | None = None
