@@ -418,7 +418,7 @@ class Offload:
             collections.deque()
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads waiting for work
-        self._waking = 0  # of those, woken and not running yet
+        self._waking = 0  # threads woken (or started) that have not taken a call yet
         self._working: dict[int, float] = {}  # thread id: when its call began (monotonic)
         self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
         self._results_since = 0.0
@@ -453,6 +453,7 @@ class Offload:
             self._waking += 1
             self._cond.notify()
         elif len(self._threads) < self.size:
+            self._waking += 1  # on its way to the queue as well
             thread = threading.Thread(target=self._work, daemon=True,
                                       name=f"{self.name}_{len(self._threads)}")
             self._threads.append(thread)
@@ -467,6 +468,7 @@ class Offload:
         ident = threading.get_ident()
         cond = self._cond
         with cond:
+            self._waking -= 1
             while True:
                 while not self._queue:
                     if self._closed:
