@@ -437,13 +437,14 @@ class Offload:
     def _dispatch(self) -> None:
         """On the loop, under the lock: wake (or start) a thread for the queued calls unless
         one at work will take them; else look again once it may have stalled."""
-        if not self._queue or self._waking:  # a thread woken already takes them
+        if not self._queue:
             return
-        if self._working:
+        if self._working or self._waking:  # a thread takes them when it is free
             if len(self._working) >= self.size:
                 return  # every thread works: each takes the next call as it is done
             now = time.monotonic()
-            latest = max(self._working.values())
+            # (a thread on its way to the queue counts as one that just began a call)
+            latest = now if self._waking else max(self._working.values())
             if now - latest < self.STALLED_AFTER:
                 if self._recheck is None:
                     self._recheck = self.loop.call_later(
