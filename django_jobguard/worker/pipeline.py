@@ -182,12 +182,13 @@ class Pipeline:
             return await self.acomplete(row, job, started, then=then)
         started = time.monotonic()
         with running(row, self.worker_id):  # the trace span, when tracing is on
-            job = self.begin_on_loop(row, started)
-            if job is None or job is STARTED:  # it needs the database: off the loop
-                job = await aio.call_sync(self.begin, row, started, counted=job is STARTED)
-            if isinstance(job, str):
-                return job
-            return await self.acomplete(row, job, started, then=then)
+            on_loop = self.begin_on_loop(row, started)
+            if on_loop is None or on_loop is STARTED:  # it needs the database: off the loop
+                on_loop = await aio.call_sync(self.begin, row, started,
+                                              counted=on_loop is STARTED)
+            if isinstance(on_loop, str):
+                return on_loop
+            return await self.acomplete(row, on_loop, started, then=then)
 
     async def acomplete(self, row: QueuedJob, job: JobLike, started: float, *,
                         then: Callable[[], QueuedJob | None] | None = None) -> str:
@@ -777,7 +778,8 @@ def _rebuilt_from_arguments(job_class: Any) -> bool:
     decoded, its constructor called), not by a method of its own that may query."""
     from django_jobguard.jobs import Job  # models: after app loading
 
-    return getattr(job_class.from_envelope, "__func__", None) is Job.from_envelope.__func__
+    own = Job.__dict__["from_envelope"].__func__
+    return getattr(job_class.from_envelope, "__func__", None) is own
 
 
 #: What :meth:`Pipeline.begin_on_loop` returns when the row started but its rebuild must
