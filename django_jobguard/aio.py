@@ -5,7 +5,8 @@ first async job): sync jobs never run on it, and many async jobs await on it at 
 (``jobworker --async-concurrency N``). :func:`run_job` runs one job's middleware and
 ``handle()`` as a task with its time limit: a ``timeout`` cancels the task (the job sees
 ``asyncio.CancelledError`` at its current ``await``), so is an operator's cancel (the flag is
-read once a second), so is a second Ctrl-C. A job that swallows the cancellation is given up
+read about once a second: on the worker's loop by one :class:`CancelPoller` for all its jobs),
+so is a second Ctrl-C. A job that swallows the cancellation is given up
 on after a grace period (logged; its task is left to end on its own). In a jobworker the
 pipeline also arms the watchdog's hard limit around each run
 (:func:`~django_jobguard.worker.timeouts.watched`): a job that blocks the loop past it is
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import inspect
 import logging
@@ -120,8 +122,7 @@ async def call_sync(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     which holds the test's transaction."""
     current = _loop_thread
     if current is not None and threading.current_thread() is current.thread:
-        return await current.loop.run_in_executor(
-            current.pool, lambda: _reset_after(func, *args, **kwargs))
+        return await current.pool.call(lambda: _reset_after(func, *args, **kwargs))
     return await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
 
 
@@ -263,7 +264,15 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     with _runs_lock:
         _runs[task] = run
     timer = loop.call_later(timeout, run.time_up, timeout) if timeout else None
-    watcher = loop.create_task(_watch_cancel(run)) if context.reporter is not None else None
+    watcher = None
+    poller = None
+    if context.reporter is not None:
+        current = _loop_thread
+        if current is not None and threading.current_thread() is current.thread:
+            poller = current.cancel_poller()  # one task for all the worker's jobs
+            poller.add(run)
+        else:
+            watcher = loop.create_task(_watch_cancel(run))
     try:
         await run.ended()
     except asyncio.CancelledError:  # whoever awaits us was cancelled: stop the job too
@@ -275,6 +284,8 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
             if handle is not None:
                 handle.cancel()
         run.close()
+        if poller is not None:
+            poller.discard(run)
         with _runs_lock:
             _runs.pop(task, None)
     return _result(run, timeout)
@@ -317,7 +328,203 @@ async def _watch_cancel(run: JobRun) -> None:
             logger.warning("Could not read the cancel flag of %s (%s).", run.label, exc)
 
 
+class CancelPoller:
+    """Reads the cancel flags of the async jobs on the worker's loop, each about once every
+    :data:`CANCEL_POLL` seconds, in one task and one call off the loop for all of them (a
+    task per job, with its timer and its cancellation, cost every no-op job as much as its
+    run). A job's first read comes :data:`CANCEL_POLL` to 1.25 times that after it started."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        #: The runs watched, each with when its flag was last read (``loop.time()``).
+        self.runs: dict[JobRun, float] = {}
+        self._wanted: asyncio.Future[None] | None = None
+        self._task = loop.create_task(self._run(), name="jobguard-cancel-poller")
+
+    def add(self, run: JobRun) -> None:
+        """On the loop: watch ``run`` until :meth:`discard`."""
+        self.runs[run] = self.loop.time()
+        wanted = self._wanted
+        if wanted is not None and not wanted.done():
+            wanted.set_result(None)
+
+    def discard(self, run: JobRun) -> None:
+        self.runs.pop(run, None)
+
+    async def _run(self) -> None:
+        while True:
+            if not self.runs:  # idle: no wake-ups until a job starts
+                self._wanted = self.loop.create_future()
+                await self._wanted
+            await asyncio.sleep(CANCEL_POLL / 4)
+            try:
+                await self._read_due()
+            except Exception:  # never let a bug stop the reads of the jobs to come
+                logger.exception("Reading the cancel flags of the async jobs failed.")
+
+    async def _read_due(self) -> None:
+        now = self.loop.time()
+        due = [run for run, read in self.runs.items()
+               if now - read >= CANCEL_POLL and run.reason is None and not run.task.done()]
+        if not due:
+            return
+        flags = await call_sync(_read_flags, due)
+        read = self.loop.time()
+        for run, flag in zip(due, flags, strict=True):
+            if run in self.runs:
+                self.runs[run] = read
+                if flag:
+                    run.cancel(CANCELLED)
+
+
+def _read_flags(runs: list[JobRun]) -> list[bool]:
+    """Off the loop: each run's cancel flag (``False`` when it could not be read)."""
+    flags = []
+    for run in runs:
+        reporter = run.context.reporter
+        try:
+            flags.append(reporter is not None and reporter.cancelled())
+        except Exception as exc:  # the flag is advice: the job goes on
+            logger.warning("Could not read the cancel flag of %s (%s).", run.label, exc)
+            flags.append(False)
+    return flags
+
+
 # -- the worker's loop ---------------------------------------------------------------------------
+
+
+class Offload:
+    """The worker loop's threads for sync calls (:func:`call_sync`: the jobs' outcomes
+    written, stores), handed their work and giving back their results in batches.
+
+    ``run_in_executor`` wakes a thread for every call and the loop for every result (a
+    byte through its self-pipe, a hand-over of the GIL each way): for no-op async jobs
+    that cost more than the jobs. Here a thread that is already working takes the calls
+    queued meanwhile without being woken, and its results reach the loop in one wake-up
+    once it has nothing queued (or, as a call ends, once the oldest waited
+    :data:`DELIVER_AFTER`). Calls still run side by
+    side: another thread is woken when those working have been on their call for
+    :data:`STALLED_AFTER` (a slow store does not hold back the acks queued behind it)."""
+
+    #: Seconds a working thread's call may take before a queued call wakes another thread.
+    STALLED_AFTER = 0.02
+    #: Seconds a result may wait for the thread's next ones before it is handed back alone.
+    DELIVER_AFTER = 0.001
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
+        self.loop, self.size, self.name = loop, size, name
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[tuple[asyncio.Future[Any], Callable[[], Any]]] = \
+            collections.deque()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # threads waiting for work
+        self._waking = 0  # threads woken (or started) that have not taken a call yet
+        self._working: dict[int, float] = {}  # thread id: when its call began (monotonic)
+        self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._results_since = 0.0
+        self._posted = False  # a delivery is scheduled on the loop
+        self._recheck: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def call(self, func: Callable[[], T]) -> asyncio.Future[T]:
+        """On the loop: ``func()`` in one of the threads; a future of the loop."""
+        future: asyncio.Future[T] = self.loop.create_future()
+        with self._cond:
+            self._queue.append((future, func))
+            self._dispatch()
+        return future
+
+    def _dispatch(self) -> None:
+        """On the loop, under the lock: wake (or start) a thread for the queued calls unless
+        one at work will take them; else look again once it may have stalled."""
+        if not self._queue:
+            return
+        if self._working or self._waking:  # a thread takes them when it is free
+            if len(self._working) >= self.size:
+                return  # every thread works: each takes the next call as it is done
+            now = time.monotonic()
+            # (a thread on its way to the queue counts as one that just began a call)
+            latest = now if self._waking else max(self._working.values())
+            if now - latest < self.STALLED_AFTER:
+                if self._recheck is None:
+                    self._recheck = self.loop.call_later(
+                        latest + self.STALLED_AFTER - now, self._look_again)
+                return
+        if self._idle > self._waking:
+            self._waking += 1
+            self._cond.notify()
+        elif len(self._threads) < self.size:
+            self._waking += 1  # on its way to the queue as well
+            thread = threading.Thread(target=self._work, daemon=True,
+                                      name=f"{self.name}_{len(self._threads)}")
+            self._threads.append(thread)
+            thread.start()
+
+    def _look_again(self) -> None:
+        with self._cond:
+            self._recheck = None
+            self._dispatch()
+
+    def _work(self) -> None:
+        ident = threading.get_ident()
+        cond = self._cond
+        with cond:
+            self._waking -= 1
+            while True:
+                while not self._queue:
+                    if self._closed:
+                        return
+                    self._idle += 1
+                    cond.wait()
+                    self._idle -= 1
+                    if self._waking:
+                        self._waking -= 1
+                future, func = self._queue.popleft()
+                if future.cancelled():  # its awaiter went away before it started
+                    continue
+                self._working[ident] = time.monotonic()
+                cond.release()
+                try:
+                    result, ok = func(), True
+                except BaseException as exc:  # handed to the awaiting coroutine
+                    result, ok = exc, False
+                    if isinstance(exc, StopIteration):  # a future cannot take one
+                        result = RuntimeError(f"StopIteration raised in {func}")
+                finally:
+                    cond.acquire()
+                del self._working[ident]
+                now = time.monotonic()
+                if not self._results:
+                    self._results_since = now
+                self._results.append((future, ok, result))
+                if not self._posted and (not self._queue
+                                         or now - self._results_since >= self.DELIVER_AFTER):
+                    self._posted = True
+                    try:
+                        self.loop.call_soon_threadsafe(self._deliver)
+                    except RuntimeError:  # the loop is closed: nobody waits any more
+                        return
+
+    def _deliver(self) -> None:
+        """On the loop: hand the results over to their awaiters."""
+        with self._cond:
+            results, self._results = self._results, []
+            self._posted = False
+        for future, ok, value in results:
+            if future.cancelled():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    def close(self) -> None:
+        """Let the threads end once the calls queued are done."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
 
 
 class LoopThread:
@@ -328,8 +535,7 @@ class LoopThread:
         self.blocked_after = float(blocked_after or 0)
         self.loop = asyncio.new_event_loop()
         #: Threads for jobguard's own sync calls of async jobs (stores, the queue rows).
-        self.pool = concurrent.futures.ThreadPoolExecutor(POOL_SIZE,
-                                                          thread_name_prefix=f"{name}-sync")
+        self.pool = Offload(self.loop, POOL_SIZE, f"{name}-sync")
         self._closed = threading.Event()
         self._started = threading.Event()
         self._tasks: set[asyncio.Task[Any]] = set()  # those of spawn()
@@ -337,6 +543,7 @@ class LoopThread:
         self.thread.start()
         self._started.wait()
         self.blocked_episodes = 0
+        self._cancels: CancelPoller | None = None
         self._probe: threading.Thread | None = None
         if self.blocked_after > 0:
             self._probe = threading.Thread(target=self._watch, name=f"{name}-probe",
@@ -350,6 +557,12 @@ class LoopThread:
             self.loop.run_forever()
         finally:
             self.loop.close()
+
+    def cancel_poller(self) -> CancelPoller:
+        """On the loop: the task that reads its jobs' cancel flags (started on first use)."""
+        if self._cancels is None:
+            self._cancels = CancelPoller(self.loop)
+        return self._cancels
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop; a future to wait on from any thread."""
@@ -433,7 +646,7 @@ class LoopThread:
             return
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout)
-        self.pool.shutdown(wait=False)
+        self.pool.close()
 
 
 _loop_thread: LoopThread | None = None

@@ -206,13 +206,18 @@ def capture() -> dict[str, Any]:
     return captured
 
 
-@contextlib.contextmanager
-def restored(context: Mapping[str, Any]) -> Iterator[None]:
+_NOTHING_TO_RESTORE = contextlib.nullcontext()
+
+
+def restored(context: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
     """Every configured carrier's value from ``context`` in place (entries of carriers not
-    configured here are left alone)."""
-    if not context:
-        yield
-        return
+    configured here are left alone); a shared no-op for an empty ``context`` (most jobs:
+    no generator made per job)."""
+    return _restored(context) if context else _NOTHING_TO_RESTORE
+
+
+@contextlib.contextmanager
+def _restored(context: Mapping[str, Any]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for carrier in carriers():
             if context.get(carrier.name) is not None:

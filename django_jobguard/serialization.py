@@ -89,6 +89,20 @@ def check_text(text: str, *, path: str) -> str:
     return text
 
 
+def references_models(value: Any) -> bool:
+    """Whether the encoded ``value`` holds a model reference (:func:`decode` would query)."""
+    if not value:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(references_models(item) for item in value)
+    if not isinstance(value, dict):
+        return False
+    tag = value.get(TAG)
+    if tag is None:
+        return any(references_models(item) for item in value.values())
+    return tag == "model"
+
+
 def decode(value: Any) -> Any:
     """Inverse of :func:`encode`; model references are fetched (``MissingModelError`` if gone)."""
     if not value:  # no arguments (most often): nothing to rebuild

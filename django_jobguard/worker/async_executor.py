@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from django_jobguard.aio import loop_thread, running
@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from django_jobguard.worker.prefetch import Prefetch
 
 logger = logging.getLogger("django_jobguard.worker")
+
+
+def _slot_ended(future: asyncio.Future[None] | concurrent.futures.Future[None]) -> None:
+    """A slot's task ended: anything but a cancellation (the loop closing) is a bug, logged."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        logger.error("An async slot ended with an error.", exc_info=exc)
 
 class AsyncExecutor:
     """Runs claimed rows of async jobs on this process's loop, up to ``concurrency`` at once
@@ -67,9 +76,25 @@ class AsyncExecutor:
             done.set_result(job)
             self._done(row, done)
             return True
-        loop_thread().spawn(self.pipeline.acomplete(row, job, started, then=self._then(row)),
-                            lambda end: self._done(row, end))
+        loop_thread().spawn(
+            self._slot(row, self.pipeline.acomplete(row, job, started, then=self._then(row))),
+            _slot_ended)
         return True
+
+    async def _slot(self, row: Any, run: Coroutine[Any, Any, str]) -> None:
+        """On the loop: ``run`` (``row``'s job), then each buffered row that takes its slot,
+        one after another in this one task (not a task made, and ended, per job)."""
+        while True:
+            state: str | None = None
+            try:
+                state = await run
+            except BaseException as exc:  # as a done callback saw it: the slot goes on
+                logger.error("Error while finishing %s; if it was not acked its lease will "
+                             "expire and it will be retried.", row, exc_info=exc)
+            following = self._end(row, state)
+            if following is None:
+                return
+            row, run = following, self.pipeline.aprocess(following, then=self._then(following))
 
     def _then(self, row: Any) -> Callable[[], Any] | None:
         """What ``row``'s pipeline asks, as its outcome is written, for the row that takes
@@ -90,14 +115,25 @@ class AsyncExecutor:
 
         return take
 
-    def _done(self, row: Any, future: concurrent.futures.Future[str] | asyncio.Future[str]
-              ) -> None:
+    def _done(self, row: Any, future: concurrent.futures.Future[str]) -> None:
+        """A row that ended as it began (in the coordinator): its slot goes on with the
+        next buffered row, on the loop."""
         state: str | None = None
         try:
             state = future.result()
         except BaseException as exc:
             logger.error("Error while finishing %s; if it was not acked its lease will expire "
                          "and it will be retried.", row, exc_info=exc)
+        following = self._end(row, state)
+        if following is not None:  # its slot, kept: started on the loop (begun off it)
+            loop_thread().spawn(
+                self._slot(following, self.pipeline.aprocess(following,
+                                                             then=self._then(following))),
+                _slot_ended)
+
+    def _end(self, row: Any, state: str | None) -> Any:
+        """``row`` ended with ``state`` (``None``: an error left it to lease recovery): the
+        row that takes its slot, or ``None`` once the slot is freed."""
         following = self._following(row)
         if following is None:
             with self._lock:
@@ -109,9 +145,7 @@ class AsyncExecutor:
             self.finished(row, state)
         except Exception:
             logger.exception("Recording the end of %s failed.", row)
-        if following is not None:  # its slot, kept: started on the loop (begun off it)
-            loop_thread().spawn(self._run_next(following),
-                                lambda end: self._done(following, end))
+        return following
 
     def _following(self, row: Any) -> Any:
         """The async row that takes ``row``'s slot, from the prefetch buffer (then running,
@@ -133,10 +167,6 @@ class AsyncExecutor:
             self._rows[following.id] = following
             self._began[following.id] = time.monotonic()
             return following
-
-    async def _run_next(self, row: Any) -> str:
-        """A buffered row, on the loop: its start and rebuild off the loop, then the job."""
-        return await self.pipeline.aprocess(row, then=self._then(row))
 
     def free(self) -> int:
         """How many more async jobs may start now."""

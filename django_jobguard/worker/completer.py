@@ -91,6 +91,9 @@ class Completer:
         self._since: float | None = None  # when the oldest entry came
         self._runtimes: dict[str, float] = {}  # a class's last run here, in seconds
         self._closed = False
+        #: Set when a group filled up where it could not be written (the event loop): the
+        #: timer thread writes it at once.
+        self._urgent = False
         self._timer: threading.Thread | None = None
 
     @staticmethod
@@ -114,15 +117,20 @@ class Completer:
     def start(self, row: QueuedJob) -> bool:
         """Start ``row``: deferred to its group when :meth:`defers`, else written now with
         the group (one round trip). False if the worker no longer holds it."""
-        if self.defers(row):
-            queue.counted(row)  # the job sees its attempt; the database learns it in the group
-            with self._wake:
-                self._starts[row.id] = (row, time.monotonic())
-                self._entered()
-            return True
-        if not queue.claimed_ahead(row):
+        if self.defer(row) or not queue.claimed_ahead(row):
             return True
         return self.flush(start=row)
+
+    def defer(self, row: QueuedJob) -> bool:
+        """Defer ``row``'s start to its group if :meth:`defers`, without a statement (what
+        the event loop may do); False, nothing done, otherwise."""
+        if not self.defers(row):
+            return False
+        queue.counted(row)  # the job sees its attempt; the database learns it in the group
+        with self._wake:
+            self._starts[row.id] = (row, time.monotonic())
+            self._entered()
+        return True
 
     def take_start(self, row: QueuedJob) -> None:
         """Before a per-job write of ``row``: take its deferred start out of the group, and
@@ -142,14 +150,18 @@ class Completer:
         with self._lock:
             return row.id in self._starts
 
-    def add(self, entry: Finished) -> None:
-        """``entry`` finished: its ack joins the group (written now when the group is full)."""
+    def add(self, entry: Finished, *, write: bool = True) -> None:
+        """``entry`` finished: its ack joins the group, written now when the group is full
+        (``write=False``, on the event loop: by the timer thread, woken at once)."""
         with self._wake:
             self._starts.pop(entry.row.id, None)
             self._finished.append(entry)
             self._entered()
             full = len(self._finished) >= self.batch_size
-        if full:
+            if full and not write:
+                self._urgent = True
+                self._wake.notify()
+        if full and write:
             self.flush()
 
     def held(self) -> set[Any]:
@@ -166,6 +178,7 @@ class Completer:
         with self._lock:
             finished, self._finished = self._finished, []
             starts = self._due_starts(every_start)
+            self._urgent = False
         if start is not None:
             starts.append(start)
         if not finished and not starts:
@@ -239,7 +252,7 @@ class Completer:
                     since = self._since
                     assert since is not None  # the loop above waited for an entry
                     due = since + self.window - time.monotonic()
-                    if due > 0:
+                    if due > 0 and not self._urgent:
                         self._wake.wait(due)
                         continue
                 try:

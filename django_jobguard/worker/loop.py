@@ -584,7 +584,20 @@ class Worker:
     def _async_finished(self, row: QueuedJob, state: str | None) -> None:
         """An async job ended (called from the loop thread)."""
         self.job_finished(state or "", row.queue)
-        self._executor.wake()  # the loop may claim into the freed slot
+        if self._coordinator_needed():
+            self._executor.wake()  # the loop may claim into the freed slot
+
+    def _coordinator_needed(self) -> bool:
+        """Whether an async job that ended leaves the coordinator something to do: a freed
+        slot, or the prefetch buffer down to where its claim refills it. Its slot taken by
+        a buffered row leaves it nothing (waking it for each job cost a thread switch and a
+        turn of its loop per job); it looks again within its wait anyway."""
+        o = self.options
+        if (not self._executor.claims_ahead or self._selection.weighted or o.once
+                or o.max_jobs or self._stop.is_set() or self._quiet.is_set()
+                or self._async.free()):
+            return True
+        return len(self._prefetch) <= self._prefetch.target(self._async.concurrency) // 2
 
     def _grouped_done(self, row: QueuedJob, state: str) -> None:
         """A row acked in a completion group (any thread): counted as a job that ended."""

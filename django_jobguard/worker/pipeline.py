@@ -40,6 +40,7 @@ from django_jobguard import (
     queue,
     registry,
     results,
+    serialization,
     signals,
     tracing,
     unique_jobs,
@@ -181,10 +182,13 @@ class Pipeline:
             return await self.acomplete(row, job, started, then=then)
         started = time.monotonic()
         with running(row, self.worker_id):  # the trace span, when tracing is on
-            job = await aio.call_sync(self.begin, row, started)
-            if isinstance(job, str):
-                return job
-            return await self.acomplete(row, job, started, then=then)
+            on_loop = self.begin_on_loop(row, started)
+            if on_loop is None or on_loop is STARTED:  # it needs the database: off the loop
+                on_loop = await aio.call_sync(self.begin, row, started,
+                                              counted=on_loop is STARTED)
+            if isinstance(on_loop, str):
+                return on_loop
+            return await self.acomplete(row, on_loop, started, then=then)
 
     async def acomplete(self, row: QueuedJob, job: JobLike, started: float, *,
                         then: Callable[[], QueuedJob | None] | None = None) -> str:
@@ -202,15 +206,21 @@ class Pipeline:
             ran = time.monotonic() - began
             if error is not None:  # perhaps a connection of the job's async ORM broke: drop
                 await aio.reset_job_connections()  # it before the retry can be claimed
+            else:
+                grouped = self._group_on_loop(row, job, result, started, ran)
+                if grouped is not None:
+                    return grouped
             return await aio.call_sync(self._finish, row, job, result, error, started, then,
                                        ran)
         finally:
             job.context.close_reporter()
 
-    def begin(self, row: QueuedJob, started: float) -> str | JobLike:
+    def begin(self, row: QueuedJob, started: float, *, counted: bool = False
+              ) -> str | JobLike:
         """Off the loop (any thread): start and rebuild an async job's row; its state if
-        that ended it, else the job (announced as running) for :meth:`acomplete`."""
-        if not self._start(row):
+        that ended it, else the job (announced as running) for :meth:`acomplete`.
+        ``counted``: its start was taken care of already (:meth:`begin_on_loop`)."""
+        if not counted and not self._start(row):
             return self._lost(row, started)
         job = None
         try:
@@ -224,6 +234,64 @@ class Pipeline:
             if job is not None and not isinstance(job, str):
                 job.context.close_reporter()
             return self._unprocessable(row, exc, started)
+
+    def begin_on_loop(self, row: QueuedJob, started: float) -> str | JobLike | None:
+        """On the worker's event loop: :meth:`begin` without a hop to a thread, for a row
+        that needs no statement to start and rebuild: its attempt counted by its claim or
+        deferred to the completion group, no model arguments, no chain or batch, no cancel
+        asked, attempts left, no ``job_processing`` receiver (it may use the ORM). ``None``
+        (nothing done) or :data:`STARTED` (its start is done) when the rest must run off
+        the loop, where the ORM may be used: :meth:`begin`, with ``counted``."""
+        if not self._loop_may_begin(row):
+            return None
+        completer = self.completer
+        if queue.claimed_ahead(row) and (completer is None or not completer.defer(row)):
+            return None
+        try:
+            job = self.rebuild(row)
+        except Exception:  # e.g. the job's constructor used the ORM: all again off the loop
+            return STARTED
+        if job.context.policy.out_of_attempts(row.attempts, clock.now()):
+            job.context.close_reporter()
+            return STARTED  # failed off the loop
+        self._starting(row, job)
+        return job
+
+    def _loop_may_begin(self, row: QueuedJob) -> bool:
+        """Whether rebuilding ``row`` and announcing it runs no statement (see
+        :meth:`begin_on_loop`), asked before anything is done."""
+        if not aio.on_worker_loop() or signals.job_processing.receivers:
+            return False
+        if (row.cancel_requested_at is not None or queue.poison(row)
+                or workflows.involved(row.payload)):
+            return False
+        payload = row.payload
+        if not isinstance(payload, dict) or serialization.references_models(
+                (payload.get("args"), payload.get("kwargs"))):
+            return False
+        try:
+            job_class = registry.get(row.name)
+        except registry.UnknownJobError:
+            return False
+        return _rebuilt_from_arguments(job_class)
+
+    def _group_on_loop(self, row: QueuedJob, job: JobLike, result: Any, started: float,
+                       ran: float) -> str | None:
+        """On the worker's event loop, an async job that returned: its ack joined to the
+        completion group without a hop to a thread, when :meth:`apply` would only do that
+        (done or skipped, no result kept, no chain or batch, its start deferred); its DONE
+        line comes once the group is written, off the loop. ``None``: :meth:`_finish`."""
+        completer = self.completer
+        if completer is None or not aio.on_worker_loop():
+            return None
+        outcome = self._outcome(row, job, result)
+        if (outcome.kind not in (Kind.DONE, Kind.DROPPED) or job.keep_result
+                or workflows.involved(row.payload) or not completer.groups(row)):
+            return None
+        completer.ran(row.name, ran)
+        completer.add(Finished(row, job, outcome, time.monotonic() - started,
+                               acked=self._group_acked, lost=self._group_lost), write=False)
+        return GROUPED
 
     def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
                 started: float, then: Callable[[], QueuedJob | None] | None = None,
@@ -703,6 +771,20 @@ class Pipeline:
             self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), shown,
                                str(row.id), state, elapsed, detail), state)
         return state
+
+
+def _rebuilt_from_arguments(job_class: Any) -> bool:
+    """Whether ``job_class`` is rebuilt by :meth:`Job.from_envelope` itself (its arguments
+    decoded, its constructor called), not by a method of its own that may query."""
+    from django_jobguard.jobs import Job  # models: after app loading
+
+    own = Job.__dict__["from_envelope"].__func__
+    return getattr(job_class.from_envelope, "__func__", None) is own
+
+
+#: What :meth:`Pipeline.begin_on_loop` returns when the row started but its rebuild must
+#: run off the loop.
+STARTED = "STARTED"
 
 
 def _never() -> bool:

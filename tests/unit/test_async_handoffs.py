@@ -1,0 +1,301 @@
+"""What an async job costs beside a sync one (issue 29): the hand-offs between the worker's
+event loop and its threads. A job whose start and ack need no statement of their own (its
+attempt deferred to the completion group) is begun and grouped on the loop with no hop to a
+thread; anything that may need the database still takes the hop. The loop's sync calls
+(:class:`aio.Offload`) wake a thread only when none is at work on them; the cancel flags of
+all the loop's jobs are read by one task."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+from django.dispatch import receiver
+
+from django_jobguard import Job, aio, signals
+from django_jobguard.models import QueuedJob
+from django_jobguard.serialization import TAG, references_models
+from django_jobguard.worker.completer import GROUPED, Completer
+from django_jobguard.worker.pipeline import STARTED, Pipeline
+
+NAME = "tests.handoffs.Nothing"
+
+
+class Dialect:
+    """A completion group's statement, recorded (every row is still the worker's), and the
+    thread that wrote it."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[list, list, str]] = []
+        self.written = threading.Event()
+
+    def complete(self, done, starts, reserved_by, *, relaxed=False):
+        self.groups.append(([job_id for job_id, _ in done], [job_id for job_id, _ in starts],
+                            threading.current_thread().name))
+        self.written.set()
+        return {job_id for job_id, _ in done}, {job_id for job_id, _ in starts}
+
+
+@pytest.fixture
+def nothing(scratch_jobs):
+    class Nothing(Job):
+        name = NAME
+
+        async def handle(self):
+            return None
+
+    return Nothing
+
+
+@pytest.fixture
+def group():
+    group = Completer(worker_id="w", using="default", window=60.0, batch_size=100)
+    group._dialect = Dialect()
+    group._timer = object()  # no timer thread: the test writes the groups itself
+    group.ran(NAME, 0.001)  # a fast class: its starts may be deferred
+    return group
+
+
+@pytest.fixture
+def hops(monkeypatch):
+    """The calls the pipeline sends off the loop, by name."""
+    seen: list[str] = []
+    call_sync = aio.call_sync
+
+    async def counted(func, *args, **kwargs):
+        seen.append(getattr(func, "__name__", repr(func)))
+        return await call_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(aio, "call_sync", counted)
+    return seen
+
+
+def _row(payload=None) -> QueuedJob:
+    row = QueuedJob(id=uuid.uuid4(), name=NAME, queue="default", claims=1, attempts=0,
+                    reserved_by="w", payload=payload or {"args": [], "kwargs": {}})
+    row.attempt_counted, row.recovered = False, False  # claimed ahead, not recovered
+    return row
+
+
+def _pipeline(group: Completer, lines: list[tuple[str, str]]) -> Pipeline:
+    def log(text: str, state: str) -> None:
+        lines.append((state, threading.current_thread().name))
+
+    pipeline = Pipeline(worker_id="w", event_loop=True, log=log)
+    pipeline.completer = group
+    return pipeline
+
+
+def test_a_job_whose_start_and_ack_wait_for_the_group_runs_with_no_hop(nothing, group, hops):
+    lines: list[tuple[str, str]] = []
+    pipeline = _pipeline(group, lines)
+    row = _row()
+    loop = aio.loop_thread()
+
+    assert loop.run(pipeline.aprocess(row)) == GROUPED
+    assert hops == []  # begun, run and grouped on the loop
+    assert row.attempts == 1 and group.held() == {row.id}  # its attempt counted, in the group
+    assert [state for state, _ in lines] == ["RUNNING"]  # DONE waits for the group
+    group.flush()
+    assert group._dialect.groups == [([row.id], [], "MainThread")]  # start and end: one row
+    assert lines[-1] == ("DONE", "MainThread")  # logged by whoever wrote the group
+
+
+def test_what_may_need_the_database_still_hops(nothing, group, hops):
+    """A job that keeps its result is acked with it off the loop; a row whose start is not
+    deferred is started off the loop."""
+    lines: list[tuple[str, str]] = []
+    pipeline = _pipeline(group, lines)
+    loop = aio.loop_thread()
+
+    async def grouped_on_loop(row):
+        job = pipeline.begin_on_loop(row, time.monotonic())
+        assert not isinstance(job, str) and job is not None
+        kept = pipeline._group_on_loop(row, job, None, time.monotonic(), 0.0)
+        job.keep_result = False
+        return kept, pipeline._group_on_loop(row, job, None, time.monotonic(), 0.0)
+
+    row = _row()
+    original = pipeline.rebuild
+
+    def keeping(row):
+        job = original(row)
+        job.keep_result = True
+        return job
+
+    pipeline.rebuild = keeping
+    assert loop.run(grouped_on_loop(row)) == (None, GROUPED)
+
+    group.ran(NAME, 120.0)  # a slow class now: its start is written as it starts
+    slow = _row()
+
+    async def begin(row):
+        return pipeline.begin_on_loop(row, time.monotonic())
+
+    assert loop.run(begin(slow)) is None and slow.attempts == 0  # nothing done on the loop
+    assert hops == []
+
+
+def test_a_model_argument_a_receiver_or_another_thread_keep_the_begin_off_the_loop(
+        nothing, group):
+    pipeline = _pipeline(group, [])
+    loop = aio.loop_thread()
+    model = {"args": [{TAG: "model", "model": "demo.profile", "pk": 1}], "kwargs": {}}
+    assert references_models((model["args"], model["kwargs"]))
+    assert not references_models(([{TAG: "uuid", "value": str(uuid.uuid4())}], {"a": [1]}))
+
+    async def may_begin(row):
+        return pipeline._loop_may_begin(row)
+
+    assert loop.run(may_begin(_row())) is True
+    assert loop.run(may_begin(_row(model))) is False
+    assert pipeline._loop_may_begin(_row()) is False  # not on the worker's loop
+
+    @receiver(signals.job_processing, weak=False)
+    def processing(**kwargs):  # it may use the ORM
+        return None
+
+    try:
+        assert loop.run(may_begin(_row())) is False
+    finally:
+        signals.job_processing.disconnect(processing)
+
+
+def test_a_constructor_that_fails_on_the_loop_is_rebuilt_off_it_once_started(scratch_jobs,
+                                                                              group):
+    class Queries(Job):
+        name = NAME
+
+        def __init__(self):
+            if aio.in_event_loop():
+                raise RuntimeError("the ORM, in an event loop")
+
+        async def handle(self):
+            return None
+
+    pipeline = _pipeline(group, [])
+    row = _row()
+
+    async def begin(row):
+        return pipeline.begin_on_loop(row, time.monotonic())
+
+    assert aio.loop_thread().run(begin(row)) is STARTED
+    assert row.attempts == 1  # started once; begin(counted=True) does not start it again
+    job = pipeline.begin(row, time.monotonic(), counted=True)
+    assert isinstance(job, Queries) and job.context.attempt == 1 and row.attempts == 1
+
+
+def test_a_group_filled_on_the_loop_is_written_by_the_timer_thread():
+    group = Completer(worker_id="w", using="default", window=60.0, batch_size=2)
+    group._dialect = Dialect()
+    rows = [_row(), _row()]
+    from django_jobguard.worker.completer import Finished
+
+    acked: list[str] = []
+    for row in rows:
+        group.add(Finished(row, None, None, 0.0, acked=lambda e: acked.append(
+            threading.current_thread().name), lost=lambda e: None), write=False)
+    try:
+        assert group._dialect.written.wait(10)
+        [(done, starts, thread)] = group._dialect.groups
+        assert done == [row.id for row in rows] and thread.startswith("jobguard-completer")
+    finally:
+        group.close()
+
+
+# -- the loop's threads ----------------------------------------------------------------------
+
+
+def test_calls_queued_while_a_thread_works_are_taken_by_it_without_waking_another():
+    loop = aio.LoopThread(blocked_after=0, name="offload-test")
+    try:
+        async def many():
+            return await asyncio.gather(*(loop.pool.call(
+                lambda i=i: (i, threading.current_thread().name)) for i in range(50)))
+
+        results = loop.run(many())
+        assert [i for i, _ in results] == list(range(50))
+        assert {name for _, name in results} == {"offload-test-sync_0"}
+        assert len(loop.pool._threads) == 1
+    finally:
+        loop.close()
+
+
+def test_a_stalled_call_does_not_hold_back_the_calls_queued_behind_it():
+    loop = aio.LoopThread(blocked_after=0, name="offload-stall")
+    release = threading.Event()
+    try:
+        async def stalled_and_next():
+            first = loop.pool.call(lambda: (release.wait(30), threading.current_thread().name))
+            await asyncio.sleep(0)
+            second = await loop.pool.call(lambda: threading.current_thread().name)
+            release.set()
+            return (await first)[1], second
+
+        first, second = loop.run(stalled_and_next())
+        assert first != second  # ran beside the stalled one, which was still waiting
+    finally:
+        release.set()
+        loop.close()
+
+
+def test_an_exception_reaches_the_awaiting_coroutine():
+    loop = aio.LoopThread(blocked_after=0, name="offload-error")
+    try:
+        async def failing():
+            def boom():
+                raise ValueError("boom")
+            with pytest.raises(ValueError, match="boom"):
+                await loop.pool.call(boom)
+            with pytest.raises(RuntimeError, match="StopIteration"):
+                await loop.pool.call(lambda: next(iter(())))
+            return await loop.pool.call(lambda: "after")
+
+        assert loop.run(failing()) == "after"
+    finally:
+        loop.close()
+
+
+def test_one_task_reads_the_cancel_flags_of_every_job_on_the_worker_loop(monkeypatch):
+    """Two jobs on the worker's loop, one flagged: the one poller cancels only it."""
+    from django_jobguard.context import JobContext
+    from django_jobguard.exceptions import JobCancelledError
+
+    monkeypatch.setattr(aio, "CANCEL_POLL", 0.05)
+
+    class Reporter:
+        def __init__(self, flagged):
+            self.flagged, self.reads = flagged, 0
+
+        def cancelled(self):
+            self.reads += 1
+            return self.flagged
+
+    def context(flagged):
+        ctx = JobContext(job_id=str(uuid.uuid4()), attempt=1, worker_id="w")
+        ctx.reporter = Reporter(flagged)
+        return ctx
+
+    flagged, other = context(True), context(False)
+    release = asyncio.Event()
+
+    async def both():
+        async def waits():
+            await release.wait()
+            return "ended"
+
+        first = asyncio.ensure_future(aio.run_job(flagged, waits(), timeout=0, label="a"))
+        second = asyncio.ensure_future(aio.run_job(other, waits(), timeout=0, label="b"))
+        await asyncio.sleep(0.01)
+        poller = aio.loop_thread().cancel_poller()
+        watched = len(poller.runs)
+        with pytest.raises(JobCancelledError):
+            await first
+        release.set()
+        return watched, await second, len(poller.runs)
+
+    assert aio.loop_thread().run(both()) == (2, "ended", 0)
+    assert flagged.reporter.reads >= 1 and other.reporter.reads >= 1
