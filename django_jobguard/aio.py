@@ -482,6 +482,15 @@ class Offload:
                 future, func = self._queue.popleft()
                 if future.cancelled():  # its awaiter went away before it started
                     continue
+                if self._results and not self._posted and not self._queue:
+                    # The last call queued may be a slow one: the results held for the
+                    # batch go back now, not after it (a result so waits at most for the
+                    # calls queued behind it, each woken elsewhere after STALLED_AFTER).
+                    self._posted = True
+                    try:
+                        self.loop.call_soon_threadsafe(self._deliver)
+                    except RuntimeError:  # the loop is closed: nobody waits any more
+                        return
                 self._working[ident] = time.monotonic()
                 cond.release()
                 try:

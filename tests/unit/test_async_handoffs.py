@@ -242,6 +242,26 @@ def test_a_stalled_call_does_not_hold_back_the_calls_queued_behind_it():
         loop.close()
 
 
+def test_a_result_is_not_held_back_by_a_slow_call_queued_behind_it():
+    """One thread takes both calls; the first one's result reaches its awaiter while the
+    second (the last queued) still runs, not once it ends."""
+    loop = aio.LoopThread(blocked_after=0, name="offload-deliver")
+    release = threading.Event()
+    try:
+        async def fast_then_slow():
+            fast = loop.pool.call(lambda: "fast")
+            slow = loop.pool.call(lambda: release.wait(30) and "slow")
+            got = await asyncio.wait_for(fast, 10)
+            slow_still_running = not slow.done()
+            release.set()
+            return got, slow_still_running, await slow
+
+        assert loop.run(fast_then_slow()) == ("fast", True, "slow")
+    finally:
+        release.set()
+        loop.close()
+
+
 def test_an_exception_reaches_the_awaiting_coroutine():
     loop = aio.LoopThread(blocked_after=0, name="offload-error")
     try:
