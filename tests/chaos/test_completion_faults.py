@@ -58,12 +58,13 @@ def test_database_restart_while_groups_wait_loses_nothing_and_a_lost_group_uses_
                                   PGAPPNAME=APP))
     procs = workers.start(2)
     runs = JobRun.objects.filter(label=label)
-    cut = 0
+    cut = rounds = 0
     for tenth in range(2, 9):  # at 20 %, 30 %, ... of the runs, until a group met a cut
         wait_for(lambda tenth=tenth: runs.count() >= total * tenth // 10, timeout=60)
         if tenth > 3 and GROUP_LOST in workers.errors():
             break
         cut += terminate_backends(APP)
+        rounds += 1
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=120, what="the queue drained")
     assert all(p.poll() is None for p in procs), workers.errors()  # no worker died
     assert workers.stop_all() == [0, 0], workers.errors()
@@ -75,14 +76,19 @@ def test_database_restart_while_groups_wait_loses_nothing_and_a_lost_group_uses_
     assert GROUP_LOST in errors  # a cut met a group waiting to be written
     for job_id, job_runs in out.runs.items():
         attempts = [r["attempt"] for r in job_runs]
-        assert attempts == sorted(attempts) and attempts[-1] <= 2, (job_id, job_runs)
+        assert attempts == sorted(attempts), (job_id, job_runs)
     # The rows of a group that was not written ran again without using a try. A try went
     # only where a cut connection failed a job's own query or its per-job ack (the first
-    # run of a class, a recovered row): one statement per cut connection at most.
+    # run of a class, a recovered row): one statement per cut connection at most, except
+    # that the async jobs of a worker share one connection for their own ORM calls (its
+    # asgiref thread), so each of the 4 running then may meet that cut.
     again = [runs for runs in out.runs.values() if runs[0]["ended_at"] is not None
              and len(runs) > 1 and runs[-1]["attempt"] == runs[0]["attempt"]]
     spent = [runs for runs in out.runs.values() if runs[-1]["attempt"] > 1]
-    assert again and len(spent) <= cut, (len(again), spent)
+    sharing = 4 if _is_async(mode) else 1
+    tries = sum(runs[-1]["attempt"] - 1 for runs in spent)
+    assert again and tries <= cut * sharing, (len(again), spent)
+    assert all(runs[-1]["attempt"] <= 1 + rounds for runs in spent)  # one try a cut at most
     # A lock stays held only where its release met a cut connection (logged; the next
     # dispatch of the key takes it over, its job being gone): once per cut connection, not
     # every lock of the group whose release came after it on that connection.
