@@ -46,17 +46,23 @@ def _unique_jobs(mode: tuple[str, ...], total: int) -> tuple[list, str]:
     return [chaos_jobs.UniqueRecord(str(i)) for i in range(total)], "unique"
 
 
+def _unique_jobs_on_two_workers(fleet, mode: tuple[str, ...], total: int, **env: str):
+    """``total`` unique jobs of the mode's kind dispatched, and two workers of the mode
+    started on them (long leases, ``env`` added): the handles, the runs' label, the fleet
+    and its processes."""
+    made, label = _unique_jobs(mode, total)
+    handles = dispatch_many(made)
+    assert all(handles)
+    workers = fleet("--sleep", "0.2", *mode, env=chaos_env(**LONG_LEASE, **env))
+    return handles, label, workers, workers.start(2)
+
+
 @MODES
 def test_database_restart_while_groups_wait_loses_nothing_and_a_lost_group_uses_no_try(
         fleet, mode):
     total = 200
-    made, label = _unique_jobs(mode, total)
-    handles = dispatch_many(made)
-    assert all(handles)
-    workers = fleet("--sleep", "0.2", *mode,
-                    env=chaos_env(**LONG_LEASE, JOBGUARD_COMPLETION_WINDOW="0.5",
-                                  PGAPPNAME=APP))
-    procs = workers.start(2)
+    handles, label, workers, procs = _unique_jobs_on_two_workers(
+        fleet, mode, total, JOBGUARD_COMPLETION_WINDOW="0.5", PGAPPNAME=APP)
     runs = JobRun.objects.filter(label=label)
     cut = rounds = 0
     for tenth in range(2, 9):  # at 20 %, 30 %, ... of the runs, until a group met a cut
@@ -104,13 +110,9 @@ def test_database_restart_while_groups_wait_loses_nothing_and_a_lost_group_uses_
 def test_redis_restart_while_groups_wait_loses_nothing_and_leaves_no_stale_lock(
         fleet, private_redis, mode):
     total = 200
-    made, label = _unique_jobs(mode, total)
-    handles = dispatch_many(made)
-    assert all(handles)
-    workers = fleet("--sleep", "0.2", *mode,
-                    env=chaos_env(**LONG_LEASE, JOBGUARD_COMPLETION_WINDOW="0.2",
-                                  JOBGUARD_REDIS_URL=private_redis.url, JOBGUARD_STORE="redis"))
-    procs = workers.start(2)
+    handles, label, workers, procs = _unique_jobs_on_two_workers(
+        fleet, mode, total, JOBGUARD_COMPLETION_WINDOW="0.2",
+        JOBGUARD_REDIS_URL=private_redis.url, JOBGUARD_STORE="redis")
     # Redis stays down until a group was written without it: its releases failed.
     private_redis.restart_midway(label, total, finished_meanwhile=10,
                                  until=lambda: RELEASE_FAILED in workers.errors())
