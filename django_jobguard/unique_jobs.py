@@ -27,10 +27,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.db import DatabaseError, InterfaceError
+
 from django_jobguard import durations, keys
 from django_jobguard import queue as job_queue
 from django_jobguard.conf import queue_database
 from django_jobguard.envelope import UniqueRef
+from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.stores import get_store
 
 if TYPE_CHECKING:
@@ -108,13 +111,26 @@ _TAKEOVER_ROUNDS = 3
 def release(ref: UniqueRef | None) -> bool:
     """Release ``ref``'s lock if its owner still holds it.
 
-    A store error is logged, not raised: the job's outcome is already recorded, and the lock
-    ends at ``unique_for`` (or ``manage.py jobs_locks --release``).
+    A connection that a database or Redis restart cut fails the first statement sent on it:
+    the release is tried once more on a fresh one. A store error after that is logged, not
+    raised: the job's outcome is already recorded, and the lock ends at ``unique_for`` (or
+    ``manage.py jobs_locks --release``, or the next dispatch of its key taking it over).
     """
     if ref is None:
         return False
+    store = get_store(ref.store)
     try:
-        return get_store(ref.store).release(ref.key, ref.owner)
+        return store.release(ref.key, ref.owner)
+    except (DatabaseError, InterfaceError, StoreUnavailableError) as exc:
+        logger.debug("Releasing unique lock %s failed (%s); once more on a new connection.",
+                     ref.key, exc)
+        job_queue.close_broken_connections()
+    except Exception:
+        logger.exception("Could not release unique lock %s; it stays until it expires.",
+                         ref.key)
+        return False
+    try:
+        return store.release(ref.key, ref.owner)  # the lock's owner is checked again
     except Exception:
         logger.exception("Could not release unique lock %s; it stays until it expires.",
                          ref.key)

@@ -339,3 +339,30 @@ def test_demo_save_clicked_three_times_syncs_once(store):
     profile.refresh_from_db()
     assert profile.syncs == 1
     assert SyncProfile(profile.pk).dispatch()  # a Save after the sync queues a new one
+
+
+@pytest.mark.parametrize("failures, released", [(1, True), (2, False)],
+                         ids=["cut-once", "down"])
+def test_a_release_that_meets_a_cut_connection_is_tried_once_more(
+        store, monkeypatch, caplog, failures, released):
+    from django.db import OperationalError
+
+    from django_jobguard import unique_jobs
+    from django_jobguard.envelope import UniqueRef
+
+    handle = UniqueRecord("cut").dispatch()
+    key = lock_key(UniqueRecord("cut"))
+    real, calls = type(store).release, []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) <= failures:  # as a restarted database or Redis answers it
+            raise OperationalError("terminating connection due to administrator command")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "release", flaky)
+    ref = UniqueRef(store=store.alias, key=key, owner=str(handle.id))
+    assert unique_jobs.release(ref) is released
+    assert len(calls) == 2  # once more, never more
+    assert (held(UniqueRecord("cut")) is None) is released
+    assert ("Could not release unique lock" in caplog.text) is not released
