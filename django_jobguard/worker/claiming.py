@@ -25,6 +25,8 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from django_jobguard import queue
+
 logger = logging.getLogger("django_jobguard.worker")
 
 #: The most rows one adaptive claim asks for.
@@ -106,8 +108,7 @@ class ClaimAhead:
             rows = claim()
         except (DatabaseError, InterfaceError) as exc:  # the worker claims itself next
             logger.warning("Claim ahead failed (%s); the next claim is the worker's own.", exc)
-            for conn in connections.all(initialized_only=True):
-                conn.close()
+            queue.close_broken_connections(all_idle=True)
             rows = None
         with self._lock:
             self._asked, self._rows, self._at = asked, rows, at

@@ -205,9 +205,8 @@ class Completer:
         if start is not None and start.id in started:
             queue.counted(start)
         for entry in finished:
-            # A release that met a cut connection leaves it closed, not reconnected: without
-            # this, every later release of the group failed too, each leaving its lock held.
-            queue.close_broken_connections()
+            # (A release that meets a cut connection reconnects and tries again itself:
+            # unique_jobs.release; the later releases of the group find a fresh one.)
             try:
                 (entry.acked if entry.row.id in acked else entry.lost)(entry)
             except Exception:
