@@ -285,8 +285,7 @@ class Pipeline:
         if completer is None or not aio.on_worker_loop():
             return None
         outcome = self._outcome(row, job, result)
-        if (outcome.kind not in (Kind.DONE, Kind.DROPPED) or job.keep_result
-                or workflows.involved(row.payload) or not completer.groups(row)):
+        if not _groupable(row, job, outcome, completer):
             return None
         completer.ran(row.name, ran)
         completer.add(Finished(row, job, outcome, time.monotonic() - started,
@@ -613,9 +612,7 @@ class Pipeline:
         completer = self.completer
         if completer is not None:
             completer.ran(row.name, time.monotonic() - started if ran is None else ran)
-            if (job is not None and outcome.kind in (Kind.DONE, Kind.DROPPED)
-                    and not job.keep_result and not workflows.involved(row.payload)
-                    and completer.groups(row)):
+            if job is not None and _groupable(row, job, outcome, completer):
                 completer.add(Finished(row, job, outcome, time.monotonic() - started,
                                        acked=self._group_acked, lost=self._group_lost))
                 return GROUPED
@@ -771,6 +768,13 @@ class Pipeline:
             self.log(text_line(timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"), shown,
                                str(row.id), state, elapsed, detail), state)
         return state
+
+
+def _groupable(row: QueuedJob, job: JobLike, outcome: Outcome, completer: Completer) -> bool:
+    """Whether ``outcome`` is only an ack that may join the completion group: done or
+    skipped, no result kept, no chain or batch, its start deferred and not written."""
+    return (outcome.kind in (Kind.DONE, Kind.DROPPED) and not job.keep_result
+            and not workflows.involved(row.payload) and completer.groups(row))
 
 
 def _rebuilt_from_arguments(job_class: Any) -> bool:
