@@ -84,9 +84,8 @@ class Demo:
                 f"waiting {totals['waiting']} · delayed {totals['delayed']} · running "
                 f"{totals['reserved']} · runs done {runs.exclude(ended_at=None).count()} · "
                 f"failed jobs {failed}")
-            pending = totals["waiting"] + totals["reserved"] + (
-                totals["delayed"] if ignore_delayed_over is None else self._delayed_within(
-                    ignore_delayed_over))
+            pending = sum(totals.values()) if ignore_delayed_over is None else \
+                self._pending_but_delayed_over(ignore_delayed_over)
             if not pending:
                 self.progress.done()
                 return True
@@ -96,12 +95,12 @@ class Demo:
             time.sleep(0.2)
 
     @staticmethod
-    def _delayed_within(seconds: float) -> int:
-        """Rows not reserved that are due within ``seconds``, due ones included: a row that
-        turned due between this query and ``queue_stats()`` (a 0.2 s overlap retry) must not
-        slip between the two counts and end the wait while a worker is about to claim it."""
+    def _pending_but_delayed_over(seconds: float) -> int:
+        """Rows left to run, leaving out those no worker holds that are due in more than
+        ``seconds``: one query, so that a row moving between states (an overlap retry
+        turning due and claimed at once) is never missed between two counts."""
         horizon = timezone.now() + datetime.timedelta(seconds=seconds)
-        return QueuedJob.objects.filter(reserved_at=None, available_at__lte=horizon).count()
+        return QueuedJob.objects.exclude(reserved_at=None, available_at__gt=horizon).count()
 
     def waiting_rows(self, job_class: type) -> list[QueuedJob]:
         return list(QueuedJob.objects.filter(name=job_class.name, reserved_at=None))
