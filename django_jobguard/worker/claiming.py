@@ -42,10 +42,10 @@ class ClaimSize:
     ``CLAIM_BATCH_SIZE``, never change)."""
 
     def __init__(self, fixed: int | None = None, *, most: int = MAX_CLAIM,
-                 ahead_seconds: float = AHEAD_SECONDS) -> None:
+                 ahead_seconds: float | None = None) -> None:
         self.fixed = fixed
         self.most = most
-        self.ahead_seconds = ahead_seconds
+        self.ahead_seconds = AHEAD_SECONDS if ahead_seconds is None else ahead_seconds
         self.average: float | None = None  # seconds per job, smoothed
         self._next = 1
 

@@ -528,11 +528,18 @@ class Worker:
                 queue.start_many(ahead, using=self.options.using)
             except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
                 logger.warning("Could not start %s jobs at once (%s).", len(ahead), exc)
+        handed = False
         for row, is_async in starting:
             if is_async:
                 self._async.submit(row)
             else:
                 self._executor.submit(row)
+                handed = True
+        if handed:
+            # The GIL to the threads just woken now, not when this loop next blocks: their
+            # jobs start sooner (bench/steady.py, --threads 20 at 200 jobs/s: p50 ~2.0 ->
+            # ~1.25 ms).
+            time.sleep(0)
 
     def _give_back_paused(self, every: float = 1.0) -> None:
         """Give back the buffered rows of queues paused since their claim (asked at most

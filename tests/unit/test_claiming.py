@@ -6,7 +6,7 @@ import pytest
 
 from django_jobguard import queue
 from django_jobguard.models import QueuedJob
-from django_jobguard.worker import Worker, WorkerOptions
+from django_jobguard.worker import Worker, WorkerOptions, claiming
 from django_jobguard.worker.claiming import MAX_CLAIM, ClaimSize
 from tests.support import jobs, requires_postgres, work
 
@@ -40,6 +40,15 @@ def test_long_jobs_are_claimed_one_at_a_time_even_with_a_backlog():
     for _ in range(30):
         size.finished(0.005)  # then 5 ms jobs: 50 ms of work ahead is 10 of them
     assert 8 <= size.next() <= 10
+
+
+def test_a_batch_is_fast_when_it_ends_within_the_ahead_seconds_at_the_average():
+    size = ClaimSize(fixed=8)
+    assert not size.fast(8)  # no job ended yet: nothing is known
+    size.finished(0.005)
+    assert size.fast(8) and not size.fast(11)  # 40 ms of work, then 55 ms
+    size.finished(1.0)  # a slow job moves the average past 50 ms / 8
+    assert not size.fast(8)
 
 
 def test_a_fixed_size_never_changes():
@@ -131,6 +140,9 @@ def test_a_backlog_is_claimed_on_the_claim_thread_while_each_batch_runs(monkeypa
 
     for n in range(60):
         jobs.Record("meanwhile", key=str(n)).dispatch()
+    # Every batch of 8 counts as fast however loaded the machine is (in .ci/run a Record
+    # job once took over the 6 ms that 50 ms / 8 allows); the threshold has its own test.
+    monkeypatch.setattr(claiming, "AHEAD_SECONDS", 60.0)
     calls = _spy_claims(monkeypatch)
     assert work(batch=8, tries=1) == ["DONE"] * 60
     meanwhile = [c for c in calls if c["thread"].startswith("jobguard-claim")]
