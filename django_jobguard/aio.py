@@ -482,16 +482,14 @@ class Offload:
                 future, func = self._queue.popleft()
                 if future.cancelled():  # its awaiter went away before it started
                     continue
+                self._working[ident] = time.monotonic()
                 if self._results and not self._posted and not self._queue:
                     # The last call queued may be a slow one: the results held for the
                     # batch go back now, not after it (a result so waits at most for the
                     # calls queued behind it, each woken elsewhere after STALLED_AFTER).
                     self._posted = True
-                    try:
-                        self.loop.call_soon_threadsafe(self._deliver)
-                    except RuntimeError:  # the loop is closed: nobody waits any more
+                    if not self._post():
                         return
-                self._working[ident] = time.monotonic()
                 cond.release()
                 try:
                     result, ok = func(), True
@@ -501,7 +499,6 @@ class Offload:
                         result = RuntimeError(f"StopIteration raised in {func}")
                 finally:
                     cond.acquire()
-                del self._working[ident]
                 now = time.monotonic()
                 if not self._results:
                     self._results_since = now
@@ -509,10 +506,25 @@ class Offload:
                 if not self._posted and (not self._queue
                                          or now - self._results_since >= self.DELIVER_AFTER):
                     self._posted = True
-                    try:
-                        self.loop.call_soon_threadsafe(self._deliver)
-                    except RuntimeError:  # the loop is closed: nobody waits any more
+                    self._working[ident] = now  # at work (just begun) until it looks again
+                    if not self._post():
                         return
+                del self._working[ident]
+
+    def _post(self) -> bool:
+        """In a working thread, under the lock: schedule :meth:`_deliver` on the loop, with
+        the lock released meanwhile (the write to the loop's self-pipe lets the loop take
+        the GIL, and its next :meth:`call` would then wait for the lock: a thread switch
+        more, each way, per delivery). The thread still counts as working, so a call queued
+        meanwhile is left for it. False if the loop is closed (nobody waits any more)."""
+        self._cond.release()
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            return False
+        finally:
+            self._cond.acquire()
+        return True
 
     def _deliver(self) -> None:
         """On the loop: hand the results over to their awaiters."""

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Exists, F, JSONField, Max, Min, OuterRef, Q, Value
+from django.db.models import Exists, F, JSONField, Max, Min, OuterRef, Value
 
 from django_jobguard import clock, fair_share, pooling, queue_caps
 from django_jobguard.conf import jobguard_settings, queue_database
@@ -325,11 +325,8 @@ def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> None:
     ahead = [row for row in rows if claimed_ahead(row)]
     if not ahead:
         return
-    held = Q()
-    for row in ahead:
-        held |= Q(id=row.id, claims=row.claims)
-    QueuedJob.objects.using(using).filter(held, reserved_by=ahead[0].reserved_by).update(
-        attempts=F("attempts") + 1)
+    dialect_for(using).start_many([(row.id, row.claims) for row in ahead],
+                                  ahead[0].reserved_by, relaxed=_relaxed(using, False))
     for row in ahead:
         counted(row)
 

@@ -160,6 +160,18 @@ class Dialect(ABC):
             id=job_id, reserved_by=reserved_by, claims=claims).update(
             attempts=F("attempts") + 1))
 
+    def start_many(self, starts: Sequence[tuple[Any, int]], reserved_by: str, *,
+                   relaxed: bool = False) -> int:
+        """:meth:`start` for several rows (each ``(id, claims)``) in one statement; how many
+        were still held by ``reserved_by`` and counted."""
+        from django.db.models import F, Q
+
+        held = Q()
+        for job_id, claims in starts:
+            held |= Q(id=job_id, claims=claims)
+        return QueuedJob.objects.using(self.using).filter(held, reserved_by=reserved_by).update(
+            attempts=F("attempts") + 1)
+
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:
         """Ack ``job_id`` and count the attempt of ``start_id``, the row claimed ahead that

@@ -235,6 +235,17 @@ _START_SQL = """
                       WHERE id = %s AND reserved_by = %s AND claims = %s RETURNING 1)
     SELECT (SELECT count(*) FROM started){relax}"""
 
+# The starts of several rows claimed ahead (async jobs given free slots at once by the
+# coordinator), each (id, claims) owner-checked as one start is: one prepared statement, the
+# ids as array literals (the ORM's OR of one condition per row was compiled, and planned,
+# anew each time).
+_START_MANY_SQL = """
+    WITH started AS (UPDATE {table} AS q SET attempts = q.attempts + 1
+                       FROM unnest(%s::uuid[], %s::bigint[]) AS s(id, claims)
+                      WHERE q.id = s.id AND q.claims = s.claims AND q.reserved_by = %s
+                     RETURNING 1)
+    SELECT (SELECT count(*) FROM started){relax}"""
+
 # The ack of one job and the start of the next one claimed ahead (its attempt counted), in
 # one round trip: with a batch a job costs this statement alone, as it did when claims
 # counted every row they leased.
@@ -341,6 +352,7 @@ class PostgreSQLDialect(SQLDialect):
 
         self._ack_sql = both(_ACK_SQL)
         self._start_sql = both(_START_SQL)
+        self._start_many_sql = both(_START_MANY_SQL)
         self._ack_and_start_sql = both(_ACK_AND_START_SQL)
         self._ack_counting_sql = both(_ACK_COUNTING_SQL)
         self._complete_sql = both(_COMPLETE_SQL)
@@ -422,6 +434,12 @@ class PostgreSQLDialect(SQLDialect):
         ((started, *_),) = self._execute(self._start_sql[relaxed],
                                          [job_id, reserved_by, claims], fetch=True)
         return started > 0
+
+    def start_many(self, starts: Sequence[tuple[Any, int]], reserved_by: str, *,
+                   relaxed: bool = False) -> int:
+        ((started, *_),) = self._execute(self._start_many_sql[relaxed],
+                                         [*_array_literals(starts), reserved_by], fetch=True)
+        return started
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:

@@ -47,8 +47,9 @@ class AsyncExecutor:
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._rows: dict[Any, Any] = {}
-        self._began: dict[Any, float] = {}  # each running row's start (time.monotonic())
+        #: Each running row by id, with its start (``time.monotonic()``): one dict, not two,
+        #: since every job's end looks both up (a UUID's hash is a Python call).
+        self._rows: dict[Any, tuple[Any, float]] = {}
         self._next: dict[Any, Any] = {}  # a running row's id: the buffered row run after it
         #: Rows claimed ahead (:mod:`~django_jobguard.worker.prefetch`): a job that ends
         #: hands its slot to the next async row there, started on the loop at once.
@@ -62,8 +63,7 @@ class AsyncExecutor:
                 return False
         started = time.monotonic()
         with self._lock:
-            self._rows[row.id] = row
-            self._began[row.id] = started
+            self._rows[row.id] = (row, started)
         try:
             job = self.pipeline.begin(row, started)
         except BaseException as exc:
@@ -138,7 +138,6 @@ class AsyncExecutor:
         if following is None:
             with self._lock:
                 self._rows.pop(row.id, None)
-                self._began.pop(row.id, None)
                 self._idle.notify_all()
             self._slots.release()
         try:
@@ -152,20 +151,18 @@ class AsyncExecutor:
         its lease renewed as such), or ``None`` (the slot is freed)."""
         prefetch = self.prefetch
         with self._lock:
-            began = self._began.get(row.id)
+            running = self._rows.get(row.id)
             following = self._next.pop(row.id, None)  # taken as its outcome was written
             if prefetch is None:
                 return None
-            if began is not None:
-                prefetch.finished(time.monotonic() - began)
+            if running is not None:
+                prefetch.finished(time.monotonic() - running[1])
             if following is None and not self.pipeline.stopping():
                 following = prefetch.take(is_async=True)
             if following is None:
                 return None
             self._rows.pop(row.id, None)
-            self._began.pop(row.id, None)
-            self._rows[following.id] = following
-            self._began[following.id] = time.monotonic()
+            self._rows[following.id] = (following, time.monotonic())
             return following
 
     def free(self) -> int:

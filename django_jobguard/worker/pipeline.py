@@ -563,7 +563,8 @@ class Pipeline:
 
     async def run_on_loop(self, row: QueuedJob, job: JobLike) -> Any:
         """On the event loop: the job's task under its time limit."""
-        timeout, label = job.context.policy.timeout, f"{row.name} [{row.id}]"
+        # (the id as the context holds it: a UUID's str() again is a cost on every job)
+        timeout, label = job.context.policy.timeout, f"{row.name} [{job.context.job_id}]"
         # A jobworker's hard limit: the watchdog kills it if the run outlasts its timeout
         # (C code holding the GIL runs neither the task's cancellation nor the heartbeat).
         with timeouts.watched(timeout if self.hard_limits else 0, label):

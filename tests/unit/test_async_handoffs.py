@@ -262,6 +262,32 @@ def test_a_result_is_not_held_back_by_a_slow_call_queued_behind_it():
         loop.close()
 
 
+def test_a_thread_posts_its_results_with_the_lock_released():
+    """The post to the loop (a write to its self-pipe, which lets the loop take the GIL)
+    is made without the pool's lock held: the loop's next call need not wait for it."""
+    loop = aio.LoopThread(blocked_after=0, name="offload-post")
+    posts: list[bool] = []
+    post = loop.loop.call_soon_threadsafe
+
+    def watched(callback, *args, **kwargs):
+        if callback == loop.pool._deliver:
+            free = loop.pool._cond.acquire(blocking=False)
+            if free:
+                loop.pool._cond.release()
+            posts.append(free)
+        return post(callback, *args, **kwargs)
+
+    loop.loop.call_soon_threadsafe = watched
+    try:
+        async def several():
+            return await asyncio.gather(*(loop.pool.call(lambda i=i: i) for i in range(20)))
+
+        assert loop.run(several()) == list(range(20))
+        assert posts and all(posts)
+    finally:
+        loop.close()
+
+
 def test_an_exception_reaches_the_awaiting_coroutine():
     loop = aio.LoopThread(blocked_after=0, name="offload-error")
     try:

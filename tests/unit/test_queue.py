@@ -182,6 +182,21 @@ def test_start_many_counts_each_row_claimed_ahead_once_and_only_rows_still_held(
     queue.start_many([])
 
 
+def test_start_many_is_one_statement_whatever_the_number_of_rows():
+    """The coordinator starts every async row given a free slot at once: one UPDATE for all
+    of them (on PostgreSQL the ids travel as two arrays), each row owner-checked."""
+    _dispatch(5)
+    rows = queue.claim(["default"], worker_id="w1", limit=5, start=0)
+    taken = _taken_over(rows[0])
+    with CaptureQueriesContext(connection) as queries:
+        queue.start_many(rows)
+    assert len([q for q in queries if "UPDATE" in q["sql"].upper()]) == 1
+    assert all(not queue.claimed_ahead(row) for row in rows)
+    attempts = dict(QueuedJob.objects.values_list("id", "attempts"))
+    assert [attempts[row.id] for row in rows[1:]] == [1, 1, 1, 1]
+    assert attempts[taken.id] == taken.attempts == 1  # held by w2: not counted again
+
+
 # -- ack ---------------------------------------------------------------------------------------
 
 
