@@ -55,6 +55,7 @@ from bench.common import (
     spawn,
     truncate,
     wait_for_connections,
+    wanted,
     worker_connections,
 )
 from tests.support.waiting import wait_for
@@ -521,6 +522,8 @@ def run(*, smoke: bool) -> Report:
     report = Report(name="peers")
     chosen = []
     for system in systems(smoke):
+        if not wanted(system.label):  # JOBGUARD_BENCH_TOOLS
+            continue
         reason = system.unavailable()
         if reason:
             report.notes.append(f"{system.label}: {reason}")
