@@ -262,19 +262,46 @@ def test_a_result_is_not_held_back_by_a_slow_call_queued_behind_it():
         loop.close()
 
 
+class _OwnedLock:
+    """A lock that knows which thread holds it (a plain lock does not: another thread
+    holding it at the moment looks the same as the caller holding it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.owner: int | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self.owner = threading.get_ident()
+        return got
+
+    def release(self) -> None:
+        self.owner = None
+        self._lock.release()
+
+    def _is_owned(self) -> bool:
+        return self.owner == threading.get_ident()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def test_a_thread_posts_its_results_with_the_lock_released():
     """The post to the loop (a write to its self-pipe, which lets the loop take the GIL)
-    is made without the pool's lock held: the loop's next call need not wait for it."""
+    is made without the pool's lock held by the posting thread: the loop's next call need
+    not wait for it."""
     loop = aio.LoopThread(blocked_after=0, name="offload-post")
+    lock = _OwnedLock()
+    loop.pool._cond = threading.Condition(lock)  # before any call starts a pool thread
     posts: list[bool] = []
     post = loop.loop.call_soon_threadsafe
 
     def watched(callback, *args, **kwargs):
         if callback == loop.pool._deliver:
-            free = loop.pool._cond.acquire(blocking=False)
-            if free:
-                loop.pool._cond.release()
-            posts.append(free)
+            posts.append(lock.owner != threading.get_ident())
         return post(callback, *args, **kwargs)
 
     loop.loop.call_soon_threadsafe = watched
