@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
+from django.db.models import Q
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init
 
@@ -48,6 +49,15 @@ class NewJob:
     tags: str = ""
 
 
+
+
+def _held(pairs: Iterable[tuple[Any, int]]) -> Q:
+    """A filter for the rows ``pairs`` names, each ``(id, claims)``: a row still in the
+    claim that left it ``claims`` (matches nothing when ``pairs`` is empty)."""
+    found = Q(pk__in=[])
+    for job_id, claims in pairs:
+        found |= Q(id=job_id, claims=claims)
+    return found
 
 
 def clock_value(value: Any) -> datetime.datetime:
@@ -164,13 +174,10 @@ class Dialect(ABC):
                    relaxed: bool = False) -> int:
         """:meth:`start` for several rows (each ``(id, claims)``) in one statement; how many
         were still held by ``reserved_by`` and counted."""
-        from django.db.models import F, Q
+        from django.db.models import F
 
-        held = Q()
-        for job_id, claims in starts:
-            held |= Q(id=job_id, claims=claims)
-        return QueuedJob.objects.using(self.using).filter(held, reserved_by=reserved_by).update(
-            attempts=F("attempts") + 1)
+        return QueuedJob.objects.using(self.using).filter(
+            _held(starts), reserved_by=reserved_by).update(attempts=F("attempts") + 1)
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:
@@ -196,20 +203,14 @@ class Dialect(ABC):
         and :meth:`start`, atomically: ``(ids acked, ids started)``. Default: two
         statements in one transaction."""
         from django.db import transaction
-        from django.db.models import F, Q
-
-        def held(pairs: Sequence[tuple[Any, int]]) -> Q:
-            found = Q(pk__in=[])
-            for job_id, claims in pairs:
-                found |= Q(id=job_id, claims=claims)
-            return found
+        from django.db.models import F
 
         rows = QueuedJob.objects.using(self.using).filter(reserved_by=reserved_by)
         with transaction.atomic(using=self.using):
-            acked = set(rows.filter(held(done)).values_list("id", flat=True)) if done else set()
+            acked = set(rows.filter(_held(done)).values_list("id", flat=True)) if done else set()
             if acked:
                 rows.filter(id__in=acked)._raw_delete(self.using)
-            started = set(rows.filter(held(starts)).values_list("id", flat=True)) \
+            started = set(rows.filter(_held(starts)).values_list("id", flat=True)) \
                 if starts else set()
             if started:
                 rows.filter(id__in=started).update(attempts=F("attempts") + 1)

@@ -24,12 +24,13 @@ worker's async executor runs :meth:`Pipeline.begin` (0–2) in its coordinator a
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.utils import timezone
@@ -184,11 +185,13 @@ class Pipeline:
         with running(row, self.worker_id):  # the trace span, when tracing is on
             on_loop = self.begin_on_loop(row, started)
             if on_loop is None or on_loop is STARTED:  # it needs the database: off the loop
-                on_loop = await aio.call_sync(self.begin, row, started,
-                                              counted=on_loop is STARTED)
-            if isinstance(on_loop, str):
-                return on_loop
-            return await self.acomplete(row, on_loop, started, then=then)
+                job = await aio.call_sync(self.begin, row, started,
+                                          counted=on_loop is STARTED)
+                if isinstance(job, str):
+                    return job
+            else:
+                job = on_loop
+            return await self.acomplete(row, job, started, then=then)
 
     async def acomplete(self, row: QueuedJob, job: JobLike, started: float, *,
                         then: Callable[[], QueuedJob | None] | None = None) -> str:
@@ -235,7 +238,7 @@ class Pipeline:
                 job.context.close_reporter()
             return self._unprocessable(row, exc, started)
 
-    def begin_on_loop(self, row: QueuedJob, started: float) -> str | JobLike | None:
+    def begin_on_loop(self, row: QueuedJob, started: float) -> JobLike | Begun | None:
         """On the worker's event loop: :meth:`begin` without a hop to a thread, for a row
         that needs no statement to start and rebuild: its attempt counted by its claim or
         deferred to the completion group, no model arguments, no chain or batch, no cancel
@@ -787,9 +790,14 @@ def _rebuilt_from_arguments(job_class: Any) -> bool:
     return getattr(job_class.from_envelope, "__func__", None) is own
 
 
-#: What :meth:`Pipeline.begin_on_loop` returns when the row started but its rebuild must
-#: run off the loop.
-STARTED = "STARTED"
+class Begun(enum.Enum):
+    """What :meth:`Pipeline.begin_on_loop` returns when it could not begin the job on the
+    loop but did something (a marker no job state can be mistaken for)."""
+
+    STARTED = "started"  # the row's start is done; its rebuild must run off the loop
+
+
+STARTED: Final = Begun.STARTED
 
 
 def _never() -> bool:

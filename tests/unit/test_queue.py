@@ -182,6 +182,17 @@ def test_start_many_counts_each_row_claimed_ahead_once_and_only_rows_still_held(
     queue.start_many([])
 
 
+def test_a_dialect_given_no_rows_to_start_or_complete_changes_nothing():
+    """An empty list names no row: it must not match every row the worker holds."""
+    _dispatch(2)
+    rows = queue.claim(["default"], worker_id="w1", limit=2, start=0)
+    dialect = dialect_for(queue.queue_database(None))
+    assert dialect.start_many([], "w1") == 0
+    assert dialect.complete([], [], "w1") == (set(), set())
+    assert sorted(QueuedJob.objects.values_list("attempts", flat=True)) == [0, 0]
+    assert QueuedJob.objects.filter(id__in=[r.id for r in rows]).count() == 2
+
+
 def test_start_many_is_one_statement_whatever_the_number_of_rows():
     """The coordinator starts every async row given a free slot at once: one UPDATE for all
     of them (on PostgreSQL the ids travel as two arrays), each row owner-checked."""
