@@ -263,12 +263,19 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     run = JobRun(task, context, label, grace)
     with _runs_lock:
         _runs[task] = run
-    timer = loop.call_later(timeout, run.time_up, timeout) if timeout else None
-    watcher = None
-    poller = None
+    current = _loop_thread
+    if current is None or threading.current_thread() is not current.thread:
+        current = None  # not the worker's loop: a timer and a watcher of its own
+    timer = watcher = None
+    limits = poller = None
+    if timeout:
+        if current is not None:
+            limits = current.time_limits()  # one timer for all the worker's jobs
+            limits.add(run, timeout)
+        else:
+            timer = loop.call_later(timeout, run.time_up, timeout)
     if context.reporter is not None:
-        current = _loop_thread
-        if current is not None and threading.current_thread() is current.thread:
+        if current is not None:
             poller = current.cancel_poller()  # one task for all the worker's jobs
             poller.add(run)
         else:
@@ -284,6 +291,8 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
             if handle is not None:
                 handle.cancel()
         run.close()
+        if limits is not None:
+            limits.discard(run)
         if poller is not None:
             poller.discard(run)
         with _runs_lock:
@@ -326,6 +335,53 @@ async def _watch_cancel(run: JobRun) -> None:
                 return
         except Exception as exc:  # the flag is advice: the job goes on
             logger.warning("Could not read the cancel flag of %s (%s).", run.label, exc)
+
+
+class TimeLimits:
+    """The timeouts of the async jobs on the worker's loop, on one timer set for the earliest
+    deadline. A timer per job, set as it started and cancelled as it ended, stayed in the
+    loop's heap of timers until it came due or the heap was rebuilt (with a 60 s timeout,
+    every job of the last minute's: a heap of hundreds of thousands at thousands of jobs a
+    second). A job whose deadline is later than the timer's leaves the timer alone; when
+    it fires, the jobs whose time is up are timed out and it is set for the earliest left.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        #: Each run's deadline (``loop.time()``) and timeout (seconds).
+        self.runs: dict[JobRun, tuple[float, float]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._at: float | None = None  # when the timer fires (``loop.time()``)
+
+    def add(self, run: JobRun, seconds: float) -> None:
+        """On the loop: time ``run`` out ``seconds`` from now, unless :meth:`discard` first."""
+        deadline = self.loop.time() + seconds
+        self.runs[run] = (deadline, seconds)
+        if self._at is None or deadline < self._at:
+            self._set(deadline)
+
+    def discard(self, run: JobRun) -> None:
+        """``run`` ended (the timer stays: it finds nothing due and is set for the next)."""
+        self.runs.pop(run, None)
+
+    def _set(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at = self.loop.call_at(at, self._fire), at
+
+    def _fire(self) -> None:
+        self._timer = self._at = None
+        now = self.loop.time()
+        due = [(run, seconds) for run, (deadline, seconds) in self.runs.items()
+               if deadline <= now]
+        for run, seconds in due:
+            del self.runs[run]
+            try:
+                run.time_up(seconds)
+            except Exception:  # one run's failure must not keep the others from timing out
+                logger.exception("Timing out %s failed.", run.label)
+        if self.runs:
+            self._set(min(deadline for deadline, _ in self.runs.values()))
 
 
 class CancelPoller:
@@ -565,6 +621,7 @@ class LoopThread:
         self._started.wait()
         self.blocked_episodes = 0
         self._cancels: CancelPoller | None = None
+        self._limits: TimeLimits | None = None
         self._probe: threading.Thread | None = None
         if self.blocked_after > 0:
             self._probe = threading.Thread(target=self._watch, name=f"{name}-probe",
@@ -578,6 +635,12 @@ class LoopThread:
             self.loop.run_forever()
         finally:
             self.loop.close()
+
+    def time_limits(self) -> TimeLimits:
+        """On the loop: the one timer of its jobs' timeouts (made on first use)."""
+        if self._limits is None:
+            self._limits = TimeLimits(self.loop)
+        return self._limits
 
     def cancel_poller(self) -> CancelPoller:
         """On the loop: the task that reads its jobs' cancel flags (started on first use)."""

@@ -784,10 +784,15 @@ def _groupable(row: QueuedJob, job: JobLike, outcome: Outcome, completer: Comple
 def _rebuilt_from_arguments(job_class: Any) -> bool:
     """Whether ``job_class`` is rebuilt by :meth:`Job.from_envelope` itself (its arguments
     decoded, its constructor called), not by a method of its own that may query."""
-    from django_jobguard.jobs import Job  # models: after app loading
+    global _own_from_envelope
+    if _own_from_envelope is None:  # asked for every async job: the import once
+        from django_jobguard.jobs import Job  # models: after app loading
 
-    own = Job.__dict__["from_envelope"].__func__
-    return getattr(job_class.from_envelope, "__func__", None) is own
+        _own_from_envelope = Job.__dict__["from_envelope"].__func__
+    return getattr(job_class.from_envelope, "__func__", None) is _own_from_envelope
+
+
+_own_from_envelope: Any = None
 
 
 class Begun(enum.Enum):

@@ -372,3 +372,45 @@ def test_one_task_reads_the_cancel_flags_of_every_job_on_the_worker_loop(monkeyp
 
     assert aio.loop_thread().run(both()) == (2, "ended", 0)
     assert flagged.reporter.reads >= 1 and other.reporter.reads >= 1
+
+
+def test_the_timeouts_of_the_jobs_on_the_worker_loop_share_one_timer():
+    """Jobs of three timeouts started latest-deadline first, and one that ends in time with
+    the earliest: each of the three times out, none before its own timeout, in the order of
+    their deadlines; the one that ended is left alone; nothing stays registered."""
+    from django_jobguard.context import JobContext
+    from django_jobguard.exceptions import JobTimeoutError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        ended = []
+
+        async def waits(name, seconds):
+            started = loop.time()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                ended.append((name, seconds, loop.time() - started))
+
+        async def quick():
+            await asyncio.sleep(0.01)
+            return "in time"
+
+        def context():
+            return JobContext(job_id=str(uuid.uuid4()), attempt=1, worker_id="w")
+
+        runs = [asyncio.ensure_future(aio.run_job(context(), waits(name, seconds),
+                                                  timeout=seconds, label=name))
+                for name, seconds in (("late", 0.3), ("early", 0.1), ("middle", 0.2))]
+        limits = aio.loop_thread().time_limits()
+        await asyncio.sleep(0)
+        registered = len(limits.runs)
+        in_time = await aio.run_job(context(), quick(), timeout=0.05, label="quick")
+        outcomes = await asyncio.gather(*runs, return_exceptions=True)
+        return registered, in_time, outcomes, ended, len(limits.runs)
+
+    registered, in_time, outcomes, ended, left = aio.loop_thread().run(scenario())
+    assert registered == 3 and in_time == "in time" and left == 0
+    assert all(isinstance(outcome, JobTimeoutError) for outcome in outcomes), outcomes
+    assert [name for name, _, _ in ended] == ["early", "middle", "late"]
+    assert all(took >= seconds for _, seconds, took in ended), ended
