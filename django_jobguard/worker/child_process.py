@@ -29,7 +29,7 @@ def main(options: dict[str, Any], verbosity: int, finished: Any = None,
 
         start_recording()
 
-    code = run_worker_process(WorkerOptions(**options), verbosity=verbosity)
+    code = run_worker_process(WorkerOptions(**options), verbosity=verbosity, own_process=True)
     if finished is not None:
         finished.value = 1
     sys.exit(code)

@@ -22,6 +22,7 @@ stop it from claiming for the event loop.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -913,11 +914,29 @@ def run_worker(queues: Sequence[str], **options: Any) -> int:
 
 
 def run_worker_process(options: WorkerOptions, *, verbosity: int = 1,
-                       write: Callable[[str, str], None] | None = None) -> int:
+                       write: Callable[[str, str], None] | None = None,
+                       own_process: bool = False) -> int:
     """Run one worker in this process (``jobworker`` and each ``--concurrency`` child); its
     job lines are ``logging`` records (:mod:`~django_jobguard.logs`, shown by the handler
-    the command installs), RUNNING ones from ``verbosity`` 2, debug logging at 3."""
-    return make_worker(options, verbosity=verbosity, write=write).run()
+    the command installs), RUNNING ones from ``verbosity`` 2, debug logging at 3.
+    ``own_process``: the process exists to run this worker (``jobworker`` run from the
+    command line, a ``--concurrency`` child), so what it loaded is frozen
+    (:func:`freeze_loaded`); not a test's or a script's ``call_command()``."""
+    worker = make_worker(options, verbosity=verbosity, write=write)
+    if own_process:
+        freeze_loaded()
+    return worker.run()
+
+
+def freeze_loaded() -> None:
+    """Take what is alive now (Django, the apps, the registered jobs: the worker's for its
+    whole life) out of the cyclic garbage collector's scans: ``gc.freeze()``, after a
+    collection so that no garbage is frozen with it. A worker's claimed rows outlive the
+    young generations, so full collections come every few thousand jobs; each scanned all
+    of it (about 25 ms, 4 µs a no-op job; half that frozen). Objects freed by their
+    reference count are freed as before; a ``fork()`` after it shares more pages."""
+    gc.collect()
+    gc.freeze()
 
 
 def make_worker(options: WorkerOptions, *, verbosity: int = 1,

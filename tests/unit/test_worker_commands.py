@@ -185,3 +185,26 @@ def test_api_quiet_and_stop_are_permission_and_owner_checked():
     assert client.post(API + f"workers/{row.id}/quiet/").json()["command"] == "stop"
     assert_error(client.post(API + f"workers/{gone.id}/stop/"), 409, "worker_gone")
     assert_error(client.post(API + "workers/nohost:1:x/stop/"), 404)
+
+
+def test_a_worker_from_the_command_line_freezes_what_it_loaded_and_call_command_does_not(
+        monkeypatch):
+    """``manage.py jobworker`` owns its process: what Django loaded leaves the garbage
+    collector's scans (``gc.freeze()``, after a collection). A ``call_command()`` in a test
+    or a script must not freeze the caller's objects."""
+    from django.core.management import call_command
+
+    from django_jobguard.management.commands.jobworker import Command
+    from django_jobguard.worker import loop
+
+    calls = []
+    monkeypatch.setattr(loop.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(loop.gc, "freeze", lambda: calls.append("freeze"))
+    jobs.Noop(1).dispatch()
+    call_command("jobworker", "--once", "--memory", "0", "-v", "0")
+    assert calls == [] and QueuedJob.objects.count() == 0
+    jobs.Noop(2).dispatch()
+    from_command_line = Command()
+    from_command_line._called_from_command_line = True  # as run_from_argv() sets it
+    call_command(from_command_line, "--once", "--memory", "0", "-v", "0")
+    assert calls == ["collect", "freeze"] and QueuedJob.objects.count() == 0

@@ -229,7 +229,8 @@ class Command(BaseCommand):
                     server.close()
         server = self._serve_metrics(opts)
         try:
-            return run_worker_process(options, verbosity=verbosity)
+            return run_worker_process(options, verbosity=verbosity,
+                                      own_process=self._called_from_command_line)
         finally:
             if server is not None:
                 server.close()
