@@ -35,6 +35,7 @@ import concurrent.futures
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -248,6 +249,36 @@ def running() -> list[JobRun]:
         return list(_runs.values())
 
 
+#: How many times :func:`stop_all` ran: a job whose first step ran as its task was made
+#: (not yet in ``_runs`` then, see :func:`run_job`) checks it did not miss one.
+_stops = 0
+
+
+def stop_all() -> None:
+    """From any thread: stop every async job running in this process at once (each ends
+    with :class:`WorkerStoppedError` and goes back to the queue)."""
+    global _stops
+    with _runs_lock:
+        _stops += 1
+        runs = list(_runs.values())
+    for job_run in runs:
+        job_run.stop_threadsafe()
+
+
+if sys.version_info >= (3, 12):
+    def _eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T],
+                    name: str) -> asyncio.Task[T]:
+        """A task whose first step runs now, as the current task (Python 3.12's
+        ``eager_start``): a job that never waits ends here, with no step scheduled."""
+        return asyncio.Task(coro, loop=loop, name=name, eager_start=True)
+else:
+    def _eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T],
+                    name: str) -> asyncio.Task[T]:
+        """Python 3.11 has no eager start (a first step run outside its task would see
+        the caller's task as ``current_task()``: ``asyncio.timeout()``, ``TaskGroup``)."""
+        return loop.create_task(coro, name=name)
+
+
 async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout: float,
                   label: str, grace: float = GIVE_UP_AFTER) -> T:
     """Run ``coro`` (a job's middleware and ``handle()``) as a task named after ``label``.
@@ -259,13 +290,22 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     after ``grace`` seconds. (A jobworker also arms the watchdog's hard limit around this:
     a job that blocks the loop runs neither its cancellation nor the heartbeat.)"""
     loop = asyncio.get_running_loop()
-    task = loop.create_task(coro, name=label)
-    run = JobRun(task, context, label, grace)
-    with _runs_lock:
-        _runs[task] = run
     current = _loop_thread
     if current is None or threading.current_thread() is not current.thread:
         current = None  # not the worker's loop: a timer and a watcher of its own
+    if current is not None:  # the worker's loop: its first step now (Python 3.12+)
+        stops = _stops
+        task = _eager_task(loop, coro, label)
+    else:  # another loop: its own task factory
+        task = loop.create_task(coro, name=label)
+    run = JobRun(task, context, label, grace)
+    if task.done():  # it ended in its first step: no timeout, cancel or stop to watch for
+        return _result(run, timeout)
+    with _runs_lock:
+        _runs[task] = run
+        missed = current is not None and _stops != stops
+    if missed:  # a stop_all() came while its first step ran
+        run.cancel(STOPPED)
     timer = watcher = None
     limits = poller = None
     if timeout:
@@ -673,8 +713,7 @@ class LoopThread:
             return future.result()
         except BaseException:
             if not future.done():
-                for job_run in running():
-                    job_run.stop_threadsafe()
+                stop_all()
                 try:
                     future.result(timeout=10)
                 except BaseException:

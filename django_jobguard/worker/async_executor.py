@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from django_jobguard.aio import loop_thread, running
+from django_jobguard.aio import loop_thread, stop_all
 
 if TYPE_CHECKING:
     from django_jobguard.worker.prefetch import Prefetch
@@ -184,8 +184,7 @@ class AsyncExecutor:
     def stop_all(self) -> None:
         """Cancel every running job's task (the worker stops at once): each goes back to the
         queue without using an attempt."""
-        for job_run in running():
-            job_run.stop_threadsafe()
+        stop_all()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no job runs; False if some still did after ``timeout``."""

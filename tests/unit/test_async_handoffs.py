@@ -414,3 +414,57 @@ def test_the_timeouts_of_the_jobs_on_the_worker_loop_share_one_timer():
     assert all(isinstance(outcome, JobTimeoutError) for outcome in outcomes), outcomes
     assert [name for name, _, _ in ended] == ["early", "middle", "late"]
     assert all(took >= seconds for _, seconds, took in ended), ended
+
+
+def test_a_job_on_the_worker_loop_is_its_own_current_task_from_its_first_step():
+    """On Python 3.12+ a job's first step runs as its task is made (eager start); it is the
+    current task there as later (``asyncio.timeout()`` and ``TaskGroup`` need that), a job
+    that never waits returns or raises as before, and nothing stays registered."""
+    from django_jobguard.context import JobContext
+
+    def context():
+        return JobContext(job_id=str(uuid.uuid4()), attempt=1, worker_id="w")
+
+    async def names_itself():
+        return asyncio.current_task().get_name()
+
+    async def own_timeout():
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            return "its own timeout"
+
+    async def raises():
+        raise ValueError("no")
+
+    async def scenario():
+        first = await aio.run_job(context(), names_itself(), timeout=5, label="job-a")
+        second = await aio.run_job(context(), own_timeout(), timeout=5, label="job-b")
+        with pytest.raises(ValueError, match="no"):
+            await aio.run_job(context(), raises(), timeout=5, label="job-c")
+        return first, second, aio.running(), dict(aio.loop_thread().time_limits().runs)
+
+    assert aio.loop_thread().run(scenario()) == ("job-a", "its own timeout", [], {})
+
+
+def test_a_stop_of_every_job_while_a_first_step_runs_stops_that_job_too():
+    """``stop_all()`` from another thread while a job's first step runs (the job is not in
+    the registry yet when its start is eager): the job still ends as stopped."""
+    from django_jobguard.context import JobContext
+    from django_jobguard.exceptions import WorkerStoppedError
+
+    async def stopped_during_first_step():
+        stopper = threading.Thread(target=aio.stop_all)
+        stopper.start()
+        stopper.join()  # (blocks the loop: the stop is done before this step ends)
+        await asyncio.sleep(5)
+        return "not stopped"
+
+    async def scenario():
+        context = JobContext(job_id=str(uuid.uuid4()), attempt=1, worker_id="w")
+        with pytest.raises(WorkerStoppedError):
+            await aio.run_job(context, stopped_during_first_step(), timeout=30, label="s")
+        return aio.running()
+
+    assert aio.loop_thread().run(scenario()) == []

@@ -229,8 +229,9 @@ class Command(BaseCommand):
                     server.close()
         server = self._serve_metrics(opts)
         try:
-            return run_worker_process(options, verbosity=verbosity,
-                                      own_process=self._called_from_command_line)
+            # (set by run_from_argv(), i.e. manage.py; not by call_command())
+            own = bool(getattr(self, "_called_from_command_line", False))
+            return run_worker_process(options, verbosity=verbosity, own_process=own)
         finally:
             if server is not None:
                 server.close()
