@@ -294,7 +294,7 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     if current is None or threading.current_thread() is not current.thread:
         current = None  # not the worker's loop: a timer and a watcher of its own
     if current is not None:  # the worker's loop: its first step now (Python 3.12+)
-        stops = _stops
+        stops, begun = _stops, loop.time()  # (its timeout counts that step too)
         task = _eager_task(loop, coro, label)
     else:  # another loop: its own task factory
         task = loop.create_task(coro, name=label)
@@ -311,7 +311,7 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     if timeout:
         if current is not None:
             limits = current.time_limits()  # one timer for all the worker's jobs
-            limits.add(run, timeout)
+            limits.add(run, timeout, since=begun)
         else:
             timer = loop.call_later(timeout, run.time_up, timeout)
     if context.reporter is not None:
@@ -393,9 +393,10 @@ class TimeLimits:
         self._timer: asyncio.TimerHandle | None = None
         self._at: float | None = None  # when the timer fires (``loop.time()``)
 
-    def add(self, run: JobRun, seconds: float) -> None:
-        """On the loop: time ``run`` out ``seconds`` from now, unless :meth:`discard` first."""
-        deadline = self.loop.time() + seconds
+    def add(self, run: JobRun, seconds: float, *, since: float | None = None) -> None:
+        """On the loop: time ``run`` out ``seconds`` after ``since`` (``loop.time()``; now
+        by default), unless :meth:`discard` first (a deadline already past: at once)."""
+        deadline = (self.loop.time() if since is None else since) + seconds
         self.runs[run] = (deadline, seconds)
         if self._at is None or deadline < self._at:
             self._set(deadline)

@@ -468,3 +468,32 @@ def test_a_stop_of_every_job_while_a_first_step_runs_stops_that_job_too():
         return aio.running()
 
     assert aio.loop_thread().run(scenario()) == []
+
+
+def test_a_first_step_that_blocks_past_the_timeout_is_cancelled_at_its_first_wait():
+    """The timeout counts from the job's start, its first step included (on 3.12+ that step
+    runs before the job is registered): a job that blocks the loop past its timeout is
+    cancelled at its first ``await``, not a whole timeout later."""
+    from django_jobguard.context import JobContext
+    from django_jobguard.exceptions import JobTimeoutError
+
+    seen = {}
+
+    async def blocks_then_waits():
+        loop = asyncio.get_running_loop()
+        time.sleep(1.2)  # past the 1 s timeout, on the loop
+        seen["blocked_until"] = loop.time()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen["cancelled_at"] = loop.time()
+            raise
+
+    async def scenario():
+        context = JobContext(job_id=str(uuid.uuid4()), attempt=1, worker_id="w")
+        with pytest.raises(JobTimeoutError):
+            await aio.run_job(context, blocks_then_waits(), timeout=1.0, label="b")
+
+    aio.loop_thread().run(scenario())
+    # A fresh timeout after the step would cancel it 1 s after the step, never sooner.
+    assert seen["cancelled_at"] - seen["blocked_until"] < 1.0, seen
