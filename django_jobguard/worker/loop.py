@@ -62,6 +62,8 @@ from django_jobguard.worker.queue_selection import QueueEntry, QueueSelection
 from django_jobguard.worker.stopping import GracefulStop
 
 logger = logging.getLogger("django_jobguard.worker")
+#: Seconds between two tries of a worker to register while its database cannot be reached.
+REGISTER_EVERY = 1.0
 
 EXIT_OK = 0
 EXIT_MEMORY = 12
@@ -871,12 +873,30 @@ class Worker:
 
     def _start(self) -> None:
         o = self.options
-        WorkerRow.objects.using(o.using).update_or_create(id=self.id, defaults=self.identity())
+        self._register()
         if self._run_history is not None:
             self._run_history.start()
         if not o.once and jobguard_settings.USE_NOTIFY:
             self._open_listener()
         self._heartbeat.start()
+
+    def _register(self) -> None:
+        """Write this worker's row. A worker started while its database cannot be reached
+        (a restart, a failover, a terminated connection) says so and tries again every
+        :data:`REGISTER_EVERY` seconds, as a claim does, until it can or it is stopped,
+        instead of exiting with the error."""
+        every = REGISTER_EVERY
+        while True:
+            try:
+                WorkerRow.objects.using(self.options.using).update_or_create(
+                    id=self.id, defaults=self.identity())
+                return
+            except (DatabaseError, InterfaceError) as exc:
+                logger.warning("Could not register worker %s (%s); retrying in %g s.",
+                               self.id, exc, every)
+                queue.close_broken_connections(all_idle=True)
+                if self._stop.wait(every):
+                    return  # stopped meanwhile: the loop sees it and the worker ends
 
     def heartbeat(self) -> None:
         """Renew this worker's leases and write its liveness and last-minute counts (the

@@ -15,6 +15,7 @@ import signal
 
 import pytest
 from demo.models import JobRun
+from django.db import transaction
 from django.utils import timezone
 
 from django_jobguard import dispatch_many
@@ -133,9 +134,11 @@ def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode):
     record("warm").dispatch()  # the class's first run here is acked on its own ...
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=60, what="the warm-up ran")
     # ... so these two defer their starts: "target" finishes and waits for the group (30 s)
-    # while "long" keeps the worker busy (an idle worker writes its group at once).
-    target = record("target", hold=True).dispatch(priority=5)
-    record("long", seconds=4).dispatch(priority=1)
+    # while "long" keeps the worker busy (an idle worker writes its group at once). One
+    # commit: a worker that claimed "target" alone could find no "long" yet as it ended.
+    with transaction.atomic():
+        target = record("target", hold=True).dispatch(priority=5)
+        record("long", seconds=4).dispatch(priority=1)
     label = chaos_jobs.RerunWaits.LABEL
     wait_for(lambda: JobRun.objects.filter(label=label, key="target", ended_at__isnull=False)
              .exists() and JobRun.objects.filter(label=label, key="long").exists(),

@@ -473,3 +473,30 @@ def test_a_heartbeat_that_finds_its_row_gone_registers_again(caplog):
     worker.halted.set()  # shutting down: its row was deleted on purpose
     worker.heartbeat()
     assert not WorkerRow.objects.filter(id=worker.id).exists()
+
+
+def test_a_worker_started_while_its_database_is_unreachable_registers_once_it_is_back(
+        monkeypatch, caplog):
+    """Its row cannot be written at first (a database restarting as the worker starts): it
+    says so and tries again, then runs as usual, instead of exiting with the error."""
+    from django.db import OperationalError
+    from django.db.models import QuerySet
+
+    from django_jobguard.worker import loop
+
+    real = QuerySet.update_or_create
+    failures = []
+
+    def update_or_create(self, *args, **kwargs):
+        if self.model is loop.WorkerRow and len(failures) < 2:
+            failures.append("refused")
+            raise OperationalError("the database system is starting up")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "REGISTER_EVERY", 0.01)
+    monkeypatch.setattr(QuerySet, "update_or_create", update_or_create)
+    jobs.Noop(1).dispatch()
+    with caplog.at_level("WARNING", logger="django_jobguard.worker"):
+        assert Worker(WorkerOptions(queues=["default"], once=True, sleep=0)).run() == 0
+    assert failures == ["refused", "refused"] and not QueuedJob.objects.exists()
+    assert sum("Could not register worker" in r.getMessage() for r in caplog.records) == 2
