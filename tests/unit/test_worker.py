@@ -497,6 +497,6 @@ def test_a_worker_started_while_its_database_is_unreachable_registers_once_it_is
     monkeypatch.setattr(QuerySet, "update_or_create", update_or_create)
     jobs.Noop(1).dispatch()
     with caplog.at_level("WARNING", logger="django_jobguard.worker"):
-        assert Worker(WorkerOptions(queues=["default"], once=True, sleep=0)).run() == 0
+        assert Worker(WorkerOptions(queues=["default"], once=True, sleep=0, memory=0)).run() == 0
     assert failures == ["refused", "refused"] and not QueuedJob.objects.exists()
     assert sum("Could not register worker" in r.getMessage() for r in caplog.records) == 2
