@@ -393,7 +393,7 @@ def test_the_timeouts_of_the_jobs_on_the_worker_loop_share_one_timer():
                 ended.append((name, seconds, loop.time() - started))
 
         async def quick():
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
             return "in time"
 
         def context():
@@ -401,11 +401,11 @@ def test_the_timeouts_of_the_jobs_on_the_worker_loop_share_one_timer():
 
         runs = [asyncio.ensure_future(aio.run_job(context(), waits(name, seconds),
                                                   timeout=seconds, label=name))
-                for name, seconds in (("late", 0.3), ("early", 0.1), ("middle", 0.2))]
+                for name, seconds in (("late", 1.2), ("early", 0.6), ("middle", 0.9))]
         limits = aio.loop_thread().time_limits()
         await asyncio.sleep(0)
         registered = len(limits.runs)
-        in_time = await aio.run_job(context(), quick(), timeout=0.05, label="quick")
+        in_time = await aio.run_job(context(), quick(), timeout=0.3, label="quick")
         outcomes = await asyncio.gather(*runs, return_exceptions=True)
         return registered, in_time, outcomes, ended, len(limits.runs)
 
