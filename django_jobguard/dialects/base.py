@@ -49,8 +49,6 @@ class NewJob:
     tags: str = ""
 
 
-
-
 def _held(pairs: Iterable[tuple[Any, int]]) -> Q:
     """A filter for the rows ``pairs`` names, each ``(id, claims)``: a row still in the
     claim that left it ``claims`` (matches nothing when ``pairs`` is empty)."""
