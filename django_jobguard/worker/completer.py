@@ -94,6 +94,9 @@ class Completer:
         #: Set when a group filled up where it could not be written (the event loop): the
         #: timer thread writes it at once.
         self._urgent = False
+        #: Set while the timer thread writes a group (a full one found meanwhile is written
+        #: by the thread that filled it: at most two groups in flight).
+        self._writing = False
         self._timer: threading.Thread | None = None
 
     @staticmethod
@@ -151,17 +154,21 @@ class Completer:
             return row.id in self._starts
 
     def add(self, entry: Finished, *, write: bool = True) -> None:
-        """``entry`` finished: its ack joins the group, written now when the group is full
-        (``write=False``, on the event loop: by the timer thread, woken at once)."""
+        """``entry`` finished: its ack joins the group. A full group is written at once by
+        the timer thread, woken for it, so that the job's thread goes on to its next job
+        while the statement runs; by this thread only when the timer thread is still writing
+        the group before (at most two groups in flight) and ``write`` (not on the event
+        loop)."""
         with self._wake:
             self._starts.pop(entry.row.id, None)
             self._finished.append(entry)
             self._entered()
             full = len(self._finished) >= self.batch_size
-            if full and not write:
+            if full and (not write or not self._writing):
                 self._urgent = True
                 self._wake.notify()
-        if full and write:
+                return
+        if full:  # the timer thread is writing the group before: this one is written here
             self.flush()
 
     def held(self) -> set[Any]:
@@ -254,10 +261,14 @@ class Completer:
                     if due > 0 and not self._urgent:
                         self._wake.wait(due)
                         continue
+                    self._writing = True
                 try:
                     self.flush()
                 except Exception:
                     logger.exception("The completion timer could not write a group.")
+                finally:
+                    with self._wake:
+                        self._writing = False
         finally:
             connections.close_all()
 

@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -945,7 +946,20 @@ def run_worker_process(options: WorkerOptions, *, verbosity: int = 1,
     worker = make_worker(options, verbosity=verbosity, write=write)
     if own_process:
         freeze_loaded()
+        if options.threads <= 1:
+            sys.setswitchinterval(SWITCH_INTERVAL)
     return worker.run()
+
+
+#: How long a thread of a worker that owns its process waits at most for the GIL while the
+#: job's thread runs Python (``sys.setswitchinterval``; Python's default is 5 ms). The
+#: worker's other threads (the claim ahead, the completion group's timer, the heartbeat, the
+#: event loop's pool) wait on sockets, and each needs the GIL as its statement returns: at
+#: 5 ms a hand-over a claim of 128 rows took 15 ms where its statement took 5, and the job's
+#: thread, done with its batch, waited for it (1.0 s over 40,000 no-op jobs, and 0.23 s for
+#: completion groups it wrote itself; 0.10 s and 0.04 s at 0.5 ms). Not under ``--threads``,
+#: whose job threads, when they compute, would hand the GIL back and forth ten times as often.
+SWITCH_INTERVAL = 0.0005
 
 
 def freeze_loaded() -> None:

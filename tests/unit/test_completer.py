@@ -110,3 +110,45 @@ def test_a_start_whose_group_was_not_written_is_counted_by_its_own_write(group, 
     group._dialect = Cut()
     assert group.flush() is False
     assert queue.claimed_ahead(row) and not group.groups(row)  # acked on its own, counting it
+
+
+def test_a_full_group_is_written_by_the_timer_thread_and_the_next_by_its_job_thread():
+    """A full group does not hold up the thread whose job filled it: the timer thread writes
+    it. While that statement runs, the next full group is written by the thread that filled
+    it (at most two groups in flight, never more held)."""
+    import threading
+
+    from django_jobguard.worker.completer import Finished
+
+    writing, release = threading.Event(), threading.Event()
+    writers: list[tuple[str, list]] = []
+
+    class Slow(Dialect):
+        def complete(self, done, starts, reserved_by, *, relaxed=False):
+            writers.append((threading.current_thread().name, [job_id for job_id, _ in done]))
+            if len(writers) == 1:  # the first group's statement takes its time
+                writing.set()
+                assert release.wait(10)
+            return super().complete(done, starts, reserved_by, relaxed=relaxed)
+
+    group = Completer(worker_id="w", using="default", window=60.0, batch_size=3)
+    group._dialect = Slow()
+    acked: list = []
+
+    def finish() -> QueuedJob:
+        row = _row()
+        group.add(Finished(row, None, None, 0.0, acked=acked.append, lost=acked.append))
+        return row
+
+    try:
+        first = [finish() for _ in range(3)]  # full: returns without writing it
+        assert writing.wait(10)
+        assert writers[0][0].startswith("jobguard-completer")
+        second = [finish() for _ in range(3)]  # full while the first is written: written here
+        assert writers[1] == (threading.current_thread().name, [row.id for row in second])
+        release.set()
+    finally:
+        release.set()
+        group.close()
+    assert writers[0][1] == [row.id for row in first] and len(writers) == 2
+    assert sorted(entry.row.id for entry in acked) == sorted(row.id for row in first + second)

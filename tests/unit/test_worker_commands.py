@@ -200,6 +200,7 @@ def test_a_worker_from_the_command_line_freezes_what_it_loaded_and_call_command_
     calls = []
     monkeypatch.setattr(loop.gc, "collect", lambda: calls.append("collect"))
     monkeypatch.setattr(loop.gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(loop.sys, "setswitchinterval", lambda seconds: calls.append(seconds))
     jobs.Noop(1).dispatch()
     call_command("jobworker", "--once", "--memory", "0", "-v", "0")
     assert calls == [] and QueuedJob.objects.count() == 0
@@ -207,4 +208,12 @@ def test_a_worker_from_the_command_line_freezes_what_it_loaded_and_call_command_
     from_command_line = Command()
     from_command_line._called_from_command_line = True  # as run_from_argv() sets it
     call_command(from_command_line, "--once", "--memory", "0", "-v", "0")
-    assert calls == ["collect", "freeze"] and QueuedJob.objects.count() == 0
+    # ... and lets its other threads have the GIL sooner (not with --threads: below)
+    assert calls == ["collect", "freeze", loop.SWITCH_INTERVAL]
+    assert QueuedJob.objects.count() == 0
+    calls.clear()
+    with_threads = Command()  # (on an empty queue: its threads could not see this
+    with_threads._called_from_command_line = True  # test's uncommitted rows)
+    call_command(with_threads, "--stop-when-empty", "--threads", "2", "--memory", "0",
+                 "-v", "0")
+    assert calls == ["collect", "freeze"]
