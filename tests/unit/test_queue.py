@@ -438,3 +438,36 @@ def test_seconds_until_due_and_next_due_of_the_earliest_row():
     assert seconds <= (earliest.available_at - before + MS).total_seconds()
     assert queue.seconds_until_due(["other"]) <= 0
     assert queue.seconds_until_due(["default", "other"]) <= 0
+
+
+def test_after_a_job_only_the_connections_it_broke_are_closed_whichever_alias():
+    """``close_broken_connections()`` (after every job) keeps each thread's connection
+    wrappers (one per alias, a tenth of a no-op job's CPU otherwise): it still closes a
+    broken connection of an alias the thread first used after the wrappers were kept, and
+    leaves a usable one (errors caught by the job) and one inside a transaction open."""
+    import threading
+
+    from django.db import connections
+
+    closed: list[str] = []
+
+    def in_a_worker_thread() -> None:
+        queue.close_broken_connections()  # the thread's wrappers are kept from here
+        for alias in connections:
+            conn = connections[alias]
+            conn.connection = object()  # "open" from here (no real connection needed)
+            conn.close = lambda alias=alias: closed.append(alias)
+            conn.errors_occurred = True
+        connections["queue"].is_usable = lambda: False  # broken
+        connections["default"].is_usable = lambda: True  # the job caught its error
+        queue.close_broken_connections()
+        connections["default"].is_usable = lambda: False
+        connections["default"].in_atomic_block = True  # a test's transaction: left alone
+        queue.close_broken_connections()
+        for alias in connections:
+            connections[alias].connection = None
+
+    thread = threading.Thread(target=in_a_worker_thread)
+    thread.start()
+    thread.join()
+    assert closed == ["queue", "queue"]
