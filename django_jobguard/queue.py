@@ -164,7 +164,7 @@ def _wrappers() -> list[Any]:
     and ``connections.all()`` reads asgiref's ``Local`` two or three times per alias: 11 µs
     a call with two aliases, a tenth of a no-op job. Made again if Django replaced its
     storage (its ``_connections``, when the ``DATABASES`` setting changes)."""
-    storage = connections._connections
+    storage = vars(connections).get("_connections")  # (an instance attribute of Django's)
     kept = getattr(_this_thread, "wrappers", None)
     if kept is None or kept[0] is not storage:
         kept = _this_thread.wrappers = (storage, [connections[alias] for alias in connections])
