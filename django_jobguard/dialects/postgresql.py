@@ -570,8 +570,8 @@ class PostgreSQLDialect(SQLDialect):
                 logged = wrapper.cursor()
             with logged as cursor:
                 cursor.execute(sql, params)
-                while statements and cursor.description is None and cursor.nextset():
-                    pass  # psycopg 3: the results of the statements before the last
+                if statements:
+                    _to_last_result(cursor)
                 return cursor.fetchall() if fetch else cursor.rowcount
         wrapper.ensure_connection()
         make = psycopg.ClientCursor if statements else psycopg.Cursor
@@ -581,8 +581,8 @@ class PostgreSQLDialect(SQLDialect):
             if rows and _fast_times(wrapper):
                 cursor.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
             cursor.execute(sql, params, prepare=False if statements else prepare)
-            while statements and cursor.description is None and cursor.nextset():
-                pass
+            if statements:
+                _to_last_result(cursor)
             return cursor.fetchall() if fetch else cursor.rowcount
 
     def estimate_rows(self, rows: Any) -> int | None:
@@ -595,6 +595,13 @@ class PostgreSQLDialect(SQLDialect):
         if isinstance(plan, str):
             plan = json.loads(plan)
         return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def _to_last_result(cursor: Any) -> None:
+    """Move ``cursor`` past the results of the statements before the last one of a query
+    string (psycopg 3 starts at the first; psycopg 2 keeps only the last)."""
+    while cursor.description is None and cursor.nextset():
+        pass
 
 
 def _array_literals(pairs: Sequence[tuple[Any, int]]) -> tuple[str, str]:

@@ -95,7 +95,6 @@ def test_a_fair_claim_walks_the_keys_it_needs_and_locks_only_its_share():
         "fair_key", flat=True)) == ["t11", "t12", "t13", "t14", "t15"]
 
 
-
 def test_a_batch_claim_reads_the_claim_index_in_order_after_a_burst_into_an_empty_analyzed_queue():
     table = QueuedJob._meta.db_table
     with connection.cursor() as cursor:
