@@ -320,8 +320,12 @@ class Worker:
                 if code is not None:
                     return code
                 free = executor.free() + self._async.free()
-                if rows and free and not (self._drained and self._listener is not None):
-                    continue  # there may be more due
+                if rows and free and not (self._drained and self._listener is not None
+                                          and not self.options.stop_when_empty):
+                    # There may be more due. (A drained queue's next rows would wake the
+                    # wait below, but --stop-when-empty must see the queue empty, not wait
+                    # --sleep for rows that never come before it stops.)
+                    continue
                 if self._completer is not None and not busy:
                     # About to wait idle: nothing finished waits with it. (While jobs run, on
                     # threads or the loop, the group's timer writes it: a flush at each of

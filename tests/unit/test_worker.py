@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_jobguard import Job, signals
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.worker import RecentOutcomes, Worker, WorkerOptions
-from tests.support import jobs, make_due, work
+from tests.support import jobs, make_due, requires_postgres, work
 
 pytestmark = pytest.mark.django_db
 
@@ -500,3 +500,23 @@ def test_a_worker_started_while_its_database_is_unreachable_registers_once_it_is
         assert Worker(WorkerOptions(queues=["default"], once=True, sleep=0, memory=0)).run() == 0
     assert failures == ["refused", "refused"] and not QueuedJob.objects.exists()
     assert sum("Could not register worker" in r.getMessage() for r in caplog.records) == 2
+
+
+@requires_postgres
+def test_stop_when_empty_stops_once_the_queue_is_drained_without_waiting_for_a_notify(
+        monkeypatch):
+    # A claim that gets fewer rows than it asked for tells a LISTENing worker its only queue
+    # is drained: it then waits for a NOTIFY (or --sleep) instead of an empty claim. With
+    # --stop-when-empty that wait was --sleep seconds spent before every exit.
+    for n in range(4):  # claims of 1, 2 and 4 rows (adaptive): the last gets 1
+        jobs.Noop(n).dispatch()
+    worker = Worker(WorkerOptions(stop_when_empty=True, memory=0, sleep=30))
+    waits = []
+    monkeypatch.setattr(worker, "_wait", lambda cap=None: waits.append(cap))
+    states = []
+    worker.pipeline.log = lambda line, state: states.append(state)
+    assert worker.run() == 0
+    assert worker._listener is not None  # it LISTENed (closed, still set)
+    assert [s for s in states if s != "RUNNING"] == ["DONE"] * 4
+    assert waits == []
+    assert not QueuedJob.objects.exists()
