@@ -140,6 +140,10 @@ class Envelope:
             raise PayloadError(f"the stored payload {payload.reason}.")
         if not isinstance(payload, dict):
             raise PayloadError(f"expected a JSON object, got {type(payload).__name__}.")
+        if len(payload) == 2:  # only args and kwargs (most rows): nothing else to check
+            args, kwargs = payload.get("args"), payload.get("kwargs")
+            if type(args) is list and type(kwargs) is dict:
+                return cls(args, kwargs)
         args = payload.get("args", [])
         kwargs = payload.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict):

@@ -100,6 +100,8 @@ class Outcome:
 
     @classmethod
     def done(cls, result: Any = None) -> Outcome:
+        if result is None and cls is Outcome:  # most jobs return nothing: one frozen instance
+            return _DONE
         return cls(Kind.DONE, result=result)
 
     @classmethod
@@ -145,3 +147,6 @@ STATES: dict[Kind, JobState] = {
     Kind.DONE: JobState.DONE, Kind.DROPPED: JobState.SKIPPED, Kind.RELEASED: JobState.RELEASED,
     Kind.DEFERRED: JobState.RELEASED, Kind.FAILED: JobState.FAILED,
     Kind.CANCELLED: JobState.CANCELLED}
+
+
+_DONE = Outcome(Kind.DONE)

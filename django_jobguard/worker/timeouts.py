@@ -9,9 +9,10 @@ or a blocking call gets it when that returns). A job still running :data:`GRACE`
 later is given up by the executor (see :mod:`django_jobguard.worker.executor`). The watchdog stays
 armed for the earliest hard limit of the registered jobs, armed by the job's own thread as
 it starts, so that a job that holds the GIL from its first instruction on (and so keeps the
-coordinator from running) still ends with the process. Jobs in the main thread and async
-jobs on the worker's loop register their hard limit too (:func:`watched`), so the watchdog
-is armed for the earliest hard limit of every job the process runs. Other threads (the
+coordinator from running) still ends with the process. The main thread's job (its own slot,
+:class:`_MainLimit`) and async jobs on the worker's loop (:func:`watched`) register their
+hard limit too, so the watchdog is armed for the earliest hard limit of every job the
+process runs. Other threads (the
 embedded worker) run without a time limit, as before."""
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
     timeout so cost one ``setitimer`` per timeout's length, not two system calls per job.
     """
 
-    __slots__ = ("seconds", "finished", "label", "_outer", "_inner")
+    __slots__ = ("seconds", "finished", "label", "_outer", "_inner", "_outer_hard")
 
     def __init__(self, seconds: float, *, finished: Callable[[], bool] = lambda: False,
                  label: str = "a job") -> None:
         self.seconds, self.finished, self.label = seconds, finished, label
         self._outer: _Alarm | None = None
         self._inner: Any = None
+        self._outer_hard: _MainLimit | None = None
 
     def __enter__(self) -> None:
         global _alarm
@@ -86,9 +88,9 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
         if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
             signal.signal(signal.SIGALRM, _on_alarm)
             _timer.at = None  # whatever timer was set, it was not ours
-        self._inner = watched(seconds, self.label)
-        self._inner.__enter__()
-        deadline = time.monotonic() + seconds
+        now = time.monotonic()
+        self._outer_hard = _enter_main(_MainLimit(now + hard_limit(seconds), self.label))
+        deadline = now + seconds
         self._outer, _alarm = _alarm, _Alarm(seconds, self.finished, deadline)
         _timer.arm_by(deadline)
 
@@ -97,12 +99,13 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
         if not self.seconds:
             return
         inner, self._inner = self._inner, None
-        if threading.current_thread() is threading.main_thread():
+        if inner is not None:  # a thread's limit
+            inner.__exit__(*exc_info)
+        elif threading.current_thread() is threading.main_thread():
             _alarm = self._outer  # the timer stays set: see the class's docstring
             if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
                 clear_timer()  # the job changed the handler: a late alarm must not reach it
-        if inner is not None:
-            inner.__exit__(*exc_info)
+            _exit_main(self._outer_hard)
 
 
 @dataclass
@@ -186,10 +189,10 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 class watched:  # noqa: N801 (a context manager used as a function)
     """Only the watchdog's hard limit, for a job run in this block (``seconds`` is its
-    timeout; 0: none): the main thread's job, whose timeout is SIGALRM, and an async job on
-    the worker's loop, whose timeout cancels its task. Every job of the process with a limit
-    registers it, so that the watchdog is armed for the earliest (async jobs run many at
-    once, beside a sync one)."""
+    timeout; 0: none): an async job on the worker's loop, whose timeout cancels its task
+    (the main thread's job registers its own in :class:`time_limit`). Every job of the
+    process with a limit registers it, so that the watchdog is armed for the earliest (async
+    jobs run many at once, beside a sync one)."""
 
     __slots__ = ("seconds", "label", "_limit")
 
@@ -245,11 +248,49 @@ class ThreadLimit:
         self.hard_deadline = self.deadline - self.seconds + hard_limit(self.seconds)
 
 
+class _MainLimit:
+    """The hard limit of the job running in the main thread (under SIGALRM): kept apart
+    from :data:`_limits`, so that a worker running one job at a time writes the watchdog's
+    page as the job starts and ends and does nothing else (no key, no dict, no scan)."""
+
+    __slots__ = ("hard_deadline", "label")
+    abandoned = False
+
+    def __init__(self, hard_deadline: float, label: str) -> None:
+        self.hard_deadline, self.label = hard_deadline, label
+
+
 _limits: dict[int, ThreadLimit] = {}
 _keys = itertools.count(1)
 _limits_lock = threading.Lock()
 _local = threading.local()
-_armed: ThreadLimit | None = None  # the limit the watchdog is armed for
+#: The main thread's job's hard limit (see :class:`time_limit`), if it has one.
+_main_limit: _MainLimit | None = None
+_armed: ThreadLimit | _MainLimit | None = None  # the limit the watchdog is armed for
+
+
+def _enter_main(limit: _MainLimit) -> _MainLimit | None:
+    """The main thread's job starts under ``limit``; returns the one it replaces (a job
+    run inside another's, as ``dispatch_sync()`` in a job does)."""
+    global _main_limit
+    with _limits_lock:
+        outer, _main_limit = _main_limit, limit
+        if _limits or outer is not None:
+            _rearm()
+        else:  # the only limit of the process (the solo worker's every job)
+            _arm(limit)
+    return outer
+
+
+def _exit_main(outer: _MainLimit | None) -> None:
+    """The main thread's job ended; ``outer`` is its limit again (see :func:`_enter_main`)."""
+    global _main_limit
+    with _limits_lock:
+        _main_limit = outer
+        if _limits or outer is not None:
+            _rearm()
+        else:
+            _arm(None)
 
 
 def enforce_in_this_thread() -> None:
@@ -265,22 +306,27 @@ def abandon(limit: ThreadLimit) -> None:
 
 
 def _rearm() -> None:
-    """Arm the watchdog for the earliest hard limit of the jobs running in threads, or disarm
-    it when there is none (under ``_limits_lock``)."""
-    global _armed
-    earliest = None
+    """Arm the watchdog for the earliest hard limit of the running jobs (the main thread's
+    and those in :data:`_limits`), or disarm it when there is none (under ``_limits_lock``)."""
+    earliest: ThreadLimit | _MainLimit | None = _main_limit
     for limit in _limits.values():
         if not limit.abandoned and (earliest is None
                                     or limit.hard_deadline < earliest.hard_deadline):
             earliest = limit
-    if earliest is _armed:
+    _arm(earliest)
+
+
+def _arm(limit: ThreadLimit | _MainLimit | None) -> None:
+    """Arm the watchdog for ``limit``, or disarm it for ``None`` (under ``_limits_lock``)."""
+    global _armed
+    if limit is _armed:
         return
     dog = watchdog.for_this_process()
-    if earliest is None:
+    if limit is None:
         dog.disarm()
     else:
-        dog.arm(max(earliest.hard_deadline - time.monotonic(), 0.0), earliest.label)
-    _armed = earliest
+        dog.arm(max(limit.hard_deadline - time.monotonic(), 0.0), limit.label)
+    _armed = limit
 
 
 @contextmanager

@@ -68,7 +68,9 @@ class Watchdog:
     def arm(self, seconds: float, label: str) -> None:
         """Kill this worker if the job ``label`` is still running ``seconds`` from now."""
         self._ensure_running()
-        self._write(time.monotonic() + seconds, seconds, " ".join(label.split()))
+        if not label.isprintable():  # one line in the watchdog's message
+            label = " ".join(label.split())
+        self._write(time.monotonic() + seconds, seconds, label)
 
     def disarm(self) -> None:
         """The job ended in time."""

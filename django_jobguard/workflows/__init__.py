@@ -21,6 +21,8 @@ SUCCEEDED, FAILED, SKIPPED = batches.SUCCEEDED, batches.FAILED, batches.SKIPPED
 
 def involved(payload: Any) -> bool:
     """Is this job a chain link or a batch member (so finishing it needs a transaction)?"""
+    if type(payload) is dict:  # a row's decoded JSON: asked several times a job
+        return chains.MARKER in payload or batches.MARKER in payload
     return isinstance(payload, Mapping) and any(key in payload for key in _KEYS)
 
 
@@ -41,8 +43,7 @@ def counted(batch_id: str, counts: tuple[int, int] | None, *,
 
 def skip_reason(payload: Any, *, using: str | None = None) -> str:
     """Why a job must not run although it is due (its batch was cancelled), or ``""``."""
-    using = queue_database(using)
-    if involved(payload) and batches.cancelled(payload, using=using):
+    if involved(payload) and batches.cancelled(payload, using=queue_database(using)):
         return "its batch was cancelled"
     return ""
 

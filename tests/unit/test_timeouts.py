@@ -48,6 +48,31 @@ def test_the_watchdog_is_armed_for_the_earliest_hard_limit_of_the_jobs_running(d
     assert dog.armed is None
 
 
+
+def test_the_main_threads_job_has_its_own_slot_beside_the_async_ones(dog):
+    """The main thread's job (under SIGALRM) arms the watchdog itself when it is the only
+    job (the solo worker's every job: no registration), and still counts beside async jobs
+    and inside another main-thread job (``dispatch_sync()`` in a job)."""
+    with timeouts.time_limit(30, label="main"):
+        assert dog.armed == "main" and dog.seconds == pytest.approx(timeouts.hard_limit(30),
+                                                                     abs=1)
+        assert not timeouts._limits  # nothing registered for it
+        with timeouts.watched(2, "async"):  # earlier: the async job is watched
+            assert dog.armed == "async"
+            with timeouts.time_limit(1, label="inner"):  # earlier still
+                assert dog.armed == "inner"
+            assert dog.armed == "async"
+        assert dog.armed == "main"
+        with timeouts.watched(60, "later async"):  # later: the main job stays armed
+            assert dog.armed == "main"
+        assert dog.armed == "main"
+    assert dog.armed is None
+    with timeouts.watched(60, "async"):
+        with timeouts.time_limit(30, label="main"):
+            assert dog.armed == "main"
+        assert dog.armed == "async"  # the main job ended: the async one is armed again
+    assert dog.armed is None and timeouts._main_limit is None
+
 def test_an_async_run_of_a_worker_arms_the_hard_limit_and_drain_does_not(dog):
     """A worker's pipeline (``hard_limits``, a jobworker's main thread) arms the watchdog
     around an async job's run; one without (``drain()``, inline mode) does not."""
