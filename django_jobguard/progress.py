@@ -121,6 +121,8 @@ class RunReporter:
 
     def close(self) -> None:
         """Stop the pending timer (the run ended; its row is about to go)."""
+        if self._timer is None and self._pending is None:  # (most runs report nothing)
+            return
         with self._lock:
             timer, self._timer, self._pending = self._timer, None, None
         if timer is not None:

@@ -161,15 +161,33 @@ class Completer:
         loop)."""
         with self._wake:
             self._starts.pop(entry.row.id, None)
-            self._finished.append(entry)
-            self._entered()
-            full = len(self._finished) >= self.batch_size
-            if full and (not write or not self._writing):
-                self._urgent = True
-                self._wake.notify()
-                return
+            full = self._append(entry, write)
         if full:  # the timer thread is writing the group before: this one is written here
             self.flush()
+
+    def join(self, entry: Finished, *, write: bool = True) -> bool:
+        """:meth:`add` ``entry`` if its ack may join the group (:meth:`groups`), asked and
+        done under one lock (a job's every lock counts); False, nothing done, otherwise."""
+        with self._wake:
+            if self._starts.pop(entry.row.id, None) is None:
+                return False
+            full = self._append(entry, write)
+        if full:
+            self.flush()
+        return True
+
+    def _append(self, entry: Finished, write: bool) -> bool:
+        """Under the lock: ``entry`` joins the group; whether the caller writes the group
+        now (full while the timer thread writes the one before; see :meth:`add`)."""
+        self._finished.append(entry)
+        self._entered()
+        if len(self._finished) < self.batch_size:
+            return False
+        if not write or not self._writing:
+            self._urgent = True
+            self._wake.notify()
+            return False
+        return True
 
     def held(self) -> set[Any]:
         """Ids of the finished rows waiting for their group (the heartbeat renews them)."""

@@ -24,6 +24,7 @@ worker's async executor runs :meth:`Pipeline.begin` (0–2) in its coordinator a
 
 from __future__ import annotations
 
+import datetime
 import enum
 import logging
 import random
@@ -89,6 +90,9 @@ STORE_OUTAGE_JITTER = 3.0
 STORE_OUTAGE_PAUSE = 1.0
 
 MISSING_MODEL = "missing_model"
+#: What :meth:`RetryPolicy.out_of_attempts` is given as now for a policy without a deadline
+#: (which does not read it).
+_NO_TIME = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 Log = Callable[[str, str], None]
 
@@ -288,11 +292,13 @@ class Pipeline:
         if completer is None or not aio.on_worker_loop():
             return None
         outcome = self._outcome(row, job, result)
-        if not _groupable(row, job, outcome, completer):
+        if not _may_group(row, job, outcome):
             return None
-        completer.ran(row.name, ran)
-        completer.add(Finished(row, job, outcome, time.monotonic() - started,
-                               acked=self._group_acked, lost=self._group_lost), write=False)
+        completer.ran(row.name, ran)  # (apply() sets it again if the group does not take it)
+        if not completer.join(Finished(row, job, outcome, time.monotonic() - started,
+                                       acked=self._group_acked, lost=self._group_lost),
+                              write=False):
+            return None
         return GROUPED
 
     def _finish(self, row: QueuedJob, job: JobLike, result: Any, error: BaseException | None,
@@ -393,7 +399,10 @@ class Pipeline:
         skip = workflows.skip_reason(row.payload, using=self.using)
         if skip:  # e.g. its batch was cancelled
             return self.apply(row, job, Outcome.cancelled(skip), started)
-        ended = job.context.policy.out_of_attempts(row.attempts, clock.now())
+        policy = job.context.policy
+        # (now only for a deadline: a datetime a job is a cost every job pays)
+        ended = policy.out_of_attempts(
+            row.attempts, clock.now() if policy.retry_until is not None else _NO_TIME)
         if ended:
             if row.wait_reason:
                 ended += f" while {row.wait_reason}"
@@ -529,7 +538,8 @@ class Pipeline:
         """Log RUNNING, send ``job_processing``, note the start time."""
         if self.log_running:
             self._log(row, JobState.RUNNING)
-        signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
+        if signals.job_processing.receivers:
+            signals.job_processing.send(sender=type(job), job=job, job_id=job.job_id)
         job.context.started_at = clock.now()
 
     @staticmethod
@@ -616,9 +626,9 @@ class Pipeline:
         completer = self.completer
         if completer is not None:
             completer.ran(row.name, time.monotonic() - started if ran is None else ran)
-            if job is not None and _groupable(row, job, outcome, completer):
-                completer.add(Finished(row, job, outcome, time.monotonic() - started,
-                                       acked=self._group_acked, lost=self._group_lost))
+            if job is not None and _may_group(row, job, outcome) and completer.join(
+                    Finished(row, job, outcome, time.monotonic() - started,
+                             acked=self._group_acked, lost=self._group_lost)):
                 return GROUPED
             completer.take_start(row)
             if then is not None and completer.defers(then):
@@ -774,11 +784,12 @@ class Pipeline:
         return state
 
 
-def _groupable(row: QueuedJob, job: JobLike, outcome: Outcome, completer: Completer) -> bool:
+def _may_group(row: QueuedJob, job: JobLike, outcome: Outcome) -> bool:
     """Whether ``outcome`` is only an ack that may join the completion group: done or
-    skipped, no result kept, no chain or batch, its start deferred and not written."""
+    skipped, no result kept, no chain or batch (and, asked by :meth:`Completer.join`, its
+    start deferred and not written)."""
     return (outcome.kind in (Kind.DONE, Kind.DROPPED) and not job.keep_result
-            and not workflows.involved(row.payload) and completer.groups(row))
+            and not workflows.involved(row.payload))
 
 
 def _rebuilt_from_arguments(job_class: Any) -> bool:

@@ -85,6 +85,32 @@ def test_a_start_is_written_by_the_first_group_after_it_ran_for_a_window(group, 
     assert group._dialect.groups[-1] == ([], [young.id])
 
 
+
+def test_join_takes_an_ack_only_while_its_start_waits_in_the_group(group, clock):
+    """:meth:`Completer.join` asks :meth:`groups` and adds under one lock: a row whose
+    start was written on its own (it ran for a window) is acked on its own."""
+    from django_jobguard.outcome import Outcome
+    from django_jobguard.worker.completer import Finished
+
+    deferred, written = _row(), _row()
+    group.start(deferred)
+    group.start(written)
+    clock.now += WINDOW
+    group.flush()  # both ran for a window: their starts are written
+    assert group._dialect.groups == [([], [deferred.id, written.id])]
+    late = _row()
+    group.start(late)
+
+    def entry(row):
+        return Finished(row, None, Outcome.done(), 0.0, acked=lambda e: None,
+                        lost=lambda e: None)
+
+    assert not group.join(entry(written)) and group._finished == []
+    assert group.join(entry(late)) and [e.row for e in group._finished] == [late]
+    assert not group.groups(late)  # its start now goes with its ack
+    group.flush()
+    assert group._dialect.groups[-1] == ([late.id], [])
+
 def test_stopping_writes_every_deferred_start(group, clock):
     rows = [_row(), _row()]
     for row in rows:
