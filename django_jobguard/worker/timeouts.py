@@ -89,7 +89,8 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
             signal.signal(signal.SIGALRM, _on_alarm)
             _timer.at = None  # whatever timer was set, it was not ours
         now = time.monotonic()
-        self._outer_hard = _enter_main(_MainLimit(now + hard_limit(seconds), self.label))
+        hard = hard_limit(seconds)
+        self._outer_hard = _enter_main(_MainLimit(now + hard, hard, self.label))
         deadline = now + seconds
         self._outer, _alarm = _alarm, _Alarm(seconds, self.finished, deadline)
         _timer.arm_by(deadline)
@@ -253,11 +254,11 @@ class _MainLimit:
     from :data:`_limits`, so that a worker running one job at a time writes the watchdog's
     page as the job starts and ends and does nothing else (no key, no dict, no scan)."""
 
-    __slots__ = ("hard_deadline", "label")
+    __slots__ = ("hard_deadline", "seconds", "label")
     abandoned = False
 
-    def __init__(self, hard_deadline: float, label: str) -> None:
-        self.hard_deadline, self.label = hard_deadline, label
+    def __init__(self, hard_deadline: float, seconds: float, label: str) -> None:
+        self.hard_deadline, self.seconds, self.label = hard_deadline, seconds, label
 
 
 _limits: dict[int, ThreadLimit] = {}
@@ -272,25 +273,27 @@ _armed: ThreadLimit | _MainLimit | None = None  # the limit the watchdog is arme
 def _enter_main(limit: _MainLimit) -> _MainLimit | None:
     """The main thread's job starts under ``limit``; returns the one it replaces (a job
     run inside another's, as ``dispatch_sync()`` in a job does)."""
-    global _main_limit
+    global _main_limit, _armed
     with _limits_lock:
         outer, _main_limit = _main_limit, limit
         if _limits or outer is not None:
             _rearm()
         else:  # the only limit of the process (the solo worker's every job)
-            _arm(limit)
+            watchdog.for_this_process().start(limit.hard_deadline, limit.seconds, limit.label)
+            _armed = limit
     return outer
 
 
 def _exit_main(outer: _MainLimit | None) -> None:
     """The main thread's job ended; ``outer`` is its limit again (see :func:`_enter_main`)."""
-    global _main_limit
+    global _main_limit, _armed
     with _limits_lock:
         _main_limit = outer
         if _limits or outer is not None:
             _rearm()
-        else:
-            _arm(None)
+        elif _armed is not None:
+            watchdog.for_this_process().ended()
+            _armed = None
 
 
 def enforce_in_this_thread() -> None:

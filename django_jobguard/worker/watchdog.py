@@ -43,13 +43,21 @@ POLL = 0.2
 #: How often the worker checks, at an arm, that its watchdog is still alive.
 ALIVE_EVERY = 1.0
 
+#: A job of the worker's main thread started within this many seconds of the one the page is
+#: armed for keeps its deadline (the watchdog may kill that much before the job's own hard
+#: limit, still after its grace period): one write of its label per job, not a new deadline.
+SLACK = MARGIN / 2
+
 # The page: a sequence number (odd while the worker writes), the deadline (time.monotonic(),
 # one clock for every process of the machine; 0.0: disarmed), the seconds armed, the label's
-# length and bytes.
+# length and bytes; then one byte, 1 while the job armed for runs (0: it ended, the deadline
+# kept for the next job of the main thread, see Watchdog.start).
 _HEAD = struct.Struct("<Qddh")
 _SEQUENCE = struct.Struct("<Q")
 _BODY = struct.Struct("<ddh")
+_SECONDS_LENGTH = struct.Struct("<dh")  # the seconds and the label's length
 _LABEL_MAX = 512
+_RUNNING = _HEAD.size + _LABEL_MAX
 _SIZE = mmap.PAGESIZE
 
 
@@ -64,18 +72,41 @@ class Watchdog:
         self._page: mmap.mmap | None = None
         self._sequence = 0
         self._checked = 0.0
+        self._deadline = 0.0  # what the page holds
 
     def arm(self, seconds: float, label: str) -> None:
         """Kill this worker if the job ``label`` is still running ``seconds`` from now."""
         self._ensure_running()
-        if not label.isprintable():  # one line in the watchdog's message
-            label = " ".join(label.split())
-        self._write(time.monotonic() + seconds, seconds, label)
+        self._write(time.monotonic() + seconds, seconds, _one_line(label))
 
     def disarm(self) -> None:
         """The job ended in time."""
         if self._page is not None:
             self._write(0.0, 0.0, "")
+
+    def start(self, deadline: float, seconds: float, label: str) -> None:
+        """:meth:`arm` for the job of the worker's main thread, when no other job is armed
+        (``deadline``: ``time.monotonic()`` then). A deadline armed for an earlier job of
+        that thread that is at most :data:`SLACK` earlier is kept: only the label, the
+        seconds and the running flag are written (a solo worker runs thousands of jobs a
+        second; rewriting the armed record for each was a tenth of a no-op job)."""
+        self._ensure_running()
+        page = self._page
+        assert page is not None  # mapped by _ensure_running
+        if not deadline - SLACK <= self._deadline <= deadline:
+            self._write(deadline, seconds, _one_line(label))
+            return
+        # Outside the sequence: the watchdog reads the label only to name a job it kills,
+        # when this thread is stuck in it, not writing.
+        data = _one_line(label).encode()[:_LABEL_MAX]
+        page[_HEAD.size:_HEAD.size + len(data)] = data
+        _SECONDS_LENGTH.pack_into(page, _HEAD.size - _SECONDS_LENGTH.size, seconds, len(data))
+        page[_RUNNING] = 1
+
+    def ended(self) -> None:
+        """The job of :meth:`start` ended in time: the page keeps its deadline, not running."""
+        if self._page is not None:
+            self._page[_RUNNING] = 0
 
     def close(self) -> None:
         """Stop the watchdog (closing the pipe ends it)."""
@@ -94,8 +125,10 @@ class Watchdog:
         if data:
             page[_HEAD.size:_HEAD.size + len(data)] = data
         _BODY.pack_into(page, _SEQUENCE.size, deadline, seconds, len(data))
+        page[_RUNNING] = 1 if deadline else 0
         self._sequence = sequence + 1
         _SEQUENCE.pack_into(page, 0, sequence + 1)
+        self._deadline = deadline
 
     def _ensure_running(self) -> None:
         now = time.monotonic()
@@ -111,6 +144,7 @@ class Watchdog:
             file.truncate(_SIZE)
             self._page = mmap.mmap(file.fileno(), _SIZE)
             self._sequence = 0
+            self._deadline = 0.0
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(self.pid),
                  str(file.fileno())],
@@ -142,14 +176,20 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def _one_line(label: str) -> str:
+    return label if label.isprintable() else " ".join(label.split())
+
+
 def _read(page: mmap.mmap) -> tuple[float, float, str]:
-    """The armed deadline, seconds and label, as one write of the worker left them (all 0
-    and empty while the worker is writing: the next look reads them)."""
+    """The armed deadline (0 when none, or when its job is not running), seconds and label,
+    as one write of the worker left them (all 0 and empty while the worker is writing: the
+    next look reads them)."""
     for _ in range(10):
         before, deadline, seconds, length = _HEAD.unpack_from(page)
         label = page[_HEAD.size:_HEAD.size + max(0, min(length, _LABEL_MAX))]
+        running = page[_RUNNING]
         if before % 2 == 0 and struct.unpack_from("<Q", page)[0] == before:
-            return deadline, seconds, label.decode(errors="replace")
+            return (deadline if running else 0.0), seconds, label.decode(errors="replace")
         time.sleep(0.001)
     return 0.0, 0.0, ""
 

@@ -27,6 +27,12 @@ class FakeDog:
     def disarm(self) -> None:
         self.armed = None
 
+    def start(self, deadline: float, seconds: float, label: str) -> None:
+        self.armed, self.seconds = label, seconds
+
+    def ended(self) -> None:
+        self.armed = None
+
 
 @pytest.fixture
 def dog(monkeypatch):

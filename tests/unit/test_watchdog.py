@@ -59,3 +59,31 @@ def test_a_watchdog_killed_by_hand_is_replaced_at_a_later_arm(sleeper, monkeypat
     dog.arm(0.2, "tests.Stuck [2]")  # a new watchdog, reading a new page
     assert dog._proc is not first
     assert sleeper.wait(timeout=20) == -signal.SIGKILL
+
+
+def test_the_main_threads_jobs_keep_a_deadline_within_the_slack_and_name_the_job_killed(
+        sleeper):
+    """``start()``/``ended()`` (the main thread's jobs, nothing else armed): a job that ended
+    is never killed although its deadline stays on the page; the next job started within
+    :data:`SLACK` of it keeps that deadline, and a kill names that next job."""
+    import time
+
+    from django_jobguard.worker import watchdog
+
+    dog = Watchdog(pid=sleeper.pid)
+    deadline = time.monotonic() + 0.4
+    dog.start(deadline, 0.4, "tests.Quick [1]")
+    armed = dog._sequence
+    dog.ended()
+    assert watchdog._read(dog._page) == (0.0, 0.4, "tests.Quick [1]")  # not running
+    time.sleep(0.8)  # past its deadline: the ended job's process lives
+    assert sleeper.poll() is None
+    second = time.monotonic() + 0.5
+    dog.start(second, 0.5, "tests.Stuck [2]")  # its deadline is past the slack: written
+    assert dog._sequence > armed and dog._deadline == second
+    dog.ended()
+    dog.start(second + watchdog.SLACK / 10, 0.5, "tests.Stuck [3]")  # within the slack
+    assert dog._deadline == second  # kept: only the label, seconds and flag written
+    assert watchdog._read(dog._page) == (second, 0.5, "tests.Stuck [3]")
+    assert sleeper.wait(timeout=20) == -signal.SIGKILL
+    assert dog._proc.wait(timeout=20) == 0
