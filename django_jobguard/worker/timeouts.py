@@ -248,17 +248,22 @@ class ThreadLimit:
     def __post_init__(self) -> None:
         self.hard_deadline = self.deadline - self.seconds + hard_limit(self.seconds)
 
+    @property
+    def hard_seconds(self) -> float:
+        """Seconds after its start at which the watchdog kills (its message says them)."""
+        return hard_limit(self.seconds)
+
 
 class _MainLimit:
     """The hard limit of the job running in the main thread (under SIGALRM): kept apart
     from :data:`_limits`, so that a worker running one job at a time writes the watchdog's
     page as the job starts and ends and does nothing else (no key, no dict, no scan)."""
 
-    __slots__ = ("hard_deadline", "seconds", "label")
+    __slots__ = ("hard_deadline", "hard_seconds", "label")
     abandoned = False
 
-    def __init__(self, hard_deadline: float, seconds: float, label: str) -> None:
-        self.hard_deadline, self.seconds, self.label = hard_deadline, seconds, label
+    def __init__(self, hard_deadline: float, hard_seconds: float, label: str) -> None:
+        self.hard_deadline, self.hard_seconds, self.label = hard_deadline, hard_seconds, label
 
 
 _limits: dict[int, ThreadLimit] = {}
@@ -273,27 +278,25 @@ _armed: ThreadLimit | _MainLimit | None = None  # the limit the watchdog is arme
 def _enter_main(limit: _MainLimit) -> _MainLimit | None:
     """The main thread's job starts under ``limit``; returns the one it replaces (a job
     run inside another's, as ``dispatch_sync()`` in a job does)."""
-    global _main_limit, _armed
+    global _main_limit
     with _limits_lock:
         outer, _main_limit = _main_limit, limit
         if _limits or outer is not None:
             _rearm()
         else:  # the only limit of the process (the solo worker's every job)
-            watchdog.for_this_process().start(limit.hard_deadline, limit.seconds, limit.label)
-            _armed = limit
+            _arm(limit)
     return outer
 
 
 def _exit_main(outer: _MainLimit | None) -> None:
     """The main thread's job ended; ``outer`` is its limit again (see :func:`_enter_main`)."""
-    global _main_limit, _armed
+    global _main_limit
     with _limits_lock:
         _main_limit = outer
         if _limits or outer is not None:
             _rearm()
-        elif _armed is not None:
-            watchdog.for_this_process().ended()
-            _armed = None
+        else:
+            _arm(None)
 
 
 def enforce_in_this_thread() -> None:
@@ -320,15 +323,18 @@ def _rearm() -> None:
 
 
 def _arm(limit: ThreadLimit | _MainLimit | None) -> None:
-    """Arm the watchdog for ``limit``, or disarm it for ``None`` (under ``_limits_lock``)."""
+    """Arm the watchdog for ``limit``, or disarm it for ``None`` (under ``_limits_lock``):
+    :meth:`Watchdog.start` and :meth:`Watchdog.ended`, which keep the armed deadline when
+    the next limit's is at most ``watchdog.SLACK`` later (jobs of one timeout started one
+    after the other, on the main thread or the loop, rewrite only their label)."""
     global _armed
     if limit is _armed:
         return
     dog = watchdog.for_this_process()
     if limit is None:
-        dog.disarm()
+        dog.ended()
     else:
-        dog.arm(max(limit.hard_deadline - time.monotonic(), 0.0), limit.label)
+        dog.start(limit.hard_deadline, limit.hard_seconds, limit.label)
     _armed = limit
 
 

@@ -85,11 +85,11 @@ class Watchdog:
             self._write(0.0, 0.0, "")
 
     def start(self, deadline: float, seconds: float, label: str) -> None:
-        """:meth:`arm` for the job of the worker's main thread, when no other job is armed
-        (``deadline``: ``time.monotonic()`` then). A deadline armed for an earlier job of
-        that thread that is at most :data:`SLACK` earlier is kept: only the label, the
-        seconds and the running flag are written (a solo worker runs thousands of jobs a
-        second; rewriting the armed record for each was a tenth of a no-op job)."""
+        """:meth:`arm` by a deadline (``time.monotonic()``; ``seconds``: the job's hard
+        limit, for the message). A deadline armed before that is at most :data:`SLACK`
+        earlier is kept: only the label, the seconds and the running flag are written (a
+        solo worker runs thousands of jobs a second; rewriting the armed record for each
+        was a tenth of a no-op job)."""
         self._ensure_running()
         page = self._page
         assert page is not None  # mapped by _ensure_running
@@ -104,7 +104,8 @@ class Watchdog:
         page[_RUNNING] = 1
 
     def ended(self) -> None:
-        """The job of :meth:`start` ended in time: the page keeps its deadline, not running."""
+        """:meth:`disarm`, keeping the deadline on the page (not running) for the next
+        :meth:`start`."""
         if self._page is not None:
             self._page[_RUNNING] = 0
 
