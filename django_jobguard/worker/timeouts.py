@@ -10,7 +10,7 @@ later is given up by the executor (see :mod:`django_jobguard.worker.executor`). 
 armed for the earliest hard limit of the registered jobs, armed by the job's own thread as
 it starts, so that a job that holds the GIL from its first instruction on (and so keeps the
 coordinator from running) still ends with the process. The main thread's job (its own slot,
-:class:`_MainLimit`) and async jobs on the worker's loop (:func:`watched`) register their
+:class:`_HardLimit`) and async jobs on the worker's loop (:func:`watched`) register their
 hard limit too, so the watchdog is armed for the earliest hard limit of every job the
 process runs. Other threads (the
 embedded worker) run without a time limit, as before."""
@@ -71,7 +71,7 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
         self.seconds, self.finished, self.label = seconds, finished, label
         self._outer: _Alarm | None = None
         self._inner: Any = None
-        self._outer_hard: _MainLimit | None = None
+        self._outer_hard: _HardLimit | None = None
 
     def __enter__(self) -> None:
         global _alarm
@@ -90,7 +90,7 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
             _timer.at = None  # whatever timer was set, it was not ours
         now = time.monotonic()
         hard = hard_limit(seconds)
-        self._outer_hard = _enter_main(_MainLimit(now + hard, hard, self.label))
+        self._outer_hard = _enter_main(_HardLimit(now + hard, hard, self.label))
         deadline = now + seconds
         self._outer, _alarm = _alarm, _Alarm(seconds, self.finished, deadline)
         _timer.arm_by(deadline)
@@ -195,18 +195,19 @@ class watched:  # noqa: N801 (a context manager used as a function)
     process with a limit registers it, so that the watchdog is armed for the earliest (async
     jobs run many at once, beside a sync one)."""
 
-    __slots__ = ("seconds", "label", "_limit")
+    __slots__ = ("seconds", "label", "_limit", "_key")
 
     def __init__(self, seconds: float, label: str) -> None:
         self.seconds, self.label = seconds, label
-        self._limit: ThreadLimit | None = None
+        self._limit: _HardLimit | None = None
+        self._key = 0
 
     def __enter__(self) -> None:
         if not self.seconds:
             return
-        key = -next(_keys)  # never a thread's id: the coordinator raises nothing for it
-        limit = self._limit = ThreadLimit(key, self.seconds, time.monotonic() + self.seconds,
-                                          _never, self.label)
+        key = self._key = -next(_keys)  # never a thread's id: the coordinator raises nothing
+        hard = hard_limit(self.seconds)  # for it (only the hard limit: no ThreadLimit)
+        limit = self._limit = _HardLimit(time.monotonic() + hard, hard, self.label)
         with _limits_lock:
             _limits[key] = limit
             if _armed is None or limit.hard_deadline < _armed.hard_deadline:
@@ -217,12 +218,8 @@ class watched:  # noqa: N801 (a context manager used as a function)
         if limit is None:
             return
         with _limits_lock:
-            if _limits.pop(limit.thread_id, None) is limit and _armed is limit:
+            if _limits.pop(self._key, None) is limit and _armed is limit:
                 _rearm()
-
-
-def _never() -> bool:
-    return False
 
 
 # -- limits of jobs running in other threads -----------------------------------------------
@@ -254,10 +251,11 @@ class ThreadLimit:
         return hard_limit(self.seconds)
 
 
-class _MainLimit:
-    """The hard limit of the job running in the main thread (under SIGALRM): kept apart
-    from :data:`_limits`, so that a worker running one job at a time writes the watchdog's
-    page as the job starts and ends and does nothing else (no key, no dict, no scan)."""
+class _HardLimit:
+    """Only a hard limit (the watchdog's): the main thread's job's (under SIGALRM), kept
+    apart from :data:`_limits` so that a worker running one job at a time writes the
+    watchdog's page as the job starts and ends and does nothing else (no key, no dict, no
+    scan), and a :class:`watched` async job's (no thread to raise a timeout into)."""
 
     __slots__ = ("hard_deadline", "hard_seconds", "label")
     abandoned = False
@@ -266,16 +264,16 @@ class _MainLimit:
         self.hard_deadline, self.hard_seconds, self.label = hard_deadline, hard_seconds, label
 
 
-_limits: dict[int, ThreadLimit] = {}
+_limits: dict[int, ThreadLimit | _HardLimit] = {}
 _keys = itertools.count(1)
 _limits_lock = threading.Lock()
 _local = threading.local()
 #: The main thread's job's hard limit (see :class:`time_limit`), if it has one.
-_main_limit: _MainLimit | None = None
-_armed: ThreadLimit | _MainLimit | None = None  # the limit the watchdog is armed for
+_main_limit: _HardLimit | None = None
+_armed: ThreadLimit | _HardLimit | None = None  # the limit the watchdog is armed for
 
 
-def _enter_main(limit: _MainLimit) -> _MainLimit | None:
+def _enter_main(limit: _HardLimit) -> _HardLimit | None:
     """The main thread's job starts under ``limit``; returns the one it replaces (a job
     run inside another's, as ``dispatch_sync()`` in a job does)."""
     global _main_limit
@@ -288,7 +286,7 @@ def _enter_main(limit: _MainLimit) -> _MainLimit | None:
     return outer
 
 
-def _exit_main(outer: _MainLimit | None) -> None:
+def _exit_main(outer: _HardLimit | None) -> None:
     """The main thread's job ended; ``outer`` is its limit again (see :func:`_enter_main`)."""
     global _main_limit
     with _limits_lock:
@@ -314,7 +312,7 @@ def abandon(limit: ThreadLimit) -> None:
 def _rearm() -> None:
     """Arm the watchdog for the earliest hard limit of the running jobs (the main thread's
     and those in :data:`_limits`), or disarm it when there is none (under ``_limits_lock``)."""
-    earliest: ThreadLimit | _MainLimit | None = _main_limit
+    earliest: ThreadLimit | _HardLimit | None = _main_limit
     for limit in _limits.values():
         if not limit.abandoned and (earliest is None
                                     or limit.hard_deadline < earliest.hard_deadline):
@@ -322,7 +320,7 @@ def _rearm() -> None:
     _arm(earliest)
 
 
-def _arm(limit: ThreadLimit | _MainLimit | None) -> None:
+def _arm(limit: ThreadLimit | _HardLimit | None) -> None:
     """Arm the watchdog for ``limit``, or disarm it for ``None`` (under ``_limits_lock``):
     :meth:`Watchdog.start` and :meth:`Watchdog.ended`, which keep the armed deadline when
     the next limit's is at most ``watchdog.SLACK`` later (jobs of one timeout started one
@@ -366,7 +364,8 @@ def forget_thread_limit() -> None:
 def thread_limit(thread_id: int) -> ThreadLimit | None:
     """The limit of the job running in the thread ``thread_id`` now, if it has one."""
     with _limits_lock:
-        return _limits.get(thread_id)
+        limit = _limits.get(thread_id)
+    return limit if isinstance(limit, ThreadLimit) else None
 
 
 def overdue_threads(thread_ids: Container[int], now: float | None = None) -> list[ThreadLimit]:
@@ -374,7 +373,8 @@ def overdue_threads(thread_ids: Container[int], now: float | None = None) -> lis
     now = time.monotonic() if now is None else now
     with _limits_lock:
         return [limit for ident, limit in _limits.items()
-                if ident in thread_ids and not limit.raised and limit.deadline <= now]
+                if ident in thread_ids and isinstance(limit, ThreadLimit) and not limit.raised
+                and limit.deadline <= now]
 
 
 class ThreadTimeoutError(JobTimeoutError):
