@@ -258,7 +258,9 @@ class Pipeline:
             job = self.rebuild(row)
         except Exception:  # e.g. the job's constructor used the ORM: all again off the loop
             return STARTED
-        if job.context.policy.out_of_attempts(row.attempts, clock.now()):
+        policy = job.context.policy
+        if policy.out_of_attempts(
+                row.attempts, clock.now() if policy.retry_until is not None else _NO_TIME):
             job.context.close_reporter()
             return STARTED  # failed off the loop
         self._starting(row, job)
