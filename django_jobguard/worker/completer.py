@@ -153,32 +153,24 @@ class Completer:
         with self._lock:
             return row.id in self._starts
 
-    def add(self, entry: Finished, *, write: bool = True) -> None:
-        """``entry`` finished: its ack joins the group. A full group is written at once by
+    def join(self, entry: Finished, *, write: bool = True) -> bool:
+        """``entry`` finished: its ack joins the group if it may (:meth:`groups`, asked under
+        the same lock); False, nothing done, otherwise. A full group is written at once by
         the timer thread, woken for it, so that the job's thread goes on to its next job
         while the statement runs; by this thread only when the timer thread is still writing
         the group before (at most two groups in flight) and ``write`` (not on the event
         loop)."""
         with self._wake:
-            self._starts.pop(entry.row.id, None)
-            full = self._append(entry, write)
-        if full:  # the timer thread is writing the group before: this one is written here
-            self.flush()
-
-    def join(self, entry: Finished, *, write: bool = True) -> bool:
-        """:meth:`add` ``entry`` if its ack may join the group (:meth:`groups`), asked and
-        done under one lock (a job's every lock counts); False, nothing done, otherwise."""
-        with self._wake:
             if self._starts.pop(entry.row.id, None) is None:
                 return False
             full = self._append(entry, write)
-        if full:
+        if full:  # the timer thread is writing the group before: this one is written here
             self.flush()
         return True
 
     def _append(self, entry: Finished, write: bool) -> bool:
         """Under the lock: ``entry`` joins the group; whether the caller writes the group
-        now (full while the timer thread writes the one before; see :meth:`add`)."""
+        now (full while the timer thread writes the one before; see :meth:`join`)."""
         self._finished.append(entry)
         self._entered()
         if len(self._finished) < self.batch_size:

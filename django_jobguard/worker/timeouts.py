@@ -257,11 +257,13 @@ class _HardLimit:
     watchdog's page as the job starts and ends and does nothing else (no key, no dict, no
     scan), and a :class:`watched` async job's (no thread to raise a timeout into)."""
 
-    __slots__ = ("hard_deadline", "hard_seconds", "label")
+    __slots__ = ("hard_deadline", "hard_seconds", "label", "outer")
     abandoned = False
 
     def __init__(self, hard_deadline: float, hard_seconds: float, label: str) -> None:
         self.hard_deadline, self.hard_seconds, self.label = hard_deadline, hard_seconds, label
+        #: The main thread's limit this one runs inside (``drain()`` in a job), still counted.
+        self.outer: _HardLimit | None = None
 
 
 _limits: dict[int, ThreadLimit | _HardLimit] = {}
@@ -274,11 +276,12 @@ _armed: ThreadLimit | _HardLimit | None = None  # the limit the watchdog is arme
 
 
 def _enter_main(limit: _HardLimit) -> _HardLimit | None:
-    """The main thread's job starts under ``limit``; returns the one it replaces (a job
-    run inside another's, as ``dispatch_sync()`` in a job does)."""
+    """The main thread's job starts under ``limit``; returns the one it runs inside (a job
+    run by ``drain()`` in a job), which the watchdog still counts."""
     global _main_limit
     with _limits_lock:
         outer, _main_limit = _main_limit, limit
+        limit.outer = outer
         if _limits or outer is not None:
             _rearm()
         else:  # the only limit of the process (the solo worker's every job)
@@ -312,7 +315,12 @@ def abandon(limit: ThreadLimit) -> None:
 def _rearm() -> None:
     """Arm the watchdog for the earliest hard limit of the running jobs (the main thread's
     and those in :data:`_limits`), or disarm it when there is none (under ``_limits_lock``)."""
-    earliest: ThreadLimit | _HardLimit | None = _main_limit
+    earliest: ThreadLimit | _HardLimit | None = None
+    main = _main_limit
+    while main is not None:  # the main thread's job, and those it runs inside
+        if earliest is None or main.hard_deadline < earliest.hard_deadline:
+            earliest = main
+        main = main.outer
     for limit in _limits.values():
         if not limit.abandoned and (earliest is None
                                     or limit.hard_deadline < earliest.hard_deadline):
@@ -324,15 +332,18 @@ def _arm(limit: ThreadLimit | _HardLimit | None) -> None:
     """Arm the watchdog for ``limit``, or disarm it for ``None`` (under ``_limits_lock``):
     :meth:`Watchdog.start` and :meth:`Watchdog.ended`, which keep the armed deadline when
     the next limit's is at most ``watchdog.SLACK`` later (jobs of one timeout started one
-    after the other, on the main thread or the loop, rewrite only their label)."""
+    after the other, on the main thread or the loop, rewrite only their label; not for an
+    executor thread's job, whose executor gives it up at its grace period: the watchdog
+    keeps its whole margin after that)."""
     global _armed
     if limit is _armed:
         return
     dog = watchdog.for_this_process()
     if limit is None:
         dog.ended()
-    else:
-        dog.start(limit.hard_deadline, limit.hard_seconds, limit.label)
+    else:  # (a thread's job keeps the whole margin: its executor gives it up first)
+        dog.start(limit.hard_deadline, limit.hard_seconds, limit.label,
+                  slack=0.0 if isinstance(limit, ThreadLimit) else watchdog.SLACK)
     _armed = limit
 
 

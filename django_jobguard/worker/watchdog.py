@@ -84,16 +84,17 @@ class Watchdog:
         if self._page is not None:
             self._write(0.0, 0.0, "")
 
-    def start(self, deadline: float, seconds: float, label: str) -> None:
+    def start(self, deadline: float, seconds: float, label: str, *,
+              slack: float = SLACK) -> None:
         """:meth:`arm` by a deadline (``time.monotonic()``; ``seconds``: the job's hard
-        limit, for the message). A deadline armed before that is at most :data:`SLACK`
-        earlier is kept: only the label, the seconds and the running flag are written (a
+        limit, for the message). A deadline armed before that is at most ``slack`` earlier
+        is kept: only the label, the seconds and the running flag are written (a
         solo worker runs thousands of jobs a second; rewriting the armed record for each
         was a tenth of a no-op job)."""
         self._ensure_running()
         page = self._page
         assert page is not None  # mapped by _ensure_running
-        if not deadline - SLACK <= self._deadline <= deadline:
+        if not deadline - slack <= self._deadline <= deadline:
             self._write(deadline, seconds, _one_line(label))
             return
         # Outside the sequence: the watchdog reads the label only to name a job it kills,

@@ -195,8 +195,10 @@ def test_a_group_filled_on_the_loop_is_written_by_the_timer_thread():
     from django_jobguard.worker.completer import Finished
 
     acked: list[str] = []
+    group.ran(NAME, 0.001)
     for row in rows:
-        group.add(Finished(row, None, None, 0.0, acked=lambda e: acked.append(
+        assert group.defer(row)  # as the loop defers its start
+        assert group.join(Finished(row, None, None, 0.0, acked=lambda e: acked.append(
             threading.current_thread().name), lost=lambda e: None), write=False)
     try:
         assert group._dialect.written.wait(10)

@@ -161,9 +161,13 @@ def test_a_full_group_is_written_by_the_timer_thread_and_the_next_by_its_job_thr
     group._dialect = Slow()
     acked: list = []
 
+    group.ran("tests.Fast", 0.001)
+
     def finish() -> QueuedJob:
         row = _row()
-        group.add(Finished(row, None, None, 0.0, acked=acked.append, lost=acked.append))
+        assert group.start(row)  # deferred: its ack may join the group
+        assert group.join(Finished(row, None, None, 0.0, acked=acked.append,
+                                   lost=acked.append))
         return row
 
     try:

@@ -5,6 +5,7 @@ loop (issue 27 item 2)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -27,7 +28,7 @@ class FakeDog:
     def disarm(self) -> None:
         self.armed = None
 
-    def start(self, deadline: float, seconds: float, label: str) -> None:
+    def start(self, deadline: float, seconds: float, label: str, *, slack: float) -> None:
         self.armed, self.seconds = label, seconds
 
     def ended(self) -> None:
@@ -78,6 +79,37 @@ def test_the_main_threads_job_has_its_own_slot_beside_the_async_ones(dog):
             assert dog.armed == "main"
         assert dog.armed == "async"  # the main job ended: the async one is armed again
     assert dog.armed is None and timeouts._main_limit is None
+    with timeouts.time_limit(10, label="outer"):  # drain() in a job: a later inner limit
+        with timeouts.time_limit(600, label="inner"):
+            assert dog.armed == "outer"  # the outer job still ends with its own limit
+            with timeouts.watched(2, "async"):
+                assert dog.armed == "async"
+            assert dog.armed == "outer"
+        assert dog.armed == "outer"
+    assert dog.armed is None and timeouts._main_limit is None
+
+
+def test_only_an_executor_threads_job_keeps_the_watchdogs_whole_margin(dog):
+    """The slack (a deadline armed at most ``SLACK`` earlier is kept) is for the main
+    thread's and the loop's jobs; an executor thread's job, given up by its executor at its
+    grace period, keeps the whole margin after that."""
+    slacks = []
+    dog.start = lambda deadline, seconds, label, slack: slacks.append((label, slack))
+    with timeouts.time_limit(30, label="main"):
+        pass
+    with timeouts.watched(30, "async"):
+        pass
+    done = threading.Event()
+
+    def in_a_thread():
+        timeouts.enforce_in_this_thread()  # an executor thread
+        with timeouts.time_limit(30, label="thread"):
+            pass
+        done.set()
+
+    threading.Thread(target=in_a_thread).start()
+    assert done.wait(10)
+    assert slacks == [("main", watchdog.SLACK), ("async", watchdog.SLACK), ("thread", 0.0)]
 
 def test_an_async_run_of_a_worker_arms_the_hard_limit_and_drain_does_not(dog):
     """A worker's pipeline (``hard_limits``, a jobworker's main thread) arms the watchdog
