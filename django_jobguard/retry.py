@@ -12,7 +12,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from django_jobguard import durations
+from django_jobguard import clock, durations
 from django_jobguard.conf import jobguard_settings
 
 
@@ -83,10 +83,12 @@ class RetryPolicy:
         """Seconds to wait before running again after attempt ``attempt`` raised."""
         return self.backoff[min(max(attempt, 1), len(self.backoff)) - 1]
 
-    def out_of_attempts(self, attempt: int, now: datetime.datetime) -> str:
+    def out_of_attempts(self, attempt: int, now: datetime.datetime | None = None) -> str:
         """Why a job taken again may not run, or ``""`` when it may: its deadline passed, or
-        this would be run ``tries + 1`` (the run before was released, or its worker died)."""
+        this would be run ``tries + 1`` (the run before was released, or its worker died).
+        ``now`` defaults to :func:`clock.now`, read only for a deadline (every job asks)."""
         if self.retry_until is not None:
+            now = clock.now() if now is None else now
             return f"retry deadline {when(self.retry_until, now)} passed" \
                 if now > self.retry_until else ""
         if 0 < self.tries < attempt:

@@ -24,7 +24,6 @@ worker's async executor runs :meth:`Pipeline.begin` (0–2) in its coordinator a
 
 from __future__ import annotations
 
-import datetime
 import enum
 import logging
 import random
@@ -90,9 +89,6 @@ STORE_OUTAGE_JITTER = 3.0
 STORE_OUTAGE_PAUSE = 1.0
 
 MISSING_MODEL = "missing_model"
-#: What :meth:`RetryPolicy.out_of_attempts` is given as now for a policy without a deadline
-#: (which does not read it).
-_NO_TIME = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 Log = Callable[[str, str], None]
 
@@ -258,9 +254,7 @@ class Pipeline:
             job = self.rebuild(row)
         except Exception:  # e.g. the job's constructor used the ORM: all again off the loop
             return STARTED
-        policy = job.context.policy
-        if policy.out_of_attempts(
-                row.attempts, clock.now() if policy.retry_until is not None else _NO_TIME):
+        if job.context.policy.out_of_attempts(row.attempts):
             job.context.close_reporter()
             return STARTED  # failed off the loop
         self._starting(row, job)
@@ -401,10 +395,7 @@ class Pipeline:
         skip = workflows.skip_reason(row.payload, using=self.using)
         if skip:  # e.g. its batch was cancelled
             return self.apply(row, job, Outcome.cancelled(skip), started)
-        policy = job.context.policy
-        # (now only for a deadline: a datetime a job is a cost every job pays)
-        ended = policy.out_of_attempts(
-            row.attempts, clock.now() if policy.retry_until is not None else _NO_TIME)
+        ended = job.context.policy.out_of_attempts(row.attempts)
         if ended:
             if row.wait_reason:
                 ended += f" while {row.wait_reason}"
