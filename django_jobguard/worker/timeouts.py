@@ -253,9 +253,8 @@ class ThreadLimit:
 
 class _HardLimit:
     """Only a hard limit (the watchdog's): the main thread's job's (under SIGALRM), kept
-    apart from :data:`_limits` so that a worker running one job at a time writes the
-    watchdog's page as the job starts and ends and does nothing else (no key, no dict, no
-    scan), and a :class:`watched` async job's (no thread to raise a timeout into)."""
+    apart from :data:`_limits` (no key, no dict entry per job of a worker running one at a
+    time), and a :class:`watched` async job's (no thread to raise a timeout into)."""
 
     __slots__ = ("hard_deadline", "hard_seconds", "label", "outer")
     abandoned = False
@@ -282,10 +281,7 @@ def _enter_main(limit: _HardLimit) -> _HardLimit | None:
     with _limits_lock:
         outer, _main_limit = _main_limit, limit
         limit.outer = outer
-        if _limits or outer is not None:
-            _rearm()
-        else:  # the only limit of the process (the solo worker's every job)
-            _arm(limit)
+        _rearm()
     return outer
 
 
@@ -294,10 +290,7 @@ def _exit_main(outer: _HardLimit | None) -> None:
     global _main_limit
     with _limits_lock:
         _main_limit = outer
-        if _limits or outer is not None:
-            _rearm()
-        else:
-            _arm(None)
+        _rearm()
 
 
 def enforce_in_this_thread() -> None:
