@@ -43,9 +43,9 @@ POLL = 0.2
 #: How often the worker checks, at an arm, that its watchdog is still alive.
 ALIVE_EVERY = 1.0
 
-#: A job of the worker's main thread started within this many seconds of the one the page is
-#: armed for keeps its deadline (the watchdog may kill that much before the job's own hard
-#: limit, still after its grace period): one write of its label per job, not a new deadline.
+#: A job whose hard limit comes at most this many seconds after the deadline the page is armed
+#: for keeps that deadline (the watchdog may kill that much before the job's own hard limit,
+#: still after its grace period): one write of its label per job, not a new deadline.
 SLACK = MARGIN / 2
 
 # The page: a sequence number (odd while the worker writes), the deadline (time.monotonic(),
@@ -62,8 +62,9 @@ _SIZE = mmap.PAGESIZE
 
 
 class Watchdog:
-    """The worker's side: ``arm()`` as a job with a time limit starts, ``disarm()`` as it
-    ends. The watchdog process starts on the first ``arm()`` and ends with the worker."""
+    """The worker's side: :meth:`start` as a job with a time limit starts, :meth:`ended` as
+    it ends. The watchdog process starts on the first :meth:`start` and ends with the
+    worker."""
 
     def __init__(self, pid: int | None = None) -> None:
         self.pid = pid or os.getpid()  # the process to kill
@@ -74,23 +75,13 @@ class Watchdog:
         self._checked = 0.0
         self._deadline = 0.0  # what the page holds
 
-    def arm(self, seconds: float, label: str) -> None:
-        """Kill this worker if the job ``label`` is still running ``seconds`` from now."""
-        self._ensure_running()
-        self._write(time.monotonic() + seconds, seconds, _one_line(label))
-
-    def disarm(self) -> None:
-        """The job ended in time."""
-        if self._page is not None:
-            self._write(0.0, 0.0, "")
-
     def start(self, deadline: float, seconds: float, label: str, *,
               slack: float = SLACK) -> None:
-        """:meth:`arm` by a deadline (``time.monotonic()``; ``seconds``: the job's hard
-        limit, for the message). A deadline armed before that is at most ``slack`` earlier
-        is kept: only the label, the seconds and the running flag are written (a
-        solo worker runs thousands of jobs a second; rewriting the armed record for each
-        was a tenth of a no-op job)."""
+        """Kill this worker if the job ``label`` is still running at ``deadline``
+        (``time.monotonic()``; ``seconds``: the job's hard limit, for the message). A
+        deadline armed before that is at most ``slack`` earlier is kept: only the label, the
+        seconds and the running flag are written (a solo worker runs thousands of jobs a
+        second; rewriting the armed record for each was a tenth of a no-op job)."""
         self._ensure_running()
         page = self._page
         assert page is not None  # mapped by _ensure_running
@@ -105,7 +96,7 @@ class Watchdog:
         page[_RUNNING] = 1
 
     def ended(self) -> None:
-        """:meth:`disarm`, keeping the deadline on the page (not running) for the next
+        """The job ended in time: not running, its deadline kept on the page for the next
         :meth:`start`."""
         if self._page is not None:
             self._page[_RUNNING] = 0
@@ -127,7 +118,7 @@ class Watchdog:
         if data:
             page[_HEAD.size:_HEAD.size + len(data)] = data
         _BODY.pack_into(page, _SEQUENCE.size, deadline, seconds, len(data))
-        page[_RUNNING] = 1 if deadline else 0
+        page[_RUNNING] = 1
         self._sequence = sequence + 1
         _SEQUENCE.pack_into(page, 0, sequence + 1)
         self._deadline = deadline

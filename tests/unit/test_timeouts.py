@@ -22,12 +22,6 @@ class FakeDog:
         self.armed: str | None = None
         self.seconds = 0.0
 
-    def arm(self, seconds: float, label: str) -> None:
-        self.armed, self.seconds = label, seconds
-
-    def disarm(self) -> None:
-        self.armed = None
-
     def start(self, deadline: float, seconds: float, label: str, *, slack: float) -> None:
         self.armed, self.seconds = label, seconds
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,7 +25,7 @@ def sleeper():
 
 def test_an_armed_deadline_that_passes_kills_the_process(sleeper):
     dog = Watchdog(pid=sleeper.pid)
-    dog.arm(0.2, "tests.Stuck [1]")
+    dog.start(time.monotonic() + 0.2, 0.2, "tests.Stuck [1]")
     assert sleeper.wait(timeout=20) == -signal.SIGKILL
     assert dog._proc.wait(timeout=20) == 0  # its work is done
 
@@ -32,8 +33,8 @@ def test_an_armed_deadline_that_passes_kills_the_process(sleeper):
 def test_a_disarmed_job_is_not_killed_and_closing_ends_the_watchdog(sleeper):
     dog = Watchdog(pid=sleeper.pid)
     for _ in range(3):
-        dog.arm(0.3, "tests.Quick [1]")
-        dog.disarm()
+        dog.start(time.monotonic() + 0.3, 0.3, "tests.Quick [1]")
+        dog.ended()
     proc = dog._proc
     dog.close()  # the pipe closes: the watchdog exits without killing
     assert proc.returncode == 0
@@ -42,7 +43,7 @@ def test_a_disarmed_job_is_not_killed_and_closing_ends_the_watchdog(sleeper):
 
 def test_ctrl_c_to_the_workers_process_group_does_not_reach_the_watchdog(sleeper):
     dog = Watchdog(pid=sleeper.pid)
-    dog.arm(60, "tests.Long [1]")
+    dog.start(time.monotonic() + 60, 60, "tests.Long [1]")
     assert os.getpgid(dog._proc.pid) != os.getpgid(0)
     dog.close()
 
@@ -52,11 +53,11 @@ def test_a_watchdog_killed_by_hand_is_replaced_at_a_later_arm(sleeper, monkeypat
 
     monkeypatch.setattr(watchdog, "ALIVE_EVERY", 0.0)
     dog = Watchdog(pid=sleeper.pid)
-    dog.arm(60, "tests.Long [1]")
+    dog.start(time.monotonic() + 60, 60, "tests.Long [1]")
     first = dog._proc
     first.kill()
     first.wait(timeout=20)
-    dog.arm(0.2, "tests.Stuck [2]")  # a new watchdog, reading a new page
+    dog.start(time.monotonic() + 0.2, 0.2, "tests.Stuck [2]")  # a new watchdog, reading a new page
     assert dog._proc is not first
     assert sleeper.wait(timeout=20) == -signal.SIGKILL
 
@@ -66,8 +67,6 @@ def test_the_main_threads_jobs_keep_a_deadline_within_the_slack_and_name_the_job
     """``start()``/``ended()`` (the main thread's jobs, nothing else armed): a job that ended
     is never killed although its deadline stays on the page; the next job started within
     :data:`SLACK` of it keeps that deadline, and a kill names that next job."""
-    import time
-
     from django_jobguard.worker import watchdog
 
     dog = Watchdog(pid=sleeper.pid)
