@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from django.conf import settings
+from django.core.signals import setting_changed
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -34,8 +36,37 @@ def set_offset(seconds: float) -> None:
 
 def now() -> datetime.datetime:
     """Python's now (aware), plus the test clock's offset."""
-    value = timezone.now()
+    if timezone.now is _django_now:  # (a test's patch of Django's now is honoured)
+        zone = _zone
+        if zone is _UNREAD:
+            zone = _read_zone()
+        value = datetime.datetime.now(zone)
+    else:
+        value = timezone.now()
     return value + datetime.timedelta(seconds=_offset) if _offset else value
+
+
+# ``timezone.now()`` without its read of ``settings.USE_TZ`` (a call through Django's lazy
+# settings object: a twentieth of a no-op job's run): the zone is read once, and again when
+# a test changes the setting.
+_django_now = timezone.now
+_UNREAD: Any = object()
+_zone: Any = _UNREAD
+
+
+def _read_zone() -> datetime.tzinfo | None:
+    global _zone
+    _zone = datetime.UTC if settings.USE_TZ else None
+    return _zone
+
+
+def _forget_zone(*, setting: str, **kwargs: Any) -> None:
+    global _zone
+    if setting == "USE_TZ":
+        _zone = _UNREAD
+
+
+setting_changed.connect(_forget_zone)
 
 
 def db_now() -> Any:

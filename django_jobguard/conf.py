@@ -224,6 +224,8 @@ class JobGuardSettings:
         return value if isinstance(value, dict) else {}
 
     def __getattr__(self, name: str) -> Any:
+        """A setting read the first time since the last :meth:`reload`; it is then kept as
+        an attribute of this object, which later reads find without calling this."""
         if name not in DEFAULTS:
             raise AttributeError(f"Invalid JOBGUARD setting: {name!r}")
         if self._cache is None:
@@ -232,10 +234,13 @@ class JobGuardSettings:
             if "STORES" in self.user_settings and isinstance(self.user_settings["STORES"], dict):
                 merged["STORES"] = {**DEFAULTS["STORES"], **self.user_settings["STORES"]}
             self._cache = merged
-        return self._cache[name]
+        value = self.__dict__[name] = self._cache[name]
+        return value
 
     def reload(self) -> None:
         self._cache = None
+        for name in DEFAULTS:
+            self.__dict__.pop(name, None)
 
 
 jobguard_settings = JobGuardSettings()

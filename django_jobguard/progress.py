@@ -57,17 +57,21 @@ class RunReporter:
     ``worker_id`` in ``using``, under its claim number ``claims`` when given), throttled to one
     database round trip a second each."""
 
+    # Until a run reports or asks (most never do), its reporter holds these class values:
+    # one is made for every run, so it sets only what differs.
+    _written_at = -INTERVAL
+    _pending: tuple[float, str] | None = None
+    _timer: threading.Timer | None = None
+    _checked_at = -INTERVAL
+    _cancelled = False
+    #: Progress writes made.
+    writes = 0
+
     def __init__(self, job_id: str, *, worker_id: str, using: str, claims: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id, self.worker_id, self.using, self.claims = job_id, worker_id, using, claims
         self._clock = clock
         self._lock = threading.Lock()
-        self._written_at = -INTERVAL
-        self._pending: tuple[float, str] | None = None
-        self._timer: threading.Timer | None = None
-        self._checked_at = -INTERVAL
-        self._cancelled = False
-        self.writes = 0
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report ``fraction`` (0 to 1) and ``message``; written now or within a second."""

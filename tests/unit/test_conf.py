@@ -102,3 +102,17 @@ def test_problem_words():
     assert seconds.problem(-1) == "must not be negative."
     assert seconds.accepts == "int or float >= 0, or None"
     assert Setting("M", 2, (int,), "two", at_least=2).problem(1) == "must be at least 2."
+
+
+def test_a_setting_read_is_kept_until_the_setting_changes():
+    """A read keeps the value as an attribute (later reads skip ``__getattr__``); a change of
+    ``JOBGUARD`` (``override_settings``, ``setting_changed``) drops what was kept."""
+    configured = jobguard_settings.MAX_PAYLOAD_BYTES
+    with override_settings(JOBGUARD={"MAX_PAYLOAD_BYTES": 1234}):
+        assert jobguard_settings.MAX_PAYLOAD_BYTES == 1234
+        assert vars(jobguard_settings)["MAX_PAYLOAD_BYTES"] == 1234
+        with override_settings(JOBGUARD={"MAX_PAYLOAD_BYTES": 99}):
+            assert "MAX_PAYLOAD_BYTES" not in vars(jobguard_settings)
+            assert jobguard_settings.MAX_PAYLOAD_BYTES == 99
+        assert jobguard_settings.MAX_PAYLOAD_BYTES == 1234
+    assert configured == jobguard_settings.MAX_PAYLOAD_BYTES != 99
