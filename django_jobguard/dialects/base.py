@@ -491,6 +491,7 @@ def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob
         if functions:
             converters.append((index, model_field, column, functions))
     rows = []
+    plain = plain_rows()
     for values in fetched:
         values = list(values)
         problems = []
@@ -505,7 +506,7 @@ def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob
             else:
                 if values[index] is None and not model_field.null:  # a MySQL zero date
                     problems.append(unloadable(model_field.name, raw))
-        rows.append(job_from_values(using, values, problems))
+        rows.append(job_from_values(using, values, problems, plain=plain))
     return rows
 
 
@@ -513,11 +514,18 @@ def claimed_rows(using: str, fetched: Iterable[Sequence[Any]]) -> list[QueuedJob
 _ATTNAMES = tuple(f.attname for f in QueuedJob._meta.concrete_fields)
 
 
-def _from_db(using: str, values: list[Any]) -> QueuedJob:
+def plain_rows() -> bool:
+    """Whether claimed rows may be built without ``Model.__init__`` (no ``post_init``
+    receiver listens for :class:`QueuedJob`): asked once per claim, not per row."""
+    return not post_init.has_listeners(QueuedJob)
+
+
+def _from_db(using: str, values: list[Any], plain: bool | None = None) -> QueuedJob:
     """``QueuedJob.from_db(using, None, values)`` without ``Model.__init__``'s walk over the
     fields (a claimed row is built once per job): the same instance, attributes and state,
-    while no ``post_init`` receiver listens for the model (else the ORM's own way)."""
-    if post_init.has_listeners(QueuedJob):
+    while no ``post_init`` receiver listens for the model (else the ORM's own way; ``plain``:
+    :func:`plain_rows`, when the caller asked it for a whole claim)."""
+    if not (plain_rows() if plain is None else plain):
         return QueuedJob.from_db(using, None, values)
     row = QueuedJob.__new__(QueuedJob)
     row.__dict__.update(zip(_ATTNAMES, values, strict=True))
@@ -537,14 +545,15 @@ def unloadable(column: str, raw: Any, error: BaseException | None = None) -> str
     return f"{column} {shown[:60]!r} cannot be loaded{because}"
 
 
-def job_from_values(using: str, values: list[Any],
-                    problems: Sequence[str] = ()) -> QueuedJob:
+def job_from_values(using: str, values: list[Any], problems: Sequence[str] = (), *,
+                    plain: bool | None = None) -> QueuedJob:
     """A claimed :class:`QueuedJob` from its column values (in concrete field order, payload
     as stored text); ``payload_text_length`` tells the worker how long that text was.
 
     ``poison`` (set only on a poison row) says why the row cannot be run: ``problems`` the
     dialect found loading it, or a counter at :data:`COUNTER_MAX`. The worker quarantines it
-    (fails it with that reason) instead of running it."""
+    (fails it with that reason) instead of running it. ``plain``: :func:`plain_rows`, asked
+    once for the rows of a claim."""
     text = values[PAYLOAD_INDEX]
     if isinstance(text, (str, bytes)):
         values[PAYLOAD_INDEX] = load_payload(text)
@@ -557,7 +566,7 @@ def job_from_values(using: str, values: list[Any],
     for name, index in _COUNTER_INDEXES:
         if values[index] is not None and values[index] >= COUNTER_MAX:
             problems = [*problems, f"{name} reached the counter maximum ({COUNTER_MAX})"]
-    row = _from_db(using, values)
+    row = _from_db(using, values, plain)
     row.payload_text_length = len(text) if isinstance(text, str) else None
     if problems:
         row.poison = "; ".join(problems)

@@ -23,6 +23,7 @@ from django_jobguard.dialects.base import (
     ListenUnavailable,
     ResultListener,
     job_from_values,
+    plain_rows,
 )
 from django_jobguard.dialects.sql import SQLDialect
 from django_jobguard.fair_share import FairClaim
@@ -427,9 +428,10 @@ class PostgreSQLDialect(SQLDialect):
             # written as they start, worker/completer.py).
             fetched = [(*values[:-1], None) for values in fetched]
         rows = []
+        plain = plain_rows()
         for values in fetched:
             row = job_from_values(self.using, list(values[:-2]),
-                                  [values[-2]] if values[-2] else ())
+                                  [values[-2]] if values[-2] else (), plain=plain)
             row.recovered = values[-1]
             rows.append(row)
         return rows
