@@ -122,6 +122,28 @@ def test_claim_takes_up_to_limit_from_the_first_queue_that_has_any():
     assert queue.claim(["nowhere"], worker_id="w1") == []
 
 
+def test_claimed_rows_go_through_model_init_while_a_post_init_receiver_listens():
+    """Claimed rows skip ``Model.__init__`` only while nothing listens to ``post_init`` for
+    QueuedJob (asked once per claim): a receiver connected sees every claimed row."""
+    from django.db.models.signals import post_init
+
+    _dispatch(3)
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=QueuedJob)
+    try:
+        rows = queue.claim(["default"], worker_id="w1", limit=2)
+    finally:
+        post_init.disconnect(receiver, sender=QueuedJob)
+    assert len(rows) == 2 and all(any(s is r for s in seen) for r in rows)
+    seen.clear()
+    (last,) = queue.claim(["default"], worker_id="w1", limit=2)
+    assert last.reserved_by == "w1" and seen == []
+
+
 def test_claim_with_start_zero_claims_every_row_ahead_and_counts_none():
     _dispatch(3)
     rows = queue.claim(["default"], worker_id="w", limit=3, start=0)
