@@ -90,7 +90,8 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
             _timer.at = None  # whatever timer was set, it was not ours
         now = time.monotonic()
         hard = hard_limit(seconds)
-        self._outer_hard = _enter_main(_HardLimit(now + hard, hard, self.label))
+        self._outer_hard = _enter_main(_HardLimit(now + hard, hard, self.label,
+                                                  slack=watchdog.SLACK))
         deadline = now + seconds
         self._outer, _alarm = _alarm, _Alarm(seconds, self.finished, deadline)
         _timer.arm_by(deadline)
@@ -241,6 +242,9 @@ class ThreadLimit:
 
     #: When the watchdog kills the process if the job still runs (time.monotonic()).
     hard_deadline: float = field(init=False)
+    #: The limit of the job this one runs inside in the same thread (``drain()`` in a job):
+    #: still counted by the watchdog, and this thread's limit again once this one ends.
+    outer: ThreadLimit | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.hard_deadline = self.deadline - self.seconds + hard_limit(self.seconds)
@@ -254,13 +258,20 @@ class ThreadLimit:
 class _HardLimit:
     """Only a hard limit (the watchdog's): the main thread's job's (under SIGALRM), kept
     apart from :data:`_limits` (no key, no dict entry per job of a worker running one at a
-    time), and a :class:`watched` async job's (no thread to raise a timeout into)."""
+    time), and a :class:`watched` async job's (no thread to raise a timeout into).
 
-    __slots__ = ("hard_deadline", "hard_seconds", "label", "outer")
+    ``slack``: how much earlier an armed deadline may be and still be kept for this one
+    (:meth:`Watchdog.start`). Only the main thread's job has any: SIGALRM ends its process
+    at ``timeout + GRACE`` anyway. An async job is given up at that time and the worker goes
+    on, as an executor thread's job is: the watchdog keeps its whole margin after that."""
+
+    __slots__ = ("hard_deadline", "hard_seconds", "label", "outer", "slack")
     abandoned = False
 
-    def __init__(self, hard_deadline: float, hard_seconds: float, label: str) -> None:
+    def __init__(self, hard_deadline: float, hard_seconds: float, label: str, *,
+                 slack: float = 0.0) -> None:
         self.hard_deadline, self.hard_seconds, self.label = hard_deadline, hard_seconds, label
+        self.slack = slack
         #: The main thread's limit this one runs inside (``drain()`` in a job), still counted.
         self.outer: _HardLimit | None = None
 
@@ -301,7 +312,9 @@ def enforce_in_this_thread() -> None:
 def abandon(limit: ThreadLimit) -> None:
     """The executor gave this job up: the watchdog no longer counts on it ending."""
     with _limits_lock:
-        limit.abandoned = True
+        while limit is not None:  # and the jobs it ran inside, in the same thread
+            limit.abandoned = True
+            limit = limit.outer
         _rearm()
 
 
@@ -314,10 +327,13 @@ def _rearm() -> None:
         if earliest is None or main.hard_deadline < earliest.hard_deadline:
             earliest = main
         main = main.outer
-    for limit in _limits.values():
-        if not limit.abandoned and (earliest is None
-                                    or limit.hard_deadline < earliest.hard_deadline):
-            earliest = limit
+    for registered in _limits.values():
+        limit: ThreadLimit | _HardLimit | None = registered
+        while limit is not None:  # a thread's job, and those it runs inside
+            if not limit.abandoned and (earliest is None
+                                        or limit.hard_deadline < earliest.hard_deadline):
+                earliest = limit
+            limit = limit.outer
     _arm(earliest)
 
 
@@ -334,9 +350,9 @@ def _arm(limit: ThreadLimit | _HardLimit | None) -> None:
     dog = watchdog.for_this_process()
     if limit is None:
         dog.ended()
-    else:  # (a thread's job keeps the whole margin: its executor gives it up first)
+    else:  # (a thread's or the loop's job keeps the whole margin: it is given up first)
         dog.start(limit.hard_deadline, limit.hard_seconds, limit.label,
-                  slack=0.0 if isinstance(limit, ThreadLimit) else watchdog.SLACK)
+                  slack=limit.slack if isinstance(limit, _HardLimit) else 0.0)
     _armed = limit
 
 
@@ -346,6 +362,8 @@ def _thread_limit(seconds: float, finished: Callable[[], bool],
     ident = threading.get_ident()
     limit = ThreadLimit(ident, seconds, time.monotonic() + seconds, finished, label)
     with _limits_lock:
+        outer = _limits.get(ident)  # a job this one runs inside (drain() in a job)
+        limit.outer = outer if isinstance(outer, ThreadLimit) else None
         _limits[ident] = limit
         _rearm()
     try:
@@ -353,7 +371,10 @@ def _thread_limit(seconds: float, finished: Callable[[], bool],
     finally:
         with _limits_lock:
             if _limits.get(ident) is limit:
-                del _limits[ident]
+                if limit.outer is not None:
+                    _limits[ident] = limit.outer
+                else:
+                    del _limits[ident]
                 _rearm()
 
 
@@ -387,8 +408,11 @@ class ThreadTimeoutError(JobTimeoutError):
 
     def __init__(self, *args: Any) -> None:
         if not args:
-            limit = thread_limit(threading.get_ident())
-            seconds = f" after {limit.seconds:g} s" if limit is not None else ""
+            # Without _limits_lock: this is made in the thread it was raised into, which may
+            # hold the lock then (leaving its limit), and the lock is not reentrant.
+            limit = _limits.get(threading.get_ident())
+            seconds = (f" after {limit.seconds:g} s" if isinstance(limit, ThreadLimit)
+                       else "")
             args = (f"The job has timed out{seconds}.",)
         super().__init__(*args)
 

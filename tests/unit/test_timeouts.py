@@ -83,10 +83,12 @@ def test_the_main_threads_job_has_its_own_slot_beside_the_async_ones(dog):
     assert dog.armed is None and timeouts._main_limit is None
 
 
-def test_only_an_executor_threads_job_keeps_the_watchdogs_whole_margin(dog):
+def test_only_the_main_threads_job_arms_with_the_watchdogs_slack(dog):
     """The slack (a deadline armed at most ``SLACK`` earlier is kept) is for the main
-    thread's and the loop's jobs; an executor thread's job, given up by its executor at its
-    grace period, keeps the whole margin after that."""
+    thread's job only, whose process SIGALRM ends at its grace period anyway; an async job
+    and an executor thread's job, given up at their grace period while the worker goes on,
+    keep the whole margin after that (a loop stalled for 0.9 s around an async job's give-up
+    killed the worker with the slack)."""
     slacks = []
     dog.start = lambda deadline, seconds, label, slack: slacks.append((label, slack))
     with timeouts.time_limit(30, label="main"):
@@ -103,7 +105,48 @@ def test_only_an_executor_threads_job_keeps_the_watchdogs_whole_margin(dog):
 
     threading.Thread(target=in_a_thread).start()
     assert done.wait(10)
-    assert slacks == [("main", watchdog.SLACK), ("async", watchdog.SLACK), ("thread", 0.0)]
+    assert slacks == [("main", watchdog.SLACK), ("async", 0.0), ("thread", 0.0)]
+
+
+def test_a_job_run_inside_another_in_an_executor_thread_keeps_the_outer_ones_limit(dog):
+    """``drain()`` in a job on a ``--threads`` worker: the inner job's limit replaced the
+    outer one's, which had neither a timeout nor a hard limit once the inner job ended."""
+    seen = {}
+    done = threading.Event()
+
+    def in_a_thread():
+        timeouts.enforce_in_this_thread()
+        ident = threading.get_ident()
+        with timeouts.time_limit(10, label="outer"):
+            outer = timeouts.thread_limit(ident)
+            with timeouts.time_limit(600, label="inner"):
+                seen["inner"] = (timeouts.thread_limit(ident).label, dog.armed)
+            seen["after"] = (timeouts.thread_limit(ident) is outer, dog.armed)
+            with timeouts.time_limit(600, label="given up"):
+                timeouts.abandon(timeouts.thread_limit(ident))  # the executor gave it up
+                seen["abandoned"] = dog.armed  # and so the job it runs inside
+        seen["end"] = (timeouts.thread_limit(ident), dog.armed)
+        done.set()
+
+    threading.Thread(target=in_a_thread).start()
+    assert done.wait(10)
+    assert seen == {"inner": ("inner", "outer"),  # the outer one is still the earliest
+                    "after": (True, "outer"), "abandoned": None, "end": (None, None)}
+
+
+def test_a_timeout_raised_into_a_thread_holding_the_limits_lock_does_not_deadlock():
+    """The timeout's message is made in the thread it lands in, which may hold the limits'
+    lock just then (leaving its limit): it reads the limit without the lock."""
+    made = []
+
+    def in_a_thread():
+        with timeouts._limits_lock:
+            made.append(str(timeouts.ThreadTimeoutError()))
+
+    thread = threading.Thread(target=in_a_thread, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive() and made == ["The job has timed out."]
 
 def test_an_async_run_of_a_worker_arms_the_hard_limit_and_drain_does_not(dog):
     """A worker's pipeline (``hard_limits``, a jobworker's main thread) arms the watchdog
