@@ -311,10 +311,11 @@ def enforce_in_this_thread() -> None:
 
 def abandon(limit: ThreadLimit) -> None:
     """The executor gave this job up: the watchdog no longer counts on it ending."""
+    given_up: ThreadLimit | None = limit
     with _limits_lock:
-        while limit is not None:  # and the jobs it ran inside, in the same thread
-            limit.abandoned = True
-            limit = limit.outer
+        while given_up is not None:  # and the jobs it ran inside, in the same thread
+            given_up.abandoned = True
+            given_up = given_up.outer
         _rearm()
 
 
