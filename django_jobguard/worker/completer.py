@@ -88,6 +88,10 @@ class Completer:
         self._finished: list[Finished] = []
         #: Deferred starts (running, attempt not written): each row and when it started.
         self._starts: dict[Any, tuple[QueuedJob, float]] = {}
+        #: The deferred starts a group statement writes now, by id, each with the thread
+        #: writing it (:meth:`take_start` waits for it: only its result says whether the
+        #: attempt is written).
+        self._in_flight: dict[Any, int] = {}
         self._since: float | None = None  # when the oldest entry came
         self._runtimes: dict[str, float] = {}  # a class's last run here, in seconds
         self._closed = False
@@ -138,9 +142,16 @@ class Completer:
     def take_start(self, row: QueuedJob) -> None:
         """Before a per-job write of ``row``: take its deferred start out of the group, and
         mark the attempt not written (``queue.release`` then counts it in its own update)."""
-        with self._lock:
+        with self._wake:
             if self._starts.pop(row.id, None) is not None:
                 row.attempt_counted = False
+                return
+            # Its start may be in a group statement now: if the row's own write committed
+            # first, that statement would miss it, and its attempt would be counted nowhere
+            # (or a deferral would give back one never taken). The group's result decides.
+            # (Not in the thread writing it: a signal handler that interrupted its write.)
+            while self._in_flight.get(row.id, threading.get_ident()) != threading.get_ident():
+                self._wake.wait()
 
     def ran(self, name: str, seconds: float) -> None:
         """A job of class ``name`` ran ``seconds`` (the next one's start may be deferred)."""
@@ -195,9 +206,29 @@ class Completer:
         with self._lock:
             finished, self._finished = self._finished, []
             starts = self._due_starts(every_start)
+            writer = threading.get_ident()
+            self._in_flight.update((row.id, writer) for row in starts)
             self._urgent = False
+        try:
+            return self._write(finished, starts, start)
+        finally:
+            self._landed(starts)
+
+    def _landed(self, starts: list[QueuedJob]) -> None:
+        """The group statement writing ``starts`` returned (or failed): whoever waits for
+        one of them in :meth:`take_start` goes on (called again once the group is done)."""
+        if starts:
+            with self._wake:
+                for row in starts:
+                    self._in_flight.pop(row.id, None)
+                self._wake.notify_all()
+
+    def _write(self, finished: list[Finished], starts: list[QueuedJob],
+               start: QueuedJob | None) -> bool:
+        """:meth:`flush`'s statement and what follows it (``starts``: the deferred starts
+        taken out for it; ``start``: a row starting now)."""
         if start is not None:
-            starts.append(start)
+            starts = [*starts, start]
         if not finished and not starts:
             return True
         try:
@@ -213,12 +244,14 @@ class Completer:
             for row in starts:  # not written: a deferred start is counted by its row's own
                 if row is not start:  # write (a release, a failure), as take_start() does
                     row.attempt_counted = False
+            self._landed(starts)
             if start is not None:
                 raise
             return False
         for row in starts:
             if row.id in started:
                 row.attempt_counted = True
+        self._landed(starts)  # (before the acked rows' own work: take_start() waits)
         if start is not None and start.id in started:
             queue.counted(start)
         for entry in finished:

@@ -182,3 +182,54 @@ def test_a_full_group_is_written_by_the_timer_thread_and_the_next_by_its_job_thr
         group.close()
     assert writers[0][1] == [row.id for row in first] and len(writers) == 2
     assert sorted(entry.row.id for entry in acked) == sorted(row.id for row in first + second)
+
+
+class Held(Dialect):
+    """A group write that waits for ``go`` (what the test does meanwhile runs in between),
+    calling ``during()`` in the writing thread first."""
+
+    def __init__(self, during=lambda: None) -> None:
+        super().__init__()
+        import threading
+
+        self.writing, self.go, self.during = threading.Event(), threading.Event(), during
+
+    def complete(self, done, starts, reserved_by, *, relaxed=False):
+        self.during()
+        self.writing.set()
+        assert self.go.wait(10)
+        return super().complete(done, starts, reserved_by, relaxed=relaxed)
+
+
+def test_a_per_job_write_waits_for_the_group_statement_writing_its_start(group, clock):
+    """A job that ends (released, failed) while the group writes its start takes the group's
+    result: had its own write committed first, the group's would have missed the row and the
+    attempt would be counted nowhere."""
+    import threading
+
+    row = _row()
+    group.start(row)
+    clock.now += WINDOW
+    group._dialect = Held()
+    flushing = threading.Thread(target=group.flush)
+    flushing.start()
+    assert group._dialect.writing.wait(10)
+    took = threading.Event()
+    taking = threading.Thread(target=lambda: (group.take_start(row), took.set()))
+    taking.start()
+    assert not took.wait(0.2)  # waits for the group's statement
+    group._dialect.go.set()
+    assert took.wait(10)
+    flushing.join(10)
+    assert not queue.claimed_ahead(row)  # written by the group: its release adds nothing
+
+
+def test_the_thread_writing_a_start_does_not_wait_for_itself(group, clock):
+    """A second Ctrl-C's handler runs in the thread it interrupts, which may be writing a
+    group: its take_start() must not wait for that write."""
+    row = _row()
+    group.start(row)
+    clock.now += WINDOW
+    group._dialect = Held(during=lambda: group.take_start(row))
+    group._dialect.go.set()
+    assert group.flush() is True and group._dialect.groups == [([], [row.id])]
