@@ -285,6 +285,19 @@ _main_limit: _HardLimit | None = None
 _armed: ThreadLimit | _HardLimit | None = None  # the limit the watchdog is armed for
 
 
+def _limits_not_inherited() -> None:
+    """A forked child (a job that forks) runs no job of its parent's: their hard limits are
+    not its own (its watchdog is a new one, :mod:`.watchdog`), and the lock may have been
+    held by another thread of the parent as it forked."""
+    global _main_limit, _armed, _limits_lock
+    _limits.clear()
+    _main_limit = _armed = None
+    _limits_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_limits_not_inherited)
+
+
 def _enter_main(limit: _HardLimit) -> _HardLimit | None:
     """The main thread's job starts under ``limit``; returns the one it runs inside (a job
     run by ``drain()`` in a job), which the watchdog still counts."""

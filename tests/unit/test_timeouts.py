@@ -257,3 +257,23 @@ def test_a_job_that_changes_the_alarm_handler_gets_no_late_alarm(dog):
         _spin(0.2)  # would have been killed by the left timer
     finally:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+def test_a_forked_child_inherits_no_hard_limit_of_its_parent(dog):
+    """A job that forks: the child's watchdog is its own, so the parent's limits (and
+    ``_armed``, which would keep the child from arming it) are not the child's."""
+    import os
+
+    with timeouts.time_limit(30, label="parent"):
+        assert timeouts._armed is not None
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            ok = (timeouts._main_limit is None and timeouts._armed is None
+                  and not timeouts._limits and not timeouts._limits_lock.locked())
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 1) == b"1"
+        os.waitpid(pid, 0)
+        assert timeouts._main_limit is not None  # the parent's own are untouched
