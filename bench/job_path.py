@@ -1,0 +1,108 @@
+"""The worker's Python per no-op job, in one process, without the database: what a change to
+the job's path saves, measured to a microsecond where the burn-down's jobs/s swing by 15-25 %
+between neighbouring runs on a shared machine.
+
+``python bench/job_path.py [--jobs N] [--rounds R]`` times, in rounds of N jobs (claims of
+100 rows, as the worker's), the three parts of a batched no-op job that run in Python:
+
+- **rows**: building the claimed rows from their column values (the claim thread's share
+  after the statement: :func:`~django_jobguard.dialects.base.job_from_values`);
+- **job path**: :meth:`Pipeline.process` of each row, as the solo worker with
+  ``COMPLETION_WINDOW`` runs it (``-v 0``): start deferred to the group, rebuild, time limit,
+  middleware and ``handle()``, the ack joined to the group;
+- **acked**: what each row's group does after its statement committed (the unique lock's
+  release, ``job_processed``, the job line, the counts).
+
+The group is a real :class:`~django_jobguard.worker.completer.Completer` that never writes (a
+window of 1,000 s; the test takes its entries). It prints CPU microseconds a job for each
+part and round, and the least of the rounds: compare two trees by running each in turn
+(interleaved), never against a figure from another machine. The database statements, the
+loop, the claim and completion threads' hand-overs are not in it: ``bench/run.py --only
+peers`` measures the whole worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common  # noqa: E402
+
+CLAIM = 100  # rows a claim brings, as a backlog's
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs a round (20,000)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (5)")
+    args = parser.parse_args(argv)
+    common.setup_django()
+    from django.utils import timezone
+
+    from bench.jobs import Noop
+    from django_jobguard.dialects import base
+    from django_jobguard.models import QueuedJob
+    from django_jobguard.worker.completer import Completer
+    from django_jobguard.worker.pipeline import GROUPED, Pipeline
+
+    using = "default"
+    template = QueuedJob(queue="bench", name=Noop.name, payload={}, attempts=0,
+                         available_at=timezone.now(), created_at=timezone.now())
+    values = [template.__dict__.get(name) for name in base._ATTNAMES]
+    values[base.PAYLOAD_INDEX] = '{"args": [], "kwargs": {}}'  # as the claim reads it
+    id_index = base._ATTNAMES.index("id")
+
+    def claimed() -> list[list]:
+        return [[*values[:id_index], uuid.uuid4(), *values[id_index + 1:]]
+                for _ in range(CLAIM)]
+
+    pipeline = Pipeline(worker_id="bench", using=using, event_loop=True, log_running=False)
+    group = Completer(worker_id="bench", using=using, window=1000.0, batch_size=10**9)
+    group.ran(Noop.name, 0.0)  # a fast class: each start waits for the group
+    pipeline.completer = group
+    logging.disable(logging.CRITICAL)
+    gc.collect()
+    gc.freeze()  # as the worker does once loaded
+    rounds = []
+    for _ in range(args.rounds):
+        claims = [claimed() for _ in range(args.jobs // CLAIM)]
+        rows_s = path_s = acked_s = 0.0
+        for claim in claims:
+            t0 = time.process_time()
+            plain = base.plain_rows()
+            rows = [base.job_from_values(using, v, plain=plain) for v in claim]
+            for row in rows:  # claimed ahead, as a backlog's rows are
+                row.recovered, row.attempt_counted = False, False
+            t1 = time.process_time()
+            for row in rows:
+                state = pipeline.process(row)
+                if state != GROUPED:
+                    raise SystemExit(f"a job ended {state}, not in the group: not a no-op run")
+            t2 = time.process_time()
+            entries, group._finished = group._finished, []
+            for entry in entries:
+                entry.acked(entry)
+            t3 = time.process_time()
+            rows_s += t1 - t0
+            path_s += t2 - t1
+            acked_s += t3 - t2
+        n = len(claims) * CLAIM
+        rounds.append((rows_s / n * 1e6, path_s / n * 1e6, acked_s / n * 1e6))
+    for name, index in (("rows", 0), ("job path", 1), ("acked", 2)):
+        each = " ".join(f"{r[index]:.2f}" for r in rounds)
+        print(f"{name:9} µs a job: least {min(r[index] for r in rounds):.2f} (rounds: {each})")
+    print(f"{'total':9} µs a job: least {min(sum(r) for r in rounds):.2f}")
+    sys.stdout.flush()
+    os._exit(0)  # the group's timer thread waits for its window: no need to wait for it
+
+
+if __name__ == "__main__":
+    sys.exit(main())
