@@ -74,6 +74,20 @@ class Finished:
     lost: Callable[[Finished], None]
 
 
+#: Seconds :meth:`Completer.take_start` waits at most for a group statement writing the
+#: row's start (one that takes longer has met a database its own write would wait for too).
+_FLIGHT_WAIT = 60.0
+
+
+class _Flight:
+    """One group statement writing deferred starts, and the thread writing it."""
+
+    __slots__ = ("writer",)
+
+    def __init__(self) -> None:
+        self.writer = threading.get_ident()
+
+
 class Completer:
     """The completion group of one worker (shared by its threads and its event loop)."""
 
@@ -85,13 +99,15 @@ class Completer:
         self._dialect = dialect_for(using)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        #: Where :meth:`take_start` waits for a group statement (apart from the timer's).
+        self._landing = threading.Condition(self._lock)
         self._finished: list[Finished] = []
         #: Deferred starts (running, attempt not written): each row and when it started.
         self._starts: dict[Any, tuple[QueuedJob, float]] = {}
-        #: The deferred starts a group statement writes now, by id, each with the thread
-        #: writing it (:meth:`take_start` waits for it: only its result says whether the
-        #: attempt is written).
-        self._in_flight: dict[Any, int] = {}
+        #: The deferred starts a group statement writes now, by id, each with that
+        #: statement's :class:`_Flight` (:meth:`take_start` waits for it: only its result
+        #: says whether the attempt is written).
+        self._in_flight: dict[Any, _Flight] = {}
         self._since: float | None = None  # when the oldest entry came
         self._runtimes: dict[str, float] = {}  # a class's last run here, in seconds
         self._closed = False
@@ -142,16 +158,23 @@ class Completer:
     def take_start(self, row: QueuedJob) -> None:
         """Before a per-job write of ``row``: take its deferred start out of the group, and
         mark the attempt not written (``queue.release`` then counts it in its own update)."""
-        with self._wake:
+        with self._landing:
             if self._starts.pop(row.id, None) is not None:
                 row.attempt_counted = False
                 return
             # Its start may be in a group statement now: if the row's own write committed
             # first, that statement would miss it, and its attempt would be counted nowhere
             # (or a deferral would give back one never taken). The group's result decides.
-            # (Not in the thread writing it: a signal handler that interrupted its write.)
-            while self._in_flight.get(row.id, threading.get_ident()) != threading.get_ident():
-                self._wake.wait()
+            # (Not in the thread writing it: a signal handler that interrupted its write.
+            # Bounded: a statement that never ends leaves the attempt to the row's write.)
+            waited, me = 0.0, threading.get_ident()
+            while (flight := self._in_flight.get(row.id)) is not None and flight.writer != me:
+                if waited >= _FLIGHT_WAIT:
+                    logger.warning("The group writing the start of %s did not end in %g s; "
+                                   "its own write goes on.", row, _FLIGHT_WAIT)
+                    return
+                self._landing.wait(1.0)
+                waited += 1.0
 
     def ran(self, name: str, seconds: float) -> None:
         """A job of class ``name`` ran ``seconds`` (the next one's start may be deferred)."""
@@ -203,32 +226,33 @@ class Completer:
         """Write the group (and ``start``'s attempt, a row starting now) in one statement,
         then finish its acked rows; returns whether ``start`` was still held. The deferred
         starts younger than the window wait for a later group, unless ``every_start``."""
-        with self._lock:
-            finished, self._finished = self._finished, []
-            starts = self._due_starts(every_start)
-            writer = threading.get_ident()
-            self._in_flight.update((row.id, writer) for row in starts)
-            self._urgent = False
+        flight, starts = _Flight(), []
         try:
-            return self._write(finished, starts, start)
+            with self._lock:
+                finished, self._finished = self._finished, []
+                starts = self._due_starts(every_start)
+                self._in_flight.update((row.id, flight) for row in starts)
+                self._urgent = False
+            return self._write(finished, starts, start, flight)
         finally:
-            self._landed(starts)
+            self._landed(starts, flight)
 
-    def _landed(self, starts: list[QueuedJob]) -> None:
-        """The group statement writing ``starts`` returned (or failed): whoever waits for
-        one of them in :meth:`take_start` goes on (called again once the group is done)."""
+    def _landed(self, starts: list[QueuedJob], flight: _Flight) -> None:
+        """The group statement ``flight`` writing ``starts`` returned (or failed): whoever
+        waits for one of them in :meth:`take_start` goes on (again once the group is done:
+        an id written by a later group by then is that group's)."""
         if starts:
-            with self._wake:
+            with self._landing:
                 for row in starts:
-                    self._in_flight.pop(row.id, None)
-                self._wake.notify_all()
+                    if self._in_flight.get(row.id) is flight:
+                        del self._in_flight[row.id]
+                self._landing.notify_all()
 
-    def _write(self, finished: list[Finished], starts: list[QueuedJob],
-               start: QueuedJob | None) -> bool:
-        """:meth:`flush`'s statement and what follows it (``starts``: the deferred starts
-        taken out for it; ``start``: a row starting now)."""
-        if start is not None:
-            starts = [*starts, start]
+    def _write(self, finished: list[Finished], deferred: list[QueuedJob],
+               start: QueuedJob | None, flight: _Flight) -> bool:
+        """:meth:`flush`'s statement and what follows it (``deferred``: the deferred starts
+        taken out for it, in ``flight``; ``start``: a row starting now)."""
+        starts = deferred if start is None else [*deferred, start]
         if not finished and not starts:
             return True
         try:
@@ -236,22 +260,23 @@ class Completer:
                 [(e.row.id, e.row.claims) for e in finished],
                 [(row.id, row.claims) for row in starts], self.worker_id,
                 relaxed=not jobguard_settings.SYNCHRONOUS_ACKS)
-        except (DatabaseError, InterfaceError) as exc:
+        except BaseException as exc:
+            for row in deferred:  # not written: a deferred start is counted by its row's
+                row.attempt_counted = False  # own write (a release, a failure), as after
+            self._landed(deferred, flight)  # take_start()
+            if not isinstance(exc, (DatabaseError, InterfaceError)):
+                raise
             logger.error("Could not write a completion group of %s finished jobs (%s); their "
                          "leases will run out and they will run again, without using a try.",
                          len(finished), exc)
             queue.close_broken_connections()
-            for row in starts:  # not written: a deferred start is counted by its row's own
-                if row is not start:  # write (a release, a failure), as take_start() does
-                    row.attempt_counted = False
-            self._landed(starts)
             if start is not None:
                 raise
             return False
         for row in starts:
             if row.id in started:
                 row.attempt_counted = True
-        self._landed(starts)  # (before the acked rows' own work: take_start() waits)
+        self._landed(deferred, flight)  # (before the acked rows' own work: take_start())
         if start is not None and start.id in started:
             queue.counted(start)
         for entry in finished:

@@ -379,8 +379,7 @@ class ThreadExecutor:
         now = time.monotonic()
         nearest = 1.0
         for slot in self._busy_slots():
-            limit = timeouts.thread_limit(slot.thread.ident or 0)
-            if limit is not None:
+            for limit in timeouts.thread_limits(slot.thread.ident or 0):
                 due = limit.deadline + (timeouts.GRACE if limit.raised else 0.0)
                 nearest = min(nearest, max(due - now, 0.01))
         return nearest
@@ -394,10 +393,11 @@ class ThreadExecutor:
         timeouts.expire_thread_limits(slots)
         now = time.monotonic()
         for ident, slot in slots.items():
-            limit = timeouts.thread_limit(ident or 0)
-            if (limit is not None and limit.raised and not limit.finished()
-                    and now >= limit.deadline + timeouts.GRACE):
-                self._give_up(slot, limit)
+            for limit in timeouts.thread_limits(ident or 0):  # (an outer job's too)
+                if (limit.raised and not limit.finished()
+                        and now >= limit.deadline + timeouts.GRACE):
+                    self._give_up(slot, limit)
+                    break
         self._stuck = [slot for slot in self._stuck if slot.thread.is_alive()]
         if len(self._stuck) >= self.size:
             raise AllThreadsStuck(f"{len(self._stuck)} threads are stuck in jobs past their "

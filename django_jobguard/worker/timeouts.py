@@ -324,11 +324,11 @@ def enforce_in_this_thread() -> None:
 
 def abandon(limit: ThreadLimit) -> None:
     """The executor gave this job up: the watchdog no longer counts on it ending."""
-    given_up: ThreadLimit | None = limit
     with _limits_lock:
-        while given_up is not None:  # and the jobs it ran inside, in the same thread
+        # Every limit of its thread: the jobs it ran inside, and any job run inside it.
+        for given_up in _chain(_limits.get(limit.thread_id)) or [limit]:
             given_up.abandoned = True
-            given_up = given_up.outer
+        limit.abandoned = True
         _rearm()
 
 
@@ -354,10 +354,10 @@ def _rearm() -> None:
 def _arm(limit: ThreadLimit | _HardLimit | None) -> None:
     """Arm the watchdog for ``limit``, or disarm it for ``None`` (under ``_limits_lock``):
     :meth:`Watchdog.start` and :meth:`Watchdog.ended`, which keep the armed deadline when
-    the next limit's is at most ``watchdog.SLACK`` later (jobs of one timeout started one
-    after the other, on the main thread or the loop, rewrite only their label; not for an
-    executor thread's job, whose executor gives it up at its grace period: the watchdog
-    keeps its whole margin after that)."""
+    the next limit's is at most its ``slack`` later (the main thread's jobs of one timeout,
+    started one after the other, rewrite only their label; not for an executor thread's job
+    or an async one, given up at their grace period while the worker
+    goes on: the watchdog keeps its whole margin after that)."""
     global _armed
     if limit is _armed:
         return
@@ -377,19 +377,32 @@ def _thread_limit(seconds: float, finished: Callable[[], bool],
     limit = ThreadLimit(ident, seconds, time.monotonic() + seconds, finished, label)
     with _limits_lock:
         outer = _limits.get(ident)  # a job this one runs inside (drain() in a job)
-        limit.outer = outer if isinstance(outer, ThreadLimit) else None
+        if isinstance(outer, ThreadLimit):
+            limit.outer = outer
+            limit.abandoned = outer.abandoned  # a given-up thread's jobs are not counted
         _limits[ident] = limit
         _rearm()
     try:
         yield
     finally:
         with _limits_lock:
-            if _limits.get(ident) is limit:
+            if limit in _chain(_limits.get(ident)):
+                # Its outer one is the thread's limit again; with it go the limits of jobs
+                # run inside it whose own clean-up a timeout cut short (they ended).
                 if limit.outer is not None:
                     _limits[ident] = limit.outer
                 else:
                     del _limits[ident]
                 _rearm()
+
+
+def _chain(limit: ThreadLimit | _HardLimit | None) -> list[ThreadLimit]:
+    """A thread's limit and those of the jobs it runs inside, innermost first."""
+    chain = []
+    while isinstance(limit, ThreadLimit):
+        chain.append(limit)
+        limit = limit.outer
+    return chain
 
 
 def forget_thread_limit() -> None:
@@ -407,13 +420,20 @@ def thread_limit(thread_id: int) -> ThreadLimit | None:
     return limit if isinstance(limit, ThreadLimit) else None
 
 
+def thread_limits(thread_id: int) -> list[ThreadLimit]:
+    """The limits of the thread ``thread_id``: its job's, and those of the jobs it runs
+    inside (``drain()`` in a job), innermost first; each is enforced."""
+    with _limits_lock:
+        return _chain(_limits.get(thread_id))
+
+
 def overdue_threads(thread_ids: Container[int], now: float | None = None) -> list[ThreadLimit]:
-    """The limits of ``thread_ids`` whose time is up and whose timeout was not raised yet."""
+    """The limits of ``thread_ids`` whose time is up and whose timeout was not raised yet
+    (an outer job's too, while a job it runs inside runs)."""
     now = time.monotonic() if now is None else now
     with _limits_lock:
-        return [limit for ident, limit in _limits.items()
-                if ident in thread_ids and isinstance(limit, ThreadLimit) and not limit.raised
-                and limit.deadline <= now]
+        return [limit for ident, head in _limits.items() if ident in thread_ids
+                for limit in _chain(head) if not limit.raised and limit.deadline <= now]
 
 
 class ThreadTimeoutError(JobTimeoutError):
@@ -451,7 +471,7 @@ def expire_thread_limits(thread_ids: Container[int]) -> list[ThreadLimit]:
         # Under the lock its thread takes to leave the limit, so the timeout cannot land
         # after the job has left it (between this check and the raise).
         with _limits_lock:
-            if _limits.get(limit.thread_id) is not limit:
+            if limit not in _chain(_limits.get(limit.thread_id)):
                 continue
             limit.raised = True
             expired.append(limit)

@@ -233,3 +233,46 @@ def test_the_thread_writing_a_start_does_not_wait_for_itself(group, clock):
     group._dialect = Held(during=lambda: group.take_start(row))
     group._dialect.go.set()
     assert group.flush() is True and group._dialect.groups == [([], [row.id])]
+
+
+def test_a_group_lands_only_its_own_starts(group, clock):
+    """A group's landing (again once its rows' own work is done) leaves alone a start of the
+    same id that a later group writes by then (the row released, claimed again, deferred):
+    take_start() still waits for that group."""
+    import threading
+
+    from django_jobguard.worker.completer import Finished
+
+    class Scripted(Dialect):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writing, self.go = threading.Event(), threading.Event()
+
+        def complete(self, done, starts, reserved_by, *, relaxed=False):
+            if threading.current_thread().name == "held":
+                self.writing.set()
+                assert self.go.wait(10)
+            return super().complete(done, starts, reserved_by, relaxed=relaxed)
+
+    group._dialect = Scripted()
+    first, other = _row(), _row()
+    group.start(first)
+    group.start(other)
+    clock.now += WINDOW
+    again = _row()
+    again.id = first.id
+
+    def acked(entry):  # the first group's per-row work; meanwhile a later group starts
+        group.start(again)
+        clock.now += WINDOW
+        threading.Thread(target=group.flush, name="held").start()
+        assert group._dialect.writing.wait(10)
+
+    group.join(Finished(other, None, None, 0.0, acked=acked, lost=lambda e: None))
+    group.flush()
+    assert first.id in group._in_flight  # the later group's, still writing
+    took = threading.Event()
+    threading.Thread(target=lambda: (group.take_start(again), took.set())).start()
+    waited = not took.wait(0.3)
+    group._dialect.go.set()
+    assert waited and took.wait(10) and not queue.claimed_ahead(again)

@@ -277,3 +277,72 @@ def test_a_forked_child_inherits_no_hard_limit_of_its_parent(dog):
         assert os.read(read, 1) == b"1"
         os.waitpid(pid, 0)
         assert timeouts._main_limit is not None  # the parent's own are untouched
+
+
+def _in_an_executor_thread(body) -> dict:
+    out: dict = {}
+    done = threading.Event()
+
+    def run():
+        timeouts.enforce_in_this_thread()
+        try:
+            body(out)
+        finally:
+            timeouts.forget_thread_limit()
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(20)
+    return out
+
+
+def test_an_outer_jobs_timeout_is_raised_while_a_job_it_runs_inside_runs(dog):
+    """``drain()`` in a job on a ``--threads`` worker: the outer job's time runs out while
+    an inner one (a longer timeout) runs; the coordinator raises it (not only the watchdog's
+    kill of the whole process at the outer's hard limit)."""
+    import time
+
+    inner_runs, expired = threading.Event(), []
+
+    def tick():  # the coordinator's
+        assert inner_runs.wait(10)
+        time.sleep(0.1)  # the outer job's 0.05 s are up
+        expired.extend(limit.label for limit in timeouts.expire_thread_limits({ident[0]}))
+
+    ident = []
+    ticking = threading.Thread(target=tick)
+    ticking.start()
+
+    def body(out):
+        ident.append(threading.get_ident())
+        with timeouts.time_limit(0.05, label="outer"):
+            try:
+                with timeouts.time_limit(600, label="inner"):
+                    inner_runs.set()
+                    for _ in range(500):
+                        time.sleep(0.01)  # the timeout lands here
+            except timeouts.ThreadTimeoutError:
+                out["raised"] = True
+            out["limits"] = [limit.label for limit in timeouts.thread_limits(ident[0])]
+
+    assert _in_an_executor_thread(body) == {"raised": True, "limits": ["outer"]}
+    ticking.join(10)
+    assert expired == ["outer"]
+
+
+def test_a_job_leaving_its_limit_drops_those_left_by_jobs_it_ran_inside(dog):
+    """An inner job's clean-up cut short by its timeout leaves its limit registered: the
+    job it ran inside drops it with its own as it ends (it came back for the rest of that
+    job before, and the watchdog stayed armed for it)."""
+    kept = []
+
+    def body(out):
+        ident = threading.get_ident()
+        with timeouts.time_limit(30, label="outer"):
+            inner = timeouts._thread_limit(0.05, lambda: True, "inner")
+            inner.__enter__()  # never left (kept: its generator's clean-up never runs)
+            kept.append(inner)
+            out["stale"] = [limit.label for limit in timeouts.thread_limits(ident)]
+        out["after"] = (timeouts.thread_limits(ident), dog.armed)
+
+    assert _in_an_executor_thread(body) == {"stale": ["inner", "outer"], "after": ([], None)}
