@@ -167,14 +167,14 @@ class Completer:
             # (or a deferral would give back one never taken). The group's result decides.
             # (Not in the thread writing it: a signal handler that interrupted its write.
             # Bounded: a statement that never ends leaves the attempt to the row's write.)
-            waited, me = 0.0, threading.get_ident()
+            me, until = threading.get_ident(), time.monotonic() + _FLIGHT_WAIT
             while (flight := self._in_flight.get(row.id)) is not None and flight.writer != me:
-                if waited >= _FLIGHT_WAIT:
+                left = until - time.monotonic()
+                if left <= 0:
                     logger.warning("The group writing the start of %s did not end in %g s; "
                                    "its own write goes on.", row, _FLIGHT_WAIT)
                     return
-                self._landing.wait(1.0)
-                waited += 1.0
+                self._landing.wait(left)
 
     def ran(self, name: str, seconds: float) -> None:
         """A job of class ``name`` ran ``seconds`` (the next one's start may be deferred)."""
