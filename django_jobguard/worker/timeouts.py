@@ -386,7 +386,7 @@ def _thread_limit(seconds: float, finished: Callable[[], bool],
         yield
     finally:
         with _limits_lock:
-            if limit in _chain(_limits.get(ident)):
+            if _in_chain(limit, _limits.get(ident)):
                 # Its outer one is the thread's limit again; with it go the limits of jobs
                 # run inside it whose own clean-up a timeout cut short (they ended).
                 if limit.outer is not None:
@@ -418,6 +418,12 @@ def thread_limit(thread_id: int) -> ThreadLimit | None:
     with _limits_lock:
         limit = _limits.get(thread_id)
     return limit if isinstance(limit, ThreadLimit) else None
+
+
+def _in_chain(limit: ThreadLimit, head: ThreadLimit | _HardLimit | None) -> bool:
+    """Whether ``limit`` itself is in the chain from ``head`` (by identity: two limits'
+    fields may compare equal)."""
+    return any(held is limit for held in _chain(head))
 
 
 def thread_limits(thread_id: int) -> list[ThreadLimit]:
@@ -471,7 +477,7 @@ def expire_thread_limits(thread_ids: Container[int]) -> list[ThreadLimit]:
         # Under the lock its thread takes to leave the limit, so the timeout cannot land
         # after the job has left it (between this check and the raise).
         with _limits_lock:
-            if limit not in _chain(_limits.get(limit.thread_id)):
+            if not _in_chain(limit, _limits.get(limit.thread_id)):
                 continue
             limit.raised = True
             expired.append(limit)
