@@ -51,6 +51,7 @@ from django_jobguard.dialects import dialect_for
 
 if TYPE_CHECKING:
     from django_jobguard.context import JobLike
+    from django_jobguard.dialects.base import Dialect
     from django_jobguard.models import QueuedJob
     from django_jobguard.outcome import Outcome
 
@@ -91,12 +92,15 @@ class _Flight:
 class Completer:
     """The completion group of one worker (shared by its threads and its event loop)."""
 
-    def __init__(self, *, worker_id: str, using: str, window: float, batch_size: int) -> None:
+    def __init__(self, *, worker_id: str, using: str, window: float, batch_size: int,
+                 dialect: Dialect | None = None) -> None:
+        """``dialect`` writes the groups (default: ``using``'s; a test's or a benchmark's
+        stand-in writes none)."""
         self.worker_id = worker_id
         self.using = using
         self.window = window
         self.batch_size = max(1, batch_size)
-        self._dialect = dialect_for(using)
+        self._dialect = dialect if dialect is not None else dialect_for(using)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         #: Where :meth:`take_start` waits for a group statement (apart from the timer's).

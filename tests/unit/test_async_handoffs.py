@@ -52,8 +52,8 @@ def nothing(scratch_jobs):
 
 @pytest.fixture
 def group():
-    group = Completer(worker_id="w", using="default", window=60.0, batch_size=100)
-    group._dialect = Dialect()
+    group = Completer(worker_id="w", using="default", window=60.0, batch_size=100,
+                      dialect=Dialect())
     group._timer = object()  # no timer thread: the test writes the groups itself
     group.ran(NAME, 0.001)  # a fast class: its starts may be deferred
     return group
@@ -189,8 +189,8 @@ def test_a_constructor_that_fails_on_the_loop_is_rebuilt_off_it_once_started(scr
 
 
 def test_a_group_filled_on_the_loop_is_written_by_the_timer_thread():
-    group = Completer(worker_id="w", using="default", window=60.0, batch_size=2)
-    group._dialect = Dialect()
+    group = Completer(worker_id="w", using="default", window=60.0, batch_size=2,
+                      dialect=Dialect())
     rows = [_row(), _row()]
     from django_jobguard.worker.completer import Finished
 

@@ -45,8 +45,8 @@ def clock(monkeypatch):
 
 @pytest.fixture
 def group(clock):
-    group = Completer(worker_id="w", using="default", window=WINDOW, batch_size=100)
-    group._dialect = Dialect()
+    group = Completer(worker_id="w", using="default", window=WINDOW, batch_size=100,
+                      dialect=Dialect())
     group._timer = object()  # no timer thread: the test writes the groups itself
     group.ran("tests.Fast", 0.001)  # a fast class: its next starts may be deferred
     return group
