@@ -178,20 +178,38 @@ class JobRun:
     """One async job's task, and why it was cancelled (``timeout``, ``cancelled``,
     ``stopped``; ``None`` while nobody did)."""
 
-    def __init__(self, task: asyncio.Task[Any], context: JobContext, label: str,
+    def __init__(self, task: asyncio.Task[Any] | None, context: JobContext, label: str,
                  grace: float = GIVE_UP_AFTER) -> None:
-        self.task, self.context, self.label, self.grace = task, context, label, grace
+        self.task: asyncio.Task[Any] = task  # type: ignore[assignment]  # (or set by run_job)
+        self.context, self.label, self.grace = context, label, grace
         self.reason: str | None = None
+        #: Set as :meth:`body` starts, and as it returns, in the task's last step (done
+        #: before any other task runs).
+        self.began = self.returned = False
         #: Whether the worker stopped waiting for a task that would not end.
         self.given_up = False
         self._grace: asyncio.TimerHandle | None = None
         self._waiters: list[asyncio.Future[None]] = []
 
+    async def body(self, coro: Coroutine[Any, Any, T]) -> T:
+        """What the task runs: ``coro``, then whoever waits in :meth:`ended` is woken in the
+        same step. (The task's own done callbacks run a turn of the loop later: awaiting
+        only those cost a turn per job.)"""
+        self.began = True
+        try:
+            return await coro
+        finally:
+            self.returned = True
+            for waiter in self._waiters:
+                _wake(waiter)
+
     def ended(self) -> asyncio.Future[None]:
         """A future done once the task is, or once it was given up on (one future and a
-        callback, not ``asyncio.wait()`` over a second task: this is on every job's path)."""
+        callback, not ``asyncio.wait()`` over a second task: this is on every job's path).
+        :meth:`body` wakes it; the task's done callback too, for a task cancelled before its
+        first step (``coro`` never ran)."""
         waiter: asyncio.Future[None] = self.task.get_loop().create_future()
-        if self.task.done() or self.given_up:
+        if self.returned or self.task.done() or self.given_up:
             waiter.set_result(None)
             return waiter
         self._waiters.append(waiter)
@@ -293,12 +311,13 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
     current = _loop_thread
     if current is None or threading.current_thread() is not current.thread:
         current = None  # not the worker's loop: a timer and a watcher of its own
+    run = JobRun(None, context, label, grace)
     if current is not None:  # the worker's loop: its first step now (Python 3.12+)
         stops, begun = _stops, loop.time()  # (its timeout counts that step too)
-        task = _eager_task(loop, coro, label)
+        task = _eager_task(loop, run.body(coro), label)
     else:  # another loop: its own task factory
-        task = loop.create_task(coro, name=label)
-    run = JobRun(task, context, label, grace)
+        task = loop.create_task(run.body(coro), name=label)
+    run.task = task
     if task.done():  # it ended in its first step: no timeout, cancel or stop to watch for
         return _result(run, timeout)
     with _runs_lock:
@@ -331,6 +350,8 @@ async def run_job(context: JobContext, coro: Coroutine[Any, Any, T], *, timeout:
             if handle is not None:
                 handle.cancel()
         run.close()
+        if not run.began:  # its task was cancelled before its first step
+            coro.close()  # (never awaited: no warning about it)
         if limits is not None:
             limits.discard(run)
         if poller is not None:

@@ -374,3 +374,59 @@ def test_a_row_begun_after_an_async_job_that_its_start_ended_keeps_that_state(mo
     assert async_to_sync(pipeline.aprocess)(rows[1]) == "CANCELLED"
     assert [run.key for run in JobRun.objects.filter(label="hop")] == ["first"]
     assert not QueuedJob.objects.filter(id=second.id).exists()
+
+
+def test_a_job_that_returns_wakes_its_waiter_in_its_tasks_last_step():
+    # The task's own done callbacks run a turn of the loop after its last step, and the
+    # waiter woken by one another turn later: a turn more per job than needed.
+    from django_jobguard.context import JobContext
+
+    async def main():
+        turns = 0
+
+        def tick():
+            nonlocal turns
+            turns += 1
+            loop.call_soon(tick)
+
+        async def quick():
+            return "done"
+
+        loop = asyncio.get_running_loop()
+        loop.call_soon(tick)
+        result = await aio.run_job(JobContext(job_id="1"), quick(), timeout=0, label="quick")
+        return result, turns
+
+    result, turns = asyncio.run(main())
+    assert result == "done"
+    assert turns <= 2  # its first step, then this coroutine woken (3 before)
+
+
+def test_a_job_stopped_before_its_first_step_still_ends_its_run(monkeypatch):
+    # A stop_all() that came while its task was made cancels the task before its first step
+    # (Python 3.11 starts no task eagerly): the job's coroutine never runs, and only the
+    # task's done callback can end the wait.
+    from django_jobguard.context import JobContext
+    from django_jobguard.exceptions import WorkerStoppedError
+
+    made = aio._eager_task
+
+    def made_as_a_stop_came(loop, coro, name):
+        task = asyncio.Task(coro, loop=loop, name=name)  # not started (as on 3.11)
+        aio._stops += 1  # what stop_all() does meanwhile
+        return task
+
+    monkeypatch.setattr(aio, "_eager_task", made_as_a_stop_came)
+    ran = []
+
+    async def job():
+        ran.append(True)
+
+    async def main():
+        return await asyncio.wait_for(
+            aio.run_job(JobContext(job_id="1"), job(), timeout=0, label="stopped"), 10)
+
+    with pytest.raises(WorkerStoppedError):
+        aio.loop_thread().run(main())
+    assert ran == []
+    monkeypatch.setattr(aio, "_eager_task", made)
