@@ -337,18 +337,24 @@ def start(row: QueuedJob, *, using: str | None = None) -> bool:
     return True
 
 
-def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> None:
-    """:func:`start` for several rows claimed ahead, in one statement (async jobs that start
-    at once on the event loop). A row the worker no longer holds is not changed, and its
-    later writes find it is not theirs (owner-checked), as after :func:`start`."""
+def start_many(rows: Sequence[QueuedJob], *, using: str | None = None) -> list[QueuedJob]:
+    """:func:`start` for several rows claimed ahead, in one statement (rows that start at
+    once in free slots); returns those the worker no longer holds (their lease ran out and
+    another worker took them: not to be run here), as :func:`start` returns False."""
     using = queue_database(using)
     ahead = [row for row in rows if claimed_ahead(row)]
     if not ahead:
-        return
-    dialect_for(using).start_many([(row.id, row.claims) for row in ahead],
-                                  ahead[0].reserved_by, relaxed=_relaxed(using, False))
+        return []
+    started = dialect_for(using).start_many([(row.id, row.claims) for row in ahead],
+                                            ahead[0].reserved_by,
+                                            relaxed=_relaxed(using, False))
+    lost = []
     for row in ahead:
-        counted(row)
+        if row.id in started:
+            counted(row)
+        else:
+            lost.append(row)
+    return lost
 
 
 def paused(queues: Sequence[str] | None = None, *,

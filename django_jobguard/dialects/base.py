@@ -169,13 +169,21 @@ class Dialect(ABC):
             attempts=F("attempts") + 1))
 
     def start_many(self, starts: Sequence[tuple[Any, int]], reserved_by: str, *,
-                   relaxed: bool = False) -> int:
-        """:meth:`start` for several rows (each ``(id, claims)``) in one statement; how many
-        were still held by ``reserved_by`` and counted."""
+                   relaxed: bool = False) -> set[Any]:
+        """:meth:`start` for several rows (each ``(id, claims)``) at once; the ids of those
+        still held by ``reserved_by``, counted (the others were taken over: not started)."""
+        from django.db import transaction
         from django.db.models import F
 
-        return QueuedJob.objects.using(self.using).filter(
-            _held(starts), reserved_by=reserved_by).update(attempts=F("attempts") + 1)
+        if not starts:
+            return set()
+        held = QueuedJob.objects.using(self.using).filter(_held(starts),
+                                                         reserved_by=reserved_by)
+        with transaction.atomic(using=self.using):
+            ids = set(held.select_for_update().values_list("id", flat=True))
+            if ids:
+                held.filter(id__in=ids).update(attempts=F("attempts") + 1)
+        return ids
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:

@@ -253,8 +253,8 @@ _START_MANY_SQL = """
     WITH started AS (UPDATE {table} AS q SET attempts = q.attempts + 1
                        FROM unnest(%s::uuid[], %s::bigint[]) AS s(id, claims)
                       WHERE q.id = s.id AND q.claims = s.claims AND q.reserved_by = %s
-                     RETURNING 1)
-    SELECT (SELECT count(*) FROM started){relax}"""
+                     RETURNING q.id)
+    SELECT ARRAY(SELECT id FROM started){relax}"""
 
 # The ack of one job and the start of the next one claimed ahead (its attempt counted), in
 # one round trip: with a batch a job costs this statement alone, as it did when claims
@@ -448,10 +448,10 @@ class PostgreSQLDialect(SQLDialect):
         return started > 0
 
     def start_many(self, starts: Sequence[tuple[Any, int]], reserved_by: str, *,
-                   relaxed: bool = False) -> int:
+                   relaxed: bool = False) -> set[Any]:
         ((started, *_),) = self._execute(self._start_many_sql[relaxed],
                                          [*_array_literals(starts), reserved_by], fetch=True)
-        return started
+        return set(started)
 
     def ack_and_start(self, job_id: Any, reserved_by: str, claims: int, start_id: Any,
                       start_claims: int, *, relaxed: bool = False) -> tuple[bool, bool]:

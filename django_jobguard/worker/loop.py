@@ -531,13 +531,17 @@ class Worker:
             return
         ahead = [row for row, _ in starting if queue.claimed_ahead(row)
                  and not (self._completer is not None and self._completer.defers(row))]
+        lost: list[QueuedJob] = []
         if len(ahead) > 1:
             try:
-                queue.start_many(ahead, using=self.options.using)
+                lost = queue.start_many(ahead, using=self.options.using)
             except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
                 logger.warning("Could not start %s jobs at once (%s).", len(ahead), exc)
         handed = False
         for row, is_async in starting:
+            if lost and row in lost:  # taken over meanwhile: another worker runs it
+                self.job_finished(self.pipeline.lost(row), row.queue)
+                continue
             if is_async:
                 self._async.submit(row)
             else:

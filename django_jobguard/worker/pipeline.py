@@ -750,6 +750,11 @@ class Pipeline:
                      exc_info=(type(exc), exc, exc.__traceback__) if exc.__traceback__ else None)
         return self._log(row, JobState.FAILED, started, brief(described))
 
+    def lost(self, row: QueuedJob) -> str:
+        """``row``, claimed ahead, was taken over before it started here (its lease ran
+        out): its LOST line; it is not run."""
+        return self._lost(row, time.monotonic())
+
     def _lost(self, row: QueuedJob, started: float) -> str:
         return self._log(row, JobState.LOST, started, "lease expired; another worker has it")
 

@@ -194,14 +194,15 @@ def test_start_many_counts_each_row_claimed_ahead_once_and_only_rows_still_held(
     _dispatch(4)
     started, *ahead = queue.claim(["default"], worker_id="w1", limit=4, start=1)
     taken = _taken_over(ahead[-1])
-    queue.start_many([started, *ahead])
-    queue.start_many([started, *ahead])  # all counted now: nothing more to count
+    assert queue.start_many([started, *ahead]) == [ahead[-1]]  # not held: not to be run
+    assert queue.start_many([started, *ahead]) == [ahead[-1]]  # the rest counted already
+    assert [queue.claimed_ahead(r) for r in ahead] == [False, False, True]
     attempts = dict(QueuedJob.objects.values_list("id", "attempts"))
     assert attempts[started.id] == 1  # counted by its claim, not again
     assert [attempts[r.id] for r in ahead[:2]] == [1, 1]
     assert attempts[taken.id] == 1  # w2's claim counted it; w1's start_many did not
     assert queue.ack(ahead[-1]) is False  # and w1's later writes find it is not theirs
-    queue.start_many([])
+    assert queue.start_many([]) == []
 
 
 def test_a_dialect_given_no_rows_to_start_or_complete_changes_nothing():
@@ -209,7 +210,7 @@ def test_a_dialect_given_no_rows_to_start_or_complete_changes_nothing():
     _dispatch(2)
     rows = queue.claim(["default"], worker_id="w1", limit=2, start=0)
     dialect = dialect_for(queue.queue_database(None))
-    assert dialect.start_many([], "w1") == 0
+    assert dialect.start_many([], "w1") == set()
     assert dialect.complete([], [], "w1") == (set(), set())
     assert sorted(QueuedJob.objects.values_list("attempts", flat=True)) == [0, 0]
     assert QueuedJob.objects.filter(id__in=[r.id for r in rows]).count() == 2
@@ -222,9 +223,11 @@ def test_start_many_is_one_statement_whatever_the_number_of_rows():
     rows = queue.claim(["default"], worker_id="w1", limit=5, start=0)
     taken = _taken_over(rows[0])
     with CaptureQueriesContext(connection) as queries:
-        queue.start_many(rows)
-    assert len([q for q in queries if "UPDATE" in q["sql"].upper()]) == 1
-    assert all(not queue.claimed_ahead(row) for row in rows)
+        assert queue.start_many(rows) == [rows[0]]  # held by w2: not started here
+    writes = [q for q in queries if "UPDATE" in q["sql"].upper()
+              and "FOR UPDATE" not in q["sql"].upper()]  # (the base dialect's SELECT locks)
+    assert len(writes) == 1
+    assert [queue.claimed_ahead(row) for row in rows] == [True, False, False, False, False]
     attempts = dict(QueuedJob.objects.values_list("id", "attempts"))
     assert [attempts[row.id] for row in rows[1:]] == [1, 1, 1, 1]
     assert attempts[taken.id] == taken.attempts == 1  # held by w2: not counted again

@@ -1,0 +1,84 @@
+"""Rows of the prefetch buffer that start together (their attempts counted in one statement,
+``queue.start_many``) are run only if the worker still holds them: one whose lease ran out
+while the worker stalled, and that another worker claimed, is LOST here and not run (as a
+single row's owner-checked start refuses it)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+from demo.models import JobRun
+from django.db import connections
+from django.utils import timezone
+
+from django_jobguard import aio, queue
+from django_jobguard.models import QueuedJob
+from django_jobguard.worker.loop import Worker, WorkerOptions
+from tests.support import async_jobs, jobs
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _close_loop_connections():
+    """The loop's pool threads opened connections of their own: closed before the flush."""
+    yield
+    loop = aio._loop_thread
+    if loop is None:
+        return
+    count = len(loop.pool._threads)
+    barrier = threading.Barrier(count) if count else None
+
+    def close():
+        barrier.wait(timeout=5)
+        connections.close_all()
+
+    async def all_closed():
+        import asyncio
+
+        if count:
+            await asyncio.gather(*(aio.call_sync(close) for _ in range(count)))
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    loop.run(all_closed())
+
+
+def _take_over(row_id) -> None:
+    """Another worker claims the row once its lease ran out (this one stalled)."""
+    QueuedJob.objects.filter(id=row_id).update(
+        available_at=timezone.now() - timedelta(seconds=1))
+    taken = queue.claim(["default"], worker_id="other-worker", limit=1, start=1)
+    assert [row.id for row in taken] == [row_id]
+
+
+@pytest.mark.parametrize("kind", ["async", "threads"])
+def test_a_buffered_row_another_worker_took_is_lost_here_not_run(kind):
+    job_class = async_jobs.AsyncRecord if kind == "async" else jobs.Record
+    for i in range(3):
+        job_class("lease", key=f"k{i}").dispatch()
+    options = (WorkerOptions(queues=["default"], async_concurrency=4) if kind == "async"
+               else WorkerOptions(queues=["default"], threads=4))
+    worker = Worker(options)
+    if kind == "threads":
+        worker._executor = worker._threads(4)  # as run() makes it
+    rows = queue.claim(["default"], worker_id=worker.id, limit=3, start=0, ahead=3)
+    assert len(rows) == 3 and all(queue.claimed_ahead(row) for row in rows)
+    taken = rows[1]
+    _take_over(taken.id)  # held by other-worker now
+    worker._prefetch.put(rows)
+    worker._start_from_buffer()
+    if kind == "async":
+        assert worker._async.wait(timeout=20)
+    else:
+        wait_for(lambda: worker._executor.busy == 0 and worker.jobs_processed == 3,
+                 timeout=20, what="the threads idle")
+    ran = set(JobRun.objects.filter(label="lease").values_list("job_id", flat=True))
+    assert ran == {str(row.id) for row in rows} - {str(taken.id)}  # not the one w2 holds
+    assert QueuedJob.objects.get(id=taken.id).reserved_by == "other-worker"
+    assert QueuedJob.objects.get(id=taken.id).attempts == 1  # its claim's, not ours
+    assert worker.jobs_processed == 3  # one LOST, two DONE
+    worker._executor.shutdown()
