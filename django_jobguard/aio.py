@@ -217,8 +217,12 @@ class JobRun:
         return waiter
 
     def cancel(self, reason: str) -> None:
-        """Cancel the task (first reason wins); after the grace period stop waiting for it."""
-        if self.task.done() or self.reason is not None:
+        """Cancel the task (first reason wins); after the grace period stop waiting for it.
+        Not once ``handle()`` has returned: the job is done, only its middleware's clean-up
+        is left (cut short, a stop would put a finished job back in the queue to run again,
+        a cancel would record a finished one as cancelled), as for a sync job
+        (:meth:`~django_jobguard.worker.pipeline.Pipeline.interruptible`)."""
+        if self.task.done() or self.reason is not None or self.context.handle_finished:
             return
         self.reason = reason
         self.task.cancel(f"jobguard: {reason}")
@@ -598,8 +602,6 @@ class Offload:
                     if self._waking:
                         self._waking -= 1
                 future, func = self._queue.popleft()
-                if future.cancelled():  # its awaiter went away before it started
-                    continue
                 self._working[ident] = time.monotonic()
                 if self._results and not self._posted and not self._queue:
                     # The last call queued may be a slow one: the results held for the
@@ -608,6 +610,9 @@ class Offload:
                     self._posted = True
                     if not self._post():
                         return
+                if future.cancelled():  # its awaiter went away before it started
+                    del self._working[ident]  # (the results held went back above)
+                    continue
                 cond.release()
                 try:
                     result, ok = func(), True

@@ -264,6 +264,22 @@ def test_a_result_is_not_held_back_by_a_slow_call_queued_behind_it():
         loop.close()
 
 
+def test_a_result_is_not_held_back_by_a_cancelled_call_queued_behind_it():
+    """The one call queued behind a finished one had its awaiter cancelled: the thread that
+    skips it still hands the finished call's result back (it waited for a later call)."""
+    loop = aio.LoopThread(blocked_after=0, name="offload-cancelled")
+    try:
+        async def first_then_cancelled():
+            first = loop.pool.call(lambda: time.sleep(0.01) or "first")
+            second = loop.pool.call(lambda: "second")  # queued behind it, one thread
+            second.cancel()  # its awaiter went away (a job's timeout, cancel or stop)
+            return await asyncio.wait_for(asyncio.shield(first), 10)
+
+        assert loop.run(first_then_cancelled()) == "first"
+    finally:
+        loop.close()
+
+
 class _OwnedLock:
     """A lock that knows which thread holds it (a plain lock does not: another thread
     holding it at the moment looks the same as the caller holding it)."""

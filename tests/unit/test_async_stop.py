@@ -1,0 +1,107 @@
+"""A stop at once (a second Ctrl-C, ``--stop-timeout``: ``aio.stop_all()``) or an operator's
+cancel that comes after an async job's ``handle()`` returned does not cut its middleware's
+clean-up short: the job is done and is acked as such, not put back to run again (nor
+recorded as cancelled), as for a sync job."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from django_jobguard import Job, aio, queue
+from django_jobguard.context import JobContext
+from django_jobguard.middleware import JobMiddleware
+from django_jobguard.models import QueuedJob
+from django_jobguard.worker.pipeline import Pipeline
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUNS: list[str] = []
+CLEANING = threading.Event()
+
+
+@pytest.fixture(autouse=True)
+def _close_loop_connections():
+    """The loop's pool threads opened connections of their own: closed before the flush."""
+    yield
+    loop = aio._loop_thread
+    if loop is None:
+        return
+    count = len(loop.pool._threads)
+    barrier = threading.Barrier(count) if count else None
+
+    def close():
+        barrier.wait(timeout=5)
+        connections.close_all()
+
+    async def all_closed():
+        if count:
+            await asyncio.gather(*(aio.call_sync(close) for _ in range(count)))
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    loop.run(all_closed())
+
+
+class SlowCleanUp(JobMiddleware):
+    """An async middleware whose clean-up awaits (a store write, a metric flush)."""
+
+    def handle(self, job, next):
+        return next(job)
+
+    async def ahandle(self, job, next):
+        result = await next(job)
+        CLEANING.set()
+        await asyncio.sleep(0.5)
+        return result
+
+
+@pytest.fixture
+def cleaned(scratch_jobs):
+    class Cleaned(Job):
+        name = "tests.async_stop.Cleaned"
+        timeout = 30
+
+        def middleware(self):
+            return [SlowCleanUp()]
+
+        async def handle(self):
+            RUNS.append(self.job_id)
+            return "ok"
+
+    return Cleaned
+
+
+def test_a_stop_at_once_after_handle_returned_acks_the_job(cleaned):
+    RUNS.clear()
+    CLEANING.clear()
+    handle = cleaned().dispatch()
+    pipeline = Pipeline(worker_id="w-stop", event_loop=True)
+    (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
+    future = aio.loop_thread().submit(pipeline.aprocess(row))
+    assert CLEANING.wait(5)  # handle() returned; the middleware cleans up
+    aio.stop_all()
+    assert future.result(timeout=10) == "DONE"
+    assert [handle.id] == RUNS
+    assert not QueuedJob.objects.filter(id=handle.id).exists()  # not back: it ran
+
+
+def test_a_cancel_after_handle_returned_lets_the_clean_up_end():
+    context = JobContext(job_id="1")
+
+    async def job():
+        context.handle_finished = True  # as the middleware chain marks it
+        await asyncio.sleep(0.2)  # the clean-up
+        return "ok"
+
+    async def main():
+        running = asyncio.ensure_future(aio.run_job(context, job(), timeout=0, label="c"))
+        await asyncio.sleep(0.05)
+        (run,) = aio.running()
+        run.cancel(aio.CANCELLED)
+        return await running, run.reason
+
+    assert aio.loop_thread().run(main()) == ("ok", None)
