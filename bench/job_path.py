@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.process_time()
             plain = base.plain_rows()
             rows = [base.job_from_values(using, v, plain=plain) for v in claim]
+            held_until = time.monotonic() + 90  # as the claim sets it (RETRY_AFTER)
             for row in rows:  # claimed ahead, as a backlog's rows are
-                row.recovered, row.attempt_counted = False, False
+                row.recovered, row.attempt_counted, row.held_until = False, False, held_until
             t1 = time.process_time()
             states = run(rows)
             t2 = time.process_time()

@@ -412,6 +412,9 @@ class PostgreSQLDialect(SQLDialect):
         # queue was empty would seq-scan and sort a burst on every claim.
         params = {"queue": queue, "limit": limit, "worker": worker_id, "lease": lease,
                   "count": int(count_attempts)}
+        # The lease ends ``lease`` s after the statement's clock, not before this monotonic
+        # time (worker/completer.py: a start is deferred only while the lease surely holds).
+        held_until = time.monotonic() + lease
         if fair is None:
             fetched = self._execute(self.claim_statements, params, fetch=True, rows=True,
                                     statements=True)
@@ -433,6 +436,7 @@ class PostgreSQLDialect(SQLDialect):
             row = job_from_values(self.using, list(values[:-2]),
                                   [values[-2]] if values[-2] else (), plain=plain)
             row.recovered = values[-1]
+            row.held_until = held_until
             rows.append(row)
         return rows
 

@@ -19,7 +19,9 @@ of those before it), when the worker goes idle, and when it stops.
 
 **Which rows are grouped.** Only a row whose start was deferred: a row claimed ahead (its
 attempt not counted by the claim), not *recovered* (its previous worker did not vanish
-holding it), of a job class whose last run in this process took less than the window. Its
+holding it), claimed less than half a lease (``RETRY_AFTER``) ago (a row held longer, as
+after a stall, may have been taken over: its start is written, owner-checked), of a job
+class whose last run in this process took less than the window. Its
 start and its end then meet in one group, or its start is written within two windows (the
 first group after it ran for one) and the row is acked on its own. Everything else (the
 first run of each class, slow classes, kept results, chains and batches, releases and
@@ -139,7 +141,19 @@ class Completer:
         """Whether ``row``'s start may wait for its group (see the module docstring)."""
         return (queue.claimed_ahead(row) and getattr(row, "recovered", None) is False
                 and not queue.poison(row)
-                and self._runtimes.get(row.name, self.window) < self.window)
+                and self._runtimes.get(row.name, self.window) < self.window
+                and self._surely_held(row))
+
+    @staticmethod
+    def _surely_held(row: QueuedJob) -> bool:
+        """Whether ``row``'s lease from its claim has at least half its length left: a row
+        the worker held longer (a stall, a long wait in a buffer) may have been taken over
+        meanwhile, so its start is written now, owner-checked, and a row another worker
+        took is LOST here, not run beside its new owner. (Its deferred start has no
+        statement of its own to find that out.)"""
+        held_until = getattr(row, "held_until", None)
+        return held_until is not None and (
+            held_until - time.monotonic() > float(jobguard_settings.RETRY_AFTER) / 2)
 
     def start(self, row: QueuedJob) -> bool:
         """Start ``row``: deferred to its group when :meth:`defers`, else written now with

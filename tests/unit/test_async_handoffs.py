@@ -77,6 +77,7 @@ def _row(payload=None) -> QueuedJob:
     row = QueuedJob(id=uuid.uuid4(), name=NAME, queue="default", claims=1, attempts=0,
                     reserved_by="w", payload=payload or {"args": [], "kwargs": {}})
     row.attempt_counted, row.recovered = False, False  # claimed ahead, not recovered
+    row.held_until = float("inf")  # claimed just now (its lease surely holds)
     return row
 
 

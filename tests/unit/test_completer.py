@@ -31,9 +31,12 @@ class Dialect:
     def __init__(self) -> None:
         self.groups: list[tuple[list, list]] = []
 
+    taken: set = set()  # ids another worker holds
+
     def complete(self, done, starts, reserved_by, *, relaxed=False):
         self.groups.append(([job_id for job_id, _ in done], [job_id for job_id, _ in starts]))
-        return {job_id for job_id, _ in done}, {job_id for job_id, _ in starts}
+        return ({job_id for job_id, _ in done} - self.taken,
+                {job_id for job_id, _ in starts} - self.taken)
 
 
 @pytest.fixture
@@ -56,6 +59,7 @@ def _row() -> QueuedJob:
     row = QueuedJob(id=uuid.uuid4(), name="tests.Fast", queue="default", claims=1, attempts=0,
                     reserved_by="w")
     row.attempt_counted, row.recovered = False, False  # claimed ahead, not recovered
+    row.held_until = float("inf")  # claimed just now (its lease surely holds)
     return row
 
 
@@ -84,6 +88,27 @@ def test_a_start_is_written_by_the_first_group_after_it_ran_for_a_window(group, 
     group.flush()
     assert group._dialect.groups[-1] == ([], [young.id])
 
+
+
+def test_a_row_held_for_over_half_its_lease_has_its_start_written_now(group, clock,
+                                                                       settings):
+    """After a stall (or a long wait in a buffer) another worker may hold the row: its
+    start goes out owner-checked with the group, not deferred, and one taken over is not
+    run here (``start`` is False)."""
+    settings.JOBGUARD = {"RETRY_AFTER": 90}
+    fresh, held_long, taken = _row(), _row(), _row()
+    fresh.held_until = clock.now + 60  # claimed 30 s ago: over half its lease left
+    held_long.held_until = taken.held_until = clock.now + 40  # claimed 50 s ago
+    group._dialect.taken = {taken.id}
+    assert group.start(fresh) and group.groups(fresh)  # deferred
+    assert group.start(held_long) and not group.groups(held_long)  # written now
+    assert group._dialect.groups == [([], [held_long.id])] and held_long.attempts == 1
+    assert group.start(taken) is False and not group.groups(taken)
+    assert taken.attempts == 0
+    del settings.JOBGUARD
+    bare = _row()
+    del bare.held_until  # not from a claim that tells
+    assert not group.defers(bare)
 
 
 def test_join_takes_an_ack_only_while_its_start_waits_in_the_group(group, clock):

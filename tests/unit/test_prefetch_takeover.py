@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_jobguard import aio, queue
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker.loop import Worker, WorkerOptions
-from tests.support import async_jobs, jobs
+from tests.support import POSTGRES, async_jobs, jobs
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,3 +82,29 @@ def test_a_buffered_row_another_worker_took_is_lost_here_not_run(kind):
     assert QueuedJob.objects.get(id=taken.id).attempts == 1  # its claim's, not ours
     assert worker.jobs_processed == 3  # one LOST, two DONE
     worker._executor.shutdown()
+
+
+@pytest.mark.skipif(not POSTGRES, reason="batched completion is PostgreSQL's")
+def test_with_batched_completion_a_row_held_through_a_stall_is_not_run_when_taken_over():
+    """A deferred start has no statement to find that another worker took the row: a row
+    held past half its lease has its start written, owner-checked, and is LOST here."""
+    import time
+
+    from django_jobguard.worker.completer import Completer
+    from django_jobguard.worker.pipeline import Pipeline
+
+    jobs.Record("lease", key="stalled").dispatch()
+    (row,) = queue.claim(["default"], worker_id="w1", limit=1, start=0)
+    assert queue.claimed_ahead(row) and row.recovered is False
+    row.held_until = time.monotonic() + 1  # claimed long ago: this worker stalled since
+    _take_over(row.id)
+    group = Completer(worker_id="w1", using="default", window=60.0, batch_size=100)
+    group.ran(jobs.Record.name, 0.001)  # a fast class: its starts are deferred
+    pipeline = Pipeline(worker_id="w1")
+    pipeline.completer = group
+    try:
+        assert pipeline.process(row) == "LOST"
+    finally:
+        group.close()
+    assert not JobRun.objects.exists()
+    assert QueuedJob.objects.get(id=row.id).reserved_by == "other-worker"
