@@ -220,8 +220,14 @@ def requeue(job_ids: Iterable[Any], *, actor: str = "",
             mine = mine.exclude(Exists(Worker.objects.using(using).filter(
                 id=OuterRef("reserved_by"),
                 last_seen_at__gte=Now() - Value(heartbeat_grace()))))
-        if mine.update(reserved_at=None, reserved_by="", available_at=Now(), progress=None,
-                       progress_message="", debounce_key=None):  # no longer folded into
+        # Exactly what the lease running out now does: available_at = now, the holder kept
+        # (reserved_by, reserved_at). The row is then waiting and claimable, and the next
+        # claim sees it taken back from a worker that vanished (PostgreSQL's ``recovered``:
+        # reserved_by <> ''), so that run starts with its attempt written even where batched
+        # completion defers starts. Clearing reserved_by made that run's start deferred
+        # again: a job that killed its worker, requeued each time, never spent a try.
+        if mine.update(available_at=Now(), progress=None, progress_message="",
+                       debounce_key=None):  # no longer folded into
             result.requeued.append(job_id)
         elif QueuedJob.objects.using(using).filter(id=row.id).reserved().exists():
             result.alive.append(job_id)  # its worker beat meanwhile

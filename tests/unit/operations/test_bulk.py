@@ -4,14 +4,19 @@ reservation of a worker that is gone."""
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_jobguard import get_store, operations
+from django_jobguard import get_store, operations, queue
+from django_jobguard.dialects import dialect_for
 from django_jobguard.models import FailedJob, QueuedJob, Worker
 from django_jobguard.operations import JobSearch
+from django_jobguard.worker.completer import Completer
+from tests.support import requires_postgres
 from tests.support.operate import UniqueReport, failed_job, reserved, waiting
 
 pytestmark = pytest.mark.django_db
@@ -91,8 +96,49 @@ def test_requeue_puts_back_the_job_of_a_silent_worker():
     result = operations.requeue([row.id], actor="ann")
     assert result.requeued == [str(row.id)]
     fresh = QueuedJob.objects.with_state().get(id=row.id)
-    assert fresh.state == "waiting" and fresh.reserved_by == "" and fresh.reserved_at is None
+    # As if its lease had run out now: waiting (not reserved, not stale), its holder kept
+    # as a lease that ran out keeps it, so that the next claim takes it back from a worker
+    # that vanished.
+    assert fresh.state == "waiting" and fresh.reserved_by == "otherhost:1:a"
+    assert operations.stale_reservations(QueuedJob.objects.with_state()) == {}
     assert fresh.attempts == row.attempts  # the crashed run counted, as after its lease
+    assert operations.requeue([row.id]).not_reserved == [str(row.id)]  # once
+    [again] = queue.claim([row.queue], worker_id="otherhost:2:b")  # claimable at once
+    assert again.id == row.id and again.reserved_by == "otherhost:2:b"
+    if dialect_for("default").marks_recovered:
+        assert again.recovered is True
+
+
+def _ended_worker_id() -> str:
+    """The id of a worker of this host whose process has ended (what ``kill -9`` leaves)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return f"{socket.gethostname()}:{proc.pid}:killed"
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_job_that_kills_its_worker_and_is_requeued_each_time_spends_its_tries():
+    """With batched completion a fast job's start waits for its group, except on a row
+    taken back from a worker that vanished (the claim's ``recovered``): a job that kills
+    its worker within the window is counted from its second run on (docs/guarantees.md).
+    A requeue puts the row back as its lease running out does, so the same holds when an
+    operator requeues it after each crash (it used to clear the holder: every run's start
+    was deferred again and the job never spent a try)."""
+    row = waiting(queue_name="crashy")
+    recovered = []
+    for _run in range(3):
+        worker_id = _ended_worker_id()
+        [claimed] = queue.claim(["crashy"], worker_id=worker_id, start=0)  # claimed ahead
+        recovered.append(claimed.recovered)
+        group = Completer(worker_id=worker_id, using="default", window=60.0, batch_size=100)
+        group._timer = object()  # no timer thread: the process is killed within the window
+        group.ran(claimed.name, 0.001)  # a fast class: its starts may be deferred
+        assert group.start(claimed)
+        # kill -9 while the job runs: a deferred start is lost with the process
+        assert operations.requeue([row.id]).requeued == [str(row.id)]
+    assert QueuedJob.objects.get(id=row.id).attempts == 2, recovered  # all but the first
+    assert recovered == [False, True, True]
 
 
 def test_requeue_refuses_the_job_of_a_live_worker():
