@@ -127,6 +127,95 @@ async def call_sync(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
 
 
+async def acquire_sync(acquire: Callable[..., T | None], release: Callable[[T], Any],
+                       *args: Any, **kwargs: Any) -> T | None:
+    """:func:`call_sync` for a call that takes something that must be given back (a lock,
+    a circuit's probe). A thread cannot be stopped: when the awaiting task is cancelled (its
+    timeout, an operator's cancel, a stop) while ``acquire`` runs, ``acquire`` still runs to
+    its end, and what it returned would be lost, held for good. Here the cancelled task
+    waits for it and gives it to ``release`` (off the loop as well) before the
+    ``CancelledError`` goes on. Nothing is released for ``None``, for an ``acquire`` that
+    raised, or for one that never started. Not cancelled, it costs what :func:`call_sync`
+    does (no extra task, turn of the loop or hop to a thread)."""
+    current = _loop_thread
+    if current is None or threading.current_thread() is not current.thread:
+        return await _acquire_elsewhere(acquire, release, *args, **kwargs)
+    late = _Late()
+    future = current.pool.call(lambda: _reset_after(acquire, *args, **kwargs), late)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if future.cancelled():  # cancelled with it: its outcome is handed to ``late``
+            if late.outcome is None:
+                late.waiter = current.loop.create_future()
+                await _despite_cancel(late.waiter)
+            assert late.outcome is not None
+            ok, value = late.outcome
+        else:  # it had ended; the task was cancelled before it resumed
+            ok = future.exception() is None
+            value = future.result() if ok else None
+        if ok and value is not None:
+            await _release_late(current.pool.call(lambda: _reset_after(release, value)),
+                                release)
+        raise
+
+
+class _Late:
+    """The outcome (``ok``, value) of a call whose awaiter was cancelled, handed over by
+    :meth:`Offload._deliver` on the loop; wakes ``waiter`` if one waits for it."""
+
+    __slots__ = ("outcome", "waiter")
+
+    def __init__(self) -> None:
+        self.outcome: tuple[bool, Any] | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    def __call__(self, ok: bool, value: Any) -> None:
+        self.outcome = (ok, value)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+async def _acquire_elsewhere(acquire: Callable[..., T | None], release: Callable[[T], Any],
+                             *args: Any, **kwargs: Any) -> T | None:
+    """:func:`acquire_sync` off the worker's loop (``drain()``, inline mode): asgiref's
+    ``sync_to_async`` drops the result of a call whose awaiter was cancelled, so the call
+    runs as a task of its own, shielded."""
+    task = asyncio.ensure_future(sync_to_async(acquire, thread_sensitive=True)(*args, **kwargs))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        try:
+            value = await _despite_cancel(task)
+        except Exception:
+            value = None  # it raised: nothing taken
+        if value is not None:
+            await _release_late(asyncio.ensure_future(
+                sync_to_async(release, thread_sensitive=True)(value)), release)
+        raise
+
+
+async def _despite_cancel(future: asyncio.Future[T]) -> T:
+    """``future``'s result, waited for even if the awaiting task is cancelled (again)
+    meanwhile: it is already on its way out with a ``CancelledError``."""
+    while True:
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.done():
+                return future.result()
+
+
+async def _release_late(future: asyncio.Future[Any], release: Callable[..., Any]) -> None:
+    """Wait for ``release`` (running as ``future``) in a task being cancelled: what it
+    raises is logged, the ``CancelledError`` goes on."""
+    try:
+        await _despite_cancel(future)
+    except Exception:
+        logger.exception("Could not give back what %s took as its job was cancelled.",
+                         getattr(release, "__qualname__", release))
+
+
 def _reset_after(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``func()`` in a pool thread, dropping a connection it broke."""
     try:
@@ -536,23 +625,31 @@ class Offload:
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
         self.loop, self.size, self.name = loop, size, name
         self._cond = threading.Condition(threading.Lock())
-        self._queue: collections.deque[tuple[asyncio.Future[Any], Callable[[], Any]]] = \
+        self._queue: collections.deque[tuple[asyncio.Future[Any], Callable[[], Any],
+                                             Callable[[bool, Any], Any] | None]] = \
             collections.deque()
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads waiting for work
         self._waking = 0  # threads woken (or started) that have not taken a call yet
         self._working: dict[int, float] = {}  # thread id: when its call began (monotonic)
-        self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._results: list[tuple[asyncio.Future[Any], bool, Any,
+                                  Callable[[bool, Any], Any] | None]] = []
         self._results_since = 0.0
         self._posted = False  # a delivery is scheduled on the loop
         self._recheck: asyncio.TimerHandle | None = None
         self._closed = False
 
-    def call(self, func: Callable[[], T]) -> asyncio.Future[T]:
-        """On the loop: ``func()`` in one of the threads; a future of the loop."""
+    def call(self, func: Callable[[], T],
+             abandoned: Callable[[bool, Any], Any] | None = None) -> asyncio.Future[T]:
+        """On the loop: ``func()`` in one of the threads; a future of the loop.
+
+        A call whose future is cancelled before a thread takes it is not run; one already
+        running runs to its end, and its result is dropped. ``abandoned(ok, value)`` is
+        then called on the loop with what came of it instead (its result, or the
+        exception it raised; ``False`` and a ``CancelledError`` for a call never run)."""
         future: asyncio.Future[T] = self.loop.create_future()
         with self._cond:
-            self._queue.append((future, func))
+            self._queue.append((future, func, abandoned))
             self._dispatch()
         return future
 
@@ -601,7 +698,7 @@ class Offload:
                     self._idle -= 1
                     if self._waking:
                         self._waking -= 1
-                future, func = self._queue.popleft()
+                future, func, abandoned = self._queue.popleft()
                 self._working[ident] = time.monotonic()
                 if self._results and not self._posted and not self._queue:
                     # The last call queued may be a slow one: the results held for the
@@ -611,8 +708,10 @@ class Offload:
                     if not self._post():
                         return
                 if future.cancelled():  # its awaiter went away before it started
-                    del self._working[ident]  # (the results held went back above)
-                    continue
+                    if abandoned is None:
+                        del self._working[ident]  # (the results held went back above)
+                        continue
+                    func = _never_run  # (its awaiter is told)
                 cond.release()
                 try:
                     result, ok = func(), True
@@ -625,7 +724,7 @@ class Offload:
                 now = time.monotonic()
                 if not self._results:
                     self._results_since = now
-                self._results.append((future, ok, result))
+                self._results.append((future, ok, result, abandoned))
                 if not self._posted and (not self._queue
                                          or now - self._results_since >= self.DELIVER_AFTER):
                     self._posted = True
@@ -654,8 +753,14 @@ class Offload:
         with self._cond:
             results, self._results = self._results, []
             self._posted = False
-        for future, ok, value in results:
+        for future, ok, value, abandoned in results:
             if future.cancelled():
+                if abandoned is not None:
+                    try:
+                        abandoned(ok, value)
+                    except Exception:  # the other results are handed over all the same
+                        logger.exception("Handing over the result of a cancelled call "
+                                         "failed.")
                 continue
             if ok:
                 future.set_result(value)
@@ -669,6 +774,12 @@ class Offload:
             self._cond.notify_all()
 
 
+
+
+def _never_run() -> None:
+    """What a thread of :class:`Offload` runs instead of a call whose awaiter went away
+    before it started, to tell its ``abandoned`` callback so."""
+    raise asyncio.CancelledError("never run: its awaiter was cancelled first")
 
 
 class LoopThread:

@@ -127,8 +127,11 @@ class ThrottlesExceptions(JobMiddleware):
         return result
 
     async def ahandle(self, job: JobLike, next: Next) -> Any:
-        """``handle()`` for an async job (the circuit is read and written off the loop)."""
-        circuit = await aio.call_sync(self.enter, job)
+        """``handle()`` for an async job (the circuit is read and written off the loop). A
+        job cancelled (its timeout, a cancel, a stop) while it enters the circuit leaves it
+        as it was once entered (:func:`aio.acquire_sync`): a probe it was admitted as is
+        freed, not held until its lease runs out."""
+        circuit = await aio.acquire_sync(self.enter, self.abandoned, job)
         if circuit is None:
             return None
         try:
@@ -153,6 +156,12 @@ class ThrottlesExceptions(JobMiddleware):
                       detail=f"circuit {keys.label(key)!r} was open")
             return None
         return {"store": store, "key": key, "owner": owner, "settings": settings}
+
+    def abandoned(self, circuit: dict[str, Any]) -> None:
+        """Leave a circuit entered for a run that never started (its job's task was
+        cancelled meanwhile): neutral, the probe freed if it was one."""
+        circuit["store"].circuit_leave(circuit["key"], owner=circuit["owner"],
+                                       outcome=counters.NEUTRAL, **circuit["settings"])
 
     def failed(self, job: JobLike, circuit: dict[str, Any], exc: Exception) -> None:
         """Record ``exc`` in the circuit; raises it again unless it was handled here (the

@@ -96,8 +96,10 @@ class WithoutOverlapping(JobMiddleware):
 
     async def ahandle(self, job: JobLike, next: Next) -> Any:
         """``handle()`` for an async job: the lock is taken and released off the loop, and
-        renewed (``renew=True``) by the same thread as for a sync job while the job awaits."""
-        held = await aio.call_sync(self.enter, job)
+        renewed (``renew=True``) by the same thread as for a sync job while the job awaits.
+        A job cancelled (its timeout, a cancel, a stop) while the lock is being taken
+        releases it once taken (:func:`aio.acquire_sync`), not leaving it held."""
+        held = await aio.acquire_sync(self.enter, _Held.leave, job)
         if held is None:
             return None
         try:

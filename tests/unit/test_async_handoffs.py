@@ -351,6 +351,158 @@ def test_an_exception_reaches_the_awaiting_coroutine():
         loop.close()
 
 
+def test_a_cancelled_calls_outcome_goes_to_its_abandoned_callback():
+    """A call whose awaiter went away while it ran still ends in its thread: what came of it
+    goes to its ``abandoned`` callback, on the loop; one not yet started is not run."""
+    loop = aio.LoopThread(blocked_after=0, name="offload-abandoned")
+    started, go = threading.Event(), threading.Event()
+    ran: list[str] = []
+    handed: list[tuple] = []
+    try:
+        async def scenario():
+            running = loop.pool.call(
+                lambda: (started.set(), go.wait(30), "taken")[2],
+                lambda ok, value: handed.append(("running", ok, value,
+                                                 threading.current_thread() is loop.thread)))
+            queued = loop.pool.call(lambda: ran.append("queued"), lambda ok, value: handed.append(
+                ("queued", ok, type(value).__name__)))
+            queued.cancel()  # before any thread took it
+            while not started.is_set():
+                await asyncio.sleep(0.005)
+            running.cancel()  # while it runs
+            go.set()
+            for _ in range(1000):
+                if len(handed) == 2:
+                    break
+                await asyncio.sleep(0.005)
+            return sorted(handed)
+
+        assert loop.run(scenario()) == [("queued", False, "CancelledError"),
+                                        ("running", True, "taken", True)]
+        assert ran == []
+    finally:
+        go.set()
+        loop.close()
+
+
+def _acquiring(started: threading.Event, go: threading.Event):
+    def acquire(name):
+        started.set()
+        go.wait(30)
+        return f"lock {name}"
+
+    return acquire
+
+
+async def _cancel_once_started(task: asyncio.Future, started: threading.Event,
+                               go: threading.Event) -> bool:
+    """Cancel ``task`` while its call runs; whether it was still waiting for the call
+    after, then let the call end and wait for the task."""
+    while not started.is_set():
+        await asyncio.sleep(0.005)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    waiting = not task.done()
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return waiting
+
+
+def test_a_task_cancelled_while_its_acquisition_runs_gives_back_what_it_took():
+    loop = aio.loop_thread()
+    started, go = threading.Event(), threading.Event()
+    released: list[tuple[str, bool]] = []
+
+    def release(value):
+        released.append((value, threading.current_thread() is not loop.thread))
+
+    async def scenario():
+        task = asyncio.ensure_future(aio.acquire_sync(_acquiring(started, go), release, "a"))
+        return await _cancel_once_started(task, started, go), list(released)
+
+    try:
+        # the cancelled task waited for the call, then for the release (off the loop)
+        assert loop.run(scenario()) == (True, [("lock a", True)])
+    finally:
+        go.set()
+
+
+def test_off_the_worker_loop_a_cancelled_acquisition_is_given_back_too():
+    # drain() and inline mode: asgiref's sync_to_async, which drops the result itself
+    started, go = threading.Event(), threading.Event()
+    released: list[str] = []
+
+    async def scenario():
+        task = asyncio.ensure_future(aio.acquire_sync(_acquiring(started, go),
+                                                      released.append, "b"))
+        return await _cancel_once_started(task, started, go), list(released)
+
+    try:
+        assert asyncio.run(scenario()) == (True, ["lock b"])
+    finally:
+        go.set()
+
+
+def test_an_acquisition_that_ended_as_its_task_was_cancelled_is_given_back(monkeypatch):
+    """The call's result reached the loop, but the task was cancelled before it resumed
+    (then again while it waited for the release: it still waits for it)."""
+    loop = aio.loop_thread()
+    pool = loop.pool
+    deliver = pool._deliver
+    released: list[str] = []
+    task: asyncio.Future | None = None
+
+    def deliver_then_cancel():
+        deliver()
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def scenario():
+        nonlocal task
+        monkeypatch.setattr(pool, "_deliver", deliver_then_cancel)
+        task = asyncio.ensure_future(aio.acquire_sync(lambda: "lock c", released.append))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return list(released)
+
+    try:
+        assert loop.run(scenario()) == ["lock c"]
+    finally:
+        monkeypatch.undo()
+
+
+def test_an_acquisition_not_cancelled_or_that_took_nothing_is_not_given_back():
+    loop = aio.loop_thread()
+    released: list[object] = []
+    started, go = threading.Event(), threading.Event()
+
+    def nothing():
+        started.set()
+        go.wait(30)
+
+    def failing():
+        started.set()
+        go.wait(30)
+        raise ConnectionError("store down")
+
+    async def scenario():
+        got = await aio.acquire_sync(lambda: "lock d", released.append)
+        waited = []
+        for acquire in (nothing, failing):
+            started.clear()
+            go.clear()
+            task = asyncio.ensure_future(aio.acquire_sync(acquire, released.append))
+            waited.append(await _cancel_once_started(task, started, go))
+        return got, waited
+
+    try:
+        assert loop.run(scenario()) == ("lock d", [True, True])
+        assert released == []
+    finally:
+        go.set()
+
+
 def test_one_task_reads_the_cancel_flags_of_every_job_on_the_worker_loop(monkeypatch):
     """Two jobs on the worker's loop, one flagged: the one poller cancels only it."""
     from django_jobguard.context import JobContext

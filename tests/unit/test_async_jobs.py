@@ -4,6 +4,7 @@ whole pipeline; their timeout and an operator's cancel cancel their task; defini
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -16,6 +17,7 @@ from django_jobguard import (
     ShouldBeUniqueUntilProcessing,
     Skip,
     ThrottlesExceptions,
+    WithoutOverlapping,
     aio,
     job,
     rate_limiter,
@@ -195,6 +197,191 @@ def test_throttles_exceptions_counts_an_async_jobs_exception_and_opens(scratch_j
     ran, deferred = sorted(QueuedJob.objects.all(), key=lambda row: -row.attempts)
     assert ran.attempts == 1 and "ConnectionError: service down" in ran.last_error
     assert deferred.attempts == 0 and deferred.wait_reason.endswith("was open")
+
+
+# -- a job cancelled while its middleware takes a lock or enters a circuit off the loop ---------
+# The call goes on in its thread after the task is cancelled (a thread cannot be stopped):
+# what it took must be given back, not left held (a lock renewed for ever, a probe leased).
+
+
+def _slow_first(monkeypatch, store, method: str, seconds: float = 0.6) -> list:
+    """``store.<method>`` outlasts the job's timeout the first time; the list gets what
+    each call returned."""
+    real = getattr(store, method)
+    returned: list = []
+
+    def slow(*args, **kwargs):
+        if not returned:
+            time.sleep(seconds)
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(store, method, slow)
+    return returned
+
+
+class _LongLease(ThrottlesExceptions):
+    """A probe's lease of 10 minutes, whatever the job's timeout: one never freed blocks."""
+
+    def probe_lease(self, job):
+        return 600
+
+
+def _overlapping_job(renew: bool):
+    class Overlapping(Job):
+        name = "tests.async.CancelledOverlapping"
+        timeout = 0.2
+        tries = 3
+
+        def middleware(self):
+            return [WithoutOverlapping("k", expire_after=5, renew=renew, release_after=30)]
+
+        async def handle(self):
+            async_jobs.SEEN.append("ran")
+
+    return Overlapping
+
+
+def _probing_job():
+    class Probing(Job):
+        name = "tests.async.CancelledProbe"
+        timeout = 0.2
+        tries = 1  # the probe's owner is its job id: its retry would be let in anyway
+
+        def middleware(self):
+            return [_LongLease(max_attempts=1, decay_seconds=0.05)]
+
+        async def handle(self):
+            async_jobs.SEEN.append("ran")
+
+    return Probing
+
+
+def _half_open(store, key: str) -> None:
+    """Open circuit ``key`` (one failure of ``_probing_job``'s), its decay over: the next job
+    to enter it is its probe."""
+    settings = {"max_attempts": 1, "decay": 0.05}
+    assert store.circuit_enter(key, owner="before", probe_lease=600, **settings).admitted
+    store.circuit_leave(key, owner="before", outcome="failure", **settings)
+    time.sleep(0.1)
+
+
+def test_an_async_job_timed_out_while_it_takes_its_overlap_lock_releases_it(
+        scratch_jobs, store_alias, seen, monkeypatch):
+    store = get_store(store_alias)
+    taken = _slow_first(monkeypatch, store, "acquire")
+    job = _overlapping_job(renew=False)()
+    key = job.middleware()[0].lock_key(job)
+    job.dispatch()
+    # The first run times out as the lock is taken and is retried at once: the lock was
+    # released, not left to defer every later run of the key as an overlap.
+    assert drain().states == ["RELEASED", "DONE"]
+    assert taken[0] is not None and seen == ["ran"]
+    assert store.get_lock(key) is None and not QueuedJob.objects.exists()
+
+
+def test_an_async_job_timed_out_while_it_enters_a_circuit_frees_its_probe(
+        scratch_jobs, store_alias, seen, monkeypatch):
+    store = get_store(store_alias)
+    job = _probing_job()()
+    key = job.middleware()[0].circuit_key(job)
+    _half_open(store, key)
+    entered = _slow_first(monkeypatch, store, "circuit_enter")
+    job.dispatch()
+    # The first job was admitted as the probe as it timed out: the probe is freed (not
+    # leased 10 minutes), and the next job probes in its place and closes the circuit.
+    assert drain().states == ["FAILED"]
+    assert entered[0].admitted and entered[0].probe and seen == []
+    job.dispatch()
+    assert drain().states == ["DONE"]
+    assert seen == ["ran"] and circuit_state(store, key) in (None, "closed")
+
+
+def circuit_state(store, key):
+    return next((c.state for c in store.throttles() if c.key == key), None)
+
+
+@pytest.fixture
+def _loop_connections():
+    """Close the connections the worker loop's threads opened (a test on the worker's
+    loop is a transaction=True one: its threads see the rows)."""
+    import threading
+
+    from django.db import connections
+
+    yield
+    loop = aio._loop_thread
+    if loop is None:
+        return
+    n = len(loop.pool._threads)
+    barrier = threading.Barrier(n) if n else None
+
+    def close():
+        assert barrier is not None
+        barrier.wait(timeout=5)  # one call in each thread
+        connections.close_all()
+
+    async def all_closed():
+        if n:
+            await asyncio.gather(*(aio.call_sync(close) for _ in range(n)))
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    loop.run(all_closed())
+
+
+def _wait_for(condition, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _process_on_the_worker_loop(worker_id: str) -> str:
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    (row,) = queue.claim(["default"], worker_id=worker_id, limit=1, start=1)
+    return aio.loop_thread().run(Pipeline(worker_id=worker_id, event_loop=True).aprocess(row))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_the_worker_loop_a_lock_taken_as_the_job_timed_out_is_released(
+        scratch_jobs, seen, monkeypatch, _loop_connections):
+    """Review B: with renew=True the lock was renewed for ever by its renewer thread, and
+    every later run of the key was deferred as an overlap."""
+    import threading
+
+    store = get_store()
+    taken = _slow_first(monkeypatch, store, "acquire")
+    job = _overlapping_job(renew=True)()
+    key = job.middleware()[0].lock_key(job)
+    job.dispatch()
+    assert _process_on_the_worker_loop("w-overlap") == "RELEASED"  # timed out, retried
+    _wait_for(lambda: taken)  # (the run ended once the lock it took was released)
+    assert taken[0] is not None and store.get_lock(key) is None
+    assert not [t for t in threading.enumerate() if t.name == f"jobguard-renew:{key}"]
+    assert _process_on_the_worker_loop("w-overlap") == "DONE"
+    assert seen == ["ran"] and store.get_lock(key) is None
+    assert not QueuedJob.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_the_worker_loop_a_probe_admitted_as_the_job_timed_out_is_freed(
+        scratch_jobs, seen, monkeypatch, _loop_connections):
+    store = get_store()
+    job = _probing_job()()
+    key = job.middleware()[0].circuit_key(job)
+    _half_open(store, key)
+    entered = _slow_first(monkeypatch, store, "circuit_enter")
+    job.dispatch()
+    assert _process_on_the_worker_loop("w-probe") == "FAILED"  # timed out as it entered
+    _wait_for(lambda: entered)
+    assert entered[0].admitted and entered[0].probe
+    state = next(c for c in store.throttles() if c.key == key)
+    assert state.state == "half-open" and state.resets_at <= store.now()  # free to probe
+    job.dispatch()
+    assert _process_on_the_worker_loop("w-probe") == "DONE"
+    assert seen == ["ran"] and circuit_state(store, key) in (None, "closed")
+    assert not QueuedJob.objects.exists()
 
 
 def test_an_async_unique_until_processing_job_frees_its_lock_as_it_starts(scratch_jobs):
