@@ -355,6 +355,16 @@ def running_labels() -> list[str]:
         return [run.label for run in _runs.values()]
 
 
+def cancelled_for() -> str | None:
+    """In an async job's task that is being cancelled: why (:data:`TIMEOUT`,
+    :data:`CANCELLED`, :data:`STOPPED`); ``None`` elsewhere, or if jobguard did not cancel
+    it (a middleware tells its timeout from a stop, as a sync one sees JobTimeoutError)."""
+    task = asyncio.current_task()
+    with _runs_lock:
+        run = _runs.get(task) if task is not None else None
+    return None if run is None else run.reason
+
+
 def running() -> list[JobRun]:
     with _runs_lock:
         return list(_runs.values())

@@ -13,6 +13,7 @@ store that cannot be reached) is not the service failing: it is never counted or
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import uuid
@@ -139,8 +140,30 @@ class ThrottlesExceptions(JobMiddleware):
         except Exception as exc:
             await aio.call_sync(self.failed, job, circuit, exc)
             return None
+        except asyncio.CancelledError:
+            # Its timeout is counted as a sync job's JobTimeoutError is; a cancel or a stop
+            # leaves the circuit as it was (a probe freed), not held until its lease runs out.
+            try:
+                await aio.call_sync(self.cut_short, job, circuit, aio.cancelled_for())
+            except Exception:
+                logger.exception("%s [%s]: could not leave circuit %s as it was cancelled.",
+                                 job.name, job.job_id, circuit["key"])
+            raise
         await aio.call_sync(self.succeeded, job, circuit)
         return result
+
+    def cut_short(self, job: JobLike, circuit: dict[str, Any], reason: str | None) -> None:
+        """An async job's task was cancelled in ``handle()``: ``reason`` :data:`aio.TIMEOUT`
+        is a failure as a sync job's timeout is (when counted), anything else neutral."""
+        if reason != aio.TIMEOUT:
+            self.abandoned(circuit)
+            return
+        timeout = job.context.policy.timeout
+        try:
+            self.failed(job, circuit, JobTimeoutError(
+                f"The job has timed out after {timeout:g} s."))
+        except JobTimeoutError:
+            pass  # the worker ends it by its timeout rules, as it does already
 
     def enter(self, job: JobLike) -> dict[str, Any] | None:
         """Enter the circuit; ``None`` after deferring the job (the circuit is open)."""

@@ -199,6 +199,31 @@ def test_throttles_exceptions_counts_an_async_jobs_exception_and_opens(scratch_j
     assert deferred.attempts == 0 and deferred.wait_reason.endswith("was open")
 
 
+def test_throttles_exceptions_counts_an_async_jobs_timeout_as_a_sync_one(scratch_jobs,
+                                                                         store_alias):
+    """A sync job's timeout reaches the middleware as JobTimeoutError and is counted; an
+    async job's is a cancellation of its task: counted the same."""
+    class Hangs(Job):
+        name = "tests.async.Hangs"
+        tries = 1
+        timeout = 1
+
+        def __init__(self, seconds: float = 30):
+            self.seconds = seconds
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1, decay_seconds=60, backoff=60)]
+
+        async def handle(self):
+            await asyncio.sleep(self.seconds)
+
+    Hangs().dispatch()
+    assert drain().states == ["FAILED"]  # timed out
+    Hangs(0).dispatch()
+    assert drain().states == ["RELEASED"]  # the timeout opened the circuit
+    assert QueuedJob.objects.get().wait_reason.endswith("was open")
+
+
 # -- a job cancelled while its middleware takes a lock or enters a circuit off the loop ---------
 # The call goes on in its thread after the task is cancelled (a thread cannot be stopped):
 # what it took must be given back, not left held (a lock renewed for ever, a probe leased).
