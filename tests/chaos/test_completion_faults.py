@@ -173,3 +173,57 @@ def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode):
     assert all(r.ended_at is not None for r in runs)
     assert [r.attempt for r in runs] == [1, 1]  # its start was never written: no try used
     assert not FailedJob.objects.exists()
+
+
+@MODES
+def test_rows_claimed_ahead_by_a_stalled_worker_run_only_at_their_new_owner(fleet, mode):
+    """A worker stalled (SIGSTOP) past its lease holding rows claimed ahead (not started:
+    the solo worker's batch, the prefetch buffer of threads and async slots) loses them to
+    another worker; resumed, it must not run them: a deferred start has no statement of its
+    own, so it is deferred only while the claim's lease surely holds, and rows started
+    together are run only if their start found them held. Each runs once, at its new
+    owner; the stalled worker logs them LOST."""
+    record = chaos_jobs.AsyncRerunWaits if _is_async(mode) else chaos_jobs.RerunWaits
+    busy = 4 if mode else 1  # every slot taken by a long job: the rest are claimed ahead
+    workers = fleet("--sleep", "0.2", *mode,
+                    env=chaos_env(JOBGUARD_COMPLETION_WINDOW="30", JOBGUARD_LOG_LEVEL="INFO",
+                                  JOBGUARD_RETRY_AFTER="4"))
+    (first,) = workers.start(1)
+    record("warm").dispatch()  # a fast class here: the next starts are deferred
+    wait_for(lambda: not QueuedJob.objects.exists(), timeout=60, what="the warm-up ran")
+    first_id = Worker.objects.get(pid=first.pid).id
+    with transaction.atomic():  # one commit: one claim takes the long ones and the rest
+        for i in range(busy):
+            record(f"long-{i}", seconds=3).dispatch(priority=5)
+        ahead = [record(f"ahead-{i}").dispatch(priority=1) for i in range(6)]
+    label = chaos_jobs.RerunWaits.LABEL
+    ids = [handle.id for handle in ahead]
+
+    def held_ahead() -> list:
+        return list(QueuedJob.objects.filter(id__in=ids, reserved_by=first_id)
+                    .values_list("id", flat=True))
+
+    wait_for(lambda: JobRun.objects.filter(label=label, key__startswith="long-",
+                                           pid=first.pid).count() == busy and held_ahead(),
+             timeout=60, what="the long jobs running and rows claimed ahead")
+    first.send_signal(signal.SIGSTOP)  # no heartbeat renews its 4 s lease
+    try:
+        held = held_ahead()
+        assert held and not JobRun.objects.filter(label=label, key__startswith="ahead-",
+                                                  pid=first.pid).exists()
+        (second,) = workers.start(1)
+        wait_for(lambda: JobRun.objects.filter(label=label, key__startswith="ahead-")
+                 .count() == len(ahead), timeout=90, what="the second worker ran them all")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    # Resumed, the first worker ends its long jobs, then meets the rows it held ahead.
+    wait_for(lambda: all(any(f"[{row_id}]" in line and "LOST" in line
+                             for line in workers.log_of(first).splitlines())
+                         for row_id in held),
+             timeout=60, what="the first worker found the rows it held ahead taken")
+    wait_for(lambda: not QueuedJob.objects.exists(), timeout=60, what="the queue drained")
+    assert workers.stop_all() == [0, 0], workers.errors()
+    runs = JobRun.objects.filter(label=label, key__startswith="ahead-")
+    assert sorted(runs.values_list("key", flat=True)) == [f"ahead-{i}" for i in range(6)]
+    assert set(runs.values_list("pid", flat=True)) == {second.pid}
+    assert not FailedJob.objects.exists()
