@@ -146,6 +146,8 @@ async def acquire_sync(acquire: Callable[..., T | None], release: Callable[[T], 
         return await future
     except asyncio.CancelledError:
         if future.cancelled():  # cancelled with it: its outcome is handed to ``late``
+            if current.pool.withdraw(future):
+                raise  # still queued, taken back: it never runs, nothing to give back
             if late.outcome is None:
                 late.waiter = current.loop.create_future()
                 await _despite_cancel(late.waiter)
@@ -310,8 +312,14 @@ class JobRun:
         Not once ``handle()`` has returned: the job is done, only its middleware's clean-up
         is left (cut short, a stop would put a finished job back in the queue to run again,
         a cancel would record a finished one as cancelled), as for a sync job
-        (:meth:`~django_jobguard.worker.pipeline.Pipeline.interruptible`)."""
-        if self.task.done() or self.reason is not None or self.context.handle_finished:
+        (:meth:`~django_jobguard.worker.pipeline.Pipeline.interruptible`); a stop still
+        ends the wait for it after the grace period, the job counted as done."""
+        if self.task.done() or self.reason is not None:
+            return
+        if self.context.handle_finished:
+            if reason == STOPPED and self._grace is None:  # the wait still ends: see _give_up
+                self._grace = asyncio.get_running_loop().call_later(self.grace, self._give_up,
+                                                                    self.grace)
             return
         self.reason = reason
         self.task.cancel(f"jobguard: {reason}")
@@ -331,7 +339,15 @@ class JobRun:
         self.cancel(TIMEOUT)
 
     def _give_up(self, grace: float) -> None:
-        if not self.task.done():
+        if not self.task.done() and self.reason is None:  # a stop after handle() returned
+            logger.critical("%s: its handle() returned, its middleware's clean-up has not "
+                            "ended %g s after the worker's stop; the worker stops waiting for "
+                            "it and counts the job as done, its task is left running on the "
+                            "loop.", self.label, grace)
+            self.given_up = True
+            for waiter in self._waiters:
+                _wake(waiter)
+        elif not self.task.done():
             logger.critical("%s was cancelled (%s) and has not ended %g s later (it swallows "
                             "asyncio.CancelledError?); the worker stops waiting for it, its task "
                             "is left running on the loop.", self.label, self.reason, grace)
@@ -471,6 +487,8 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 def _result(run: JobRun, timeout: float) -> Any:
     task = run.task
+    if run.given_up and run.reason is None:  # handle() returned; its clean-up outlasted a
+        return None  # stop's grace: done (put back, it would run again)
     if run.reason == TIMEOUT:
         error = JobTimeoutError(f"The job has timed out after {timeout:g} s.")
         own = task.exception() if task.done() and not task.cancelled() else None
@@ -776,6 +794,16 @@ class Offload:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+
+    def withdraw(self, future: asyncio.Future[Any]) -> bool:
+        """On the loop: take back the call of ``future`` if no thread has taken it yet
+        (True: it never runs, nor is its ``abandoned`` called)."""
+        with self._cond:
+            for index, (queued, _, _) in enumerate(self._queue):
+                if queued is future:
+                    del self._queue[index]
+                    return True
+        return False
 
     def close(self) -> None:
         """Let the threads end once the calls queued are done."""

@@ -281,6 +281,33 @@ def test_a_result_is_not_held_back_by_a_cancelled_call_queued_behind_it():
         loop.close()
 
 
+def test_an_acquisition_cancelled_while_queued_is_taken_back_at_once():
+    """Every thread of the worker loop's pool busy (a stuck store): a cancelled acquisition
+    that no thread took yet never runs, and its task ends at once (it need not wait for a
+    thread to learn that nothing was taken)."""
+    gate = threading.Event()
+    took: list[str] = []
+
+    async def main():
+        busy = [asyncio.ensure_future(aio.call_sync(gate.wait, 30))
+                for _ in range(aio.POOL_SIZE)]
+        await asyncio.sleep(0.1)  # every thread in its call
+        task = asyncio.ensure_future(aio.acquire_sync(lambda: took.append("lock") or "lock",
+                                                      lambda value: None))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        gate.set()
+        await asyncio.gather(*busy)
+        return bool(done) and task.cancelled()
+
+    try:
+        assert aio.loop_thread().run(main())
+        assert took == []  # it never ran
+    finally:
+        gate.set()
+
+
 class _OwnedLock:
     """A lock that knows which thread holds it (a plain lock does not: another thread
     holding it at the moment looks the same as the caller holding it)."""

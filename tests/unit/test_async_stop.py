@@ -105,3 +105,26 @@ def test_a_cancel_after_handle_returned_lets_the_clean_up_end():
         return await running, run.reason
 
     assert aio.loop_thread().run(main()) == ("ok", None)
+
+
+def test_a_stop_after_handle_returned_still_ends_the_wait_after_the_grace_period():
+    """A clean-up that never ends (a store call without a timeout) does not hold a stopping
+    worker for ever: after the grace period the run ends, counted as done (put back, the
+    finished job would run again)."""
+    context = JobContext(job_id="1")
+
+    async def job():
+        context.handle_finished = True
+        await asyncio.sleep(3600)  # the clean-up hangs
+
+    async def main():
+        running = asyncio.ensure_future(
+            aio.run_job(context, job(), timeout=0, label="hung-clean-up", grace=0.2))
+        await asyncio.sleep(0.05)
+        (run,) = aio.running()
+        aio.stop_all()
+        done, _ = await asyncio.wait([running], timeout=10)
+        run.task.cancel()  # (the test's own clean-up of the task left running)
+        return [task.result() for task in done], run.given_up
+
+    assert aio.loop_thread().run(main()) == ([None], True)
