@@ -117,3 +117,33 @@ def workers(transactional_db) -> Iterator:
         pool.kill()
 
 
+@pytest.fixture
+def loop_connections():
+    """Close the connections the worker loop's threads opened (a test on the worker's loop
+    is a transaction=True one: its threads see the rows), before the test's flush."""
+    import asyncio
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from django_jobguard import aio
+
+    yield
+    loop = aio._loop_thread
+    if loop is None:
+        return
+    count = len(loop.pool._threads)
+    barrier = threading.Barrier(count) if count else None
+
+    def close():
+        assert barrier is not None
+        barrier.wait(timeout=5)  # one call in each thread
+        connections.close_all()
+
+    async def all_closed():
+        if count:
+            await asyncio.gather(*(aio.call_sync(close) for _ in range(count)))
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    loop.run(all_closed())

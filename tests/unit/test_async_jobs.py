@@ -326,32 +326,6 @@ def circuit_state(store, key):
     return next((c.state for c in store.throttles() if c.key == key), None)
 
 
-@pytest.fixture
-def _loop_connections():
-    """Close the connections the worker loop's threads opened (a test on the worker's
-    loop is a transaction=True one: its threads see the rows)."""
-    import threading
-
-    from django.db import connections
-
-    yield
-    loop = aio._loop_thread
-    if loop is None:
-        return
-    n = len(loop.pool._threads)
-    barrier = threading.Barrier(n) if n else None
-
-    def close():
-        assert barrier is not None
-        barrier.wait(timeout=5)  # one call in each thread
-        connections.close_all()
-
-    async def all_closed():
-        if n:
-            await asyncio.gather(*(aio.call_sync(close) for _ in range(n)))
-        await sync_to_async(connections.close_all, thread_sensitive=True)()
-
-    loop.run(all_closed())
 
 
 def _wait_for(condition, seconds: float = 5.0) -> None:
@@ -370,7 +344,7 @@ def _process_on_the_worker_loop(worker_id: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_on_the_worker_loop_a_lock_taken_as_the_job_timed_out_is_released(
-        scratch_jobs, seen, monkeypatch, _loop_connections):
+        scratch_jobs, seen, monkeypatch, loop_connections):
     """Review B: with renew=True the lock was renewed for ever by its renewer thread, and
     every later run of the key was deferred as an overlap."""
     import threading
@@ -391,7 +365,7 @@ def test_on_the_worker_loop_a_lock_taken_as_the_job_timed_out_is_released(
 
 @pytest.mark.django_db(transaction=True)
 def test_on_the_worker_loop_a_probe_admitted_as_the_job_timed_out_is_freed(
-        scratch_jobs, seen, monkeypatch, _loop_connections):
+        scratch_jobs, seen, monkeypatch, loop_connections):
     store = get_store()
     job = _probing_job()()
     key = job.middleware()[0].circuit_key(job)

@@ -9,8 +9,6 @@ import asyncio
 import threading
 
 import pytest
-from asgiref.sync import sync_to_async
-from django.db import connections
 
 from django_jobguard import Job, aio, queue
 from django_jobguard.context import JobContext
@@ -18,32 +16,11 @@ from django_jobguard.middleware import JobMiddleware
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker.pipeline import Pipeline
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("loop_connections")]
 
 RUNS: list[str] = []
 CLEANING = threading.Event()
-
-
-@pytest.fixture(autouse=True)
-def _close_loop_connections():
-    """The loop's pool threads opened connections of their own: closed before the flush."""
-    yield
-    loop = aio._loop_thread
-    if loop is None:
-        return
-    count = len(loop.pool._threads)
-    barrier = threading.Barrier(count) if count else None
-
-    def close():
-        barrier.wait(timeout=5)
-        connections.close_all()
-
-    async def all_closed():
-        if count:
-            await asyncio.gather(*(aio.call_sync(close) for _ in range(count)))
-        await sync_to_async(connections.close_all, thread_sensitive=True)()
-
-    loop.run(all_closed())
 
 
 class SlowCleanUp(JobMiddleware):

@@ -5,46 +5,20 @@ single row's owner-checked start refuses it)."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from asgiref.sync import sync_to_async
 from demo.models import JobRun
-from django.db import connections
 from django.utils import timezone
 
-from django_jobguard import aio, queue
+from django_jobguard import queue
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker.loop import Worker, WorkerOptions
 from tests.support import POSTGRES, async_jobs, jobs
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _close_loop_connections():
-    """The loop's pool threads opened connections of their own: closed before the flush."""
-    yield
-    loop = aio._loop_thread
-    if loop is None:
-        return
-    count = len(loop.pool._threads)
-    barrier = threading.Barrier(count) if count else None
-
-    def close():
-        barrier.wait(timeout=5)
-        connections.close_all()
-
-    async def all_closed():
-        import asyncio
-
-        if count:
-            await asyncio.gather(*(aio.call_sync(close) for _ in range(count)))
-        await sync_to_async(connections.close_all, thread_sensitive=True)()
-
-    loop.run(all_closed())
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("loop_connections")]
 
 
 def _take_over(row_id) -> None:
