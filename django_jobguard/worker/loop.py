@@ -537,6 +537,7 @@ class Worker:
                 lost = queue.start_many(ahead, using=self.options.using)
             except (DatabaseError, InterfaceError) as exc:  # each starts on its own then
                 logger.warning("Could not start %s jobs at once (%s).", len(ahead), exc)
+                queue.close_broken_connections()  # (their starts here need a new one)
         handed = False
         for row, is_async in starting:
             if lost and row in lost:  # taken over meanwhile: another worker runs it

@@ -82,3 +82,30 @@ def test_with_batched_completion_a_row_held_through_a_stall_is_not_run_when_take
         group.close()
     assert not JobRun.objects.exists()
     assert QueuedJob.objects.get(id=row.id).reserved_by == "other-worker"
+
+
+@pytest.mark.skipif(not POSTGRES, reason="terminates the connection's backend")
+def test_after_a_cut_connection_the_rows_started_together_run_now():
+    """A database restart cuts the coordinator's connection as it starts buffered rows at
+    once: each starts on its own then, on a new connection, and runs now (not left for its
+    lease to run out)."""
+    from django.db import connection, connections
+
+    for i in range(3):
+        async_jobs.AsyncRecord("cut", key=f"k{i}").dispatch()
+    worker = Worker(WorkerOptions(queues=["default"], async_concurrency=4))
+    rows = queue.claim(["default"], worker_id=worker.id, limit=3, start=0, ahead=3)
+    with connection.cursor() as cursor:  # what a restart does to it
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    killer = connections.create_connection("default")
+    try:
+        with killer.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        killer.close()
+    worker._prefetch.put(rows)
+    worker._start_from_buffer()
+    assert worker._async.wait(timeout=20)
+    assert JobRun.objects.filter(label="cut").count() == 3  # all ran now
+    assert not QueuedJob.objects.exists()
