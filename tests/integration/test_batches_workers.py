@@ -53,7 +53,11 @@ def test_no_member_starts_after_cancel_returns(workers, mode):
     ``attempts = 0`` just after the cancel are the ones that must never run."""
     from tests.support.async_jobs import AsyncRecord
 
-    members = [AsyncRecord(f"c{i}") if mode == "async" else Step(f"c{i}") for i in range(600)]
+    # 20 ms each: the 600 take the 2 workers about 0.75 s at least (async, 16 at once), so
+    # the cancel comes well before every member started (no-op members could all have run
+    # between the wait's look and the cancel on a fast machine).
+    members = [AsyncRecord(f"c{i}", seconds=0.02) if mode == "async"
+               else Step(f"c{i}", first_run_seconds=0.02) for i in range(600)]
     handle = batch(members, name="cancelled").dispatch()
     args = {"processes": ("--batch", "20"), "threads": ("--threads", "4"),
             "async": ("--async-concurrency", "8")}[mode]
