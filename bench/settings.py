@@ -49,7 +49,7 @@ JOBGUARD = {
     "HISTORY": os.environ.get("JOBGUARD_BENCH_HISTORY", "off"),
     # Batched completion (bench/peers.py and bench/throughput.py compare 0 with 0.005).
     "COMPLETION_WINDOW": float(os.environ.get("JOBGUARD_BENCH_COMPLETION_WINDOW", "0")),
-    "COMPLETION_BATCH_SIZE": int(os.environ.get("JOBGUARD_BENCH_COMPLETION_BATCH", "100")),
+    "COMPLETION_BATCH_SIZE": int(os.environ.get("JOBGUARD_BENCH_COMPLETION_BATCH", "500")),
     "RETRY_AFTER": float(os.environ.get("JOBGUARD_BENCH_RETRY_AFTER", "90")),
     "DEFAULT_TIMEOUT": float(os.environ.get("JOBGUARD_BENCH_DEFAULT_TIMEOUT", "60")),
     # Per-queue settings as JSON (bench/fairness.py makes the queue fair with them).

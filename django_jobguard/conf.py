@@ -77,7 +77,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             at_least=0),
     Setting("CLAIM_BATCH_SIZE", None, (int, _NONE),
             "How many jobs a worker reserves in one claim query; None: adaptive (one without "
-            "a backlog, up to 128 with one; see claiming.py).", above=0),
+            "a backlog, up to 512 with one; see claiming.py).", above=0),
     Setting("MAX_PAYLOAD_BYTES", 1_048_576, (int,),
             "Largest accepted JSON payload in bytes (dispatch raises ValueError above it; "
             "0 = no limit).", at_least=0),
@@ -105,7 +105,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "one statement (batched completion; 0 = one ack per job). A worker killed loses at "
             "most the acks of this window: those jobs run again, without using a try "
             "(docs/guarantees.md). 0.005 is a good value for many short jobs.", at_least=0),
-    Setting("COMPLETION_BATCH_SIZE", 100, (int,),
+    Setting("COMPLETION_BATCH_SIZE", 500, (int,),
             "With COMPLETION_WINDOW: a group of acks is written at once when this many jobs "
             "finished.", above=0),
     Setting("DATABASE", "default", (str,),

@@ -4,7 +4,7 @@
 backlog, and the next asks for twice as many, up to :data:`MAX_CLAIM`; one that came back
 short goes back to one. The size is also capped so that the jobs claimed ahead are worth
 about :data:`AHEAD_SECONDS` of work at the recent average job duration: a backlog of
-millisecond jobs is claimed up to 128 at a time (one round trip instead of 128), a backlog
+millisecond jobs is claimed up to 512 at a time (one round trip instead of 512), a backlog
 of one-second jobs one at a time (no worker sits on jobs an idle one could run). Rows claimed
 ahead keep their lease renewed by the heartbeat, count their attempt only when they start,
 and are given back on shutdown.
@@ -30,7 +30,7 @@ from django_jobguard import queue
 logger = logging.getLogger("django_jobguard.worker")
 
 #: The most rows one adaptive claim asks for.
-MAX_CLAIM = 128
+MAX_CLAIM = 512
 #: Work (in seconds, at the recent average duration) a worker may hold claimed ahead.
 AHEAD_SECONDS = 0.05
 #: Weight of the newest job in the running average of job durations.

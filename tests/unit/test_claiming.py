@@ -14,10 +14,10 @@ from tests.support import jobs, requires_postgres, work
 def test_a_full_claim_doubles_the_next_up_to_the_most():
     size = ClaimSize()
     asked = []
-    for _ in range(9):
+    for _ in range(11):
         asked.append(size.next())
         size.claimed(asked[-1], asked[-1])  # the queue had as many as asked: a backlog
-    assert asked == [1, 2, 4, 8, 16, 32, 64, 128, 128] and MAX_CLAIM == 128
+    assert asked == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 512] and MAX_CLAIM == 512
 
 
 def test_a_short_claim_goes_back_to_one():

@@ -115,7 +115,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=0,
                             help="Jobs to reserve per claim (default: "
                                  "JOBGUARD['CLAIM_BATCH_SIZE'], adaptive unless set: one "
-                                 "without a backlog, up to 128 with one).")
+                                 "without a backlog, up to 512 with one).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Worker processes to run under one supervisor.")
         parser.add_argument("--async-concurrency", type=int, default=None,
