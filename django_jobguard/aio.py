@@ -313,7 +313,8 @@ class JobRun:
         is left (cut short, a stop would put a finished job back in the queue to run again,
         a cancel would record a finished one as cancelled), as for a sync job
         (:meth:`~django_jobguard.worker.pipeline.Pipeline.interruptible`); a stop still
-        ends the wait for it after the grace period, the job counted as done."""
+        ends the wait for it after the grace period: the job counted as done if its
+        ``handle()`` returned, put back if it raised."""
         if self.task.done() or self.reason is not None:
             return
         if self.context.handle_finished:
@@ -339,11 +340,13 @@ class JobRun:
         self.cancel(TIMEOUT)
 
     def _give_up(self, grace: float) -> None:
-        if not self.task.done() and self.reason is None:  # a stop after handle() returned
-            logger.critical("%s: its handle() returned, its middleware's clean-up has not "
-                            "ended %g s after the worker's stop; the worker stops waiting for "
-                            "it and counts the job as done, its task is left running on the "
-                            "loop.", self.label, grace)
+        if not self.task.done() and self.reason is None:  # a stop after handle() ended
+            logger.critical("%s: its handle() %s, its middleware has not ended %g s after the "
+                            "worker's stop; the worker stops waiting for it (%s), its task is "
+                            "left running on the loop.", self.label,
+                            "returned" if self.context.handle_returned else "raised", grace,
+                            "the job counts as done" if self.context.handle_returned
+                            else "the job goes back to the queue")
             self.given_up = True
             for waiter in self._waiters:
                 _wake(waiter)
@@ -487,8 +490,10 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 def _result(run: JobRun, timeout: float) -> Any:
     task = run.task
-    if run.given_up and run.reason is None:  # handle() returned; its clean-up outlasted a
-        return None  # stop's grace: done (put back, it would run again)
+    if run.given_up and run.reason is None:  # handle() ended; its middleware outlasted a
+        if run.context.handle_returned:  # stop's grace: done (put back, it would run again)
+            return None
+        raise WorkerStoppedError(WorkerStoppedError.detail)  # it raised: not a success
     if run.reason == TIMEOUT:
         error = JobTimeoutError(f"The job has timed out after {timeout:g} s.")
         own = task.exception() if task.done() and not task.cancelled() else None

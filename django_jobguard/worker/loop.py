@@ -384,6 +384,11 @@ class Worker:
         ahead = prefetching = 0
         if executor.claims_ahead:
             limit = 1 if o.once else self._claim_size.next()
+            if self._has_async_jobs and not o.once:
+                # Async rows wait in the prefetch buffer: no more than about AHEAD_SECONDS
+                # of their work (their durations are the buffer's, not the claim size's).
+                limit = max(1, min(limit, async_free + self._prefetch.target(
+                    self._async.concurrency, most=self._claim_size.most)))
             if o.max_jobs:
                 limit = max(1, min(limit, o.max_jobs - self.jobs_processed - len(self._async)))
             # The first row starts now, counted in the claim: unless it may be an async row

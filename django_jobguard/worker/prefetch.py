@@ -71,14 +71,17 @@ class Prefetch:
             self._rows.extend(rows)
             return []
 
-    def target(self, slots: int) -> int:
-        """How many rows to keep ready for ``slots`` slots (see the module docstring)."""
+    def target(self, slots: int, *, most: int | None = None) -> int:
+        """How many rows to keep ready for ``slots`` slots (see the module docstring);
+        ``most``: at most that many instead of one per slot (the solo worker's claim of
+        async rows: fast jobs claimed by the batch, slow ones a few at a time)."""
         average = self.average
+        cap = slots if most is None else most
         if not average or slots < 1:
             return 0
         if average <= 0:
-            return slots
-        return max(0, min(slots, int(slots * self.ahead_seconds / average)))
+            return cap
+        return max(0, min(cap, int(slots * self.ahead_seconds / average)))
 
     def finished(self, seconds: float) -> None:
         """A job ran ``seconds`` (wall clock, start to outcome); any thread."""

@@ -91,7 +91,7 @@ def test_a_stop_after_handle_returned_still_ends_the_wait_after_the_grace_period
     context = JobContext(job_id="1")
 
     async def job():
-        context.handle_finished = True
+        context.handle_finished = context.handle_returned = True  # as the chain marks it
         await asyncio.sleep(3600)  # the clean-up hangs
 
     async def main():
@@ -105,3 +105,55 @@ def test_a_stop_after_handle_returned_still_ends_the_wait_after_the_grace_period
         return [task.result() for task in done], run.given_up
 
     assert aio.loop_thread().run(main()) == ([None], True)
+
+
+class SlowReporting(JobMiddleware):
+    """An async middleware whose exception path awaits (an error report to a slow store)."""
+
+    def handle(self, job, next):
+        return next(job)
+
+    async def ahandle(self, job, next):
+        try:
+            return await next(job)
+        except Exception:
+            CLEANING.set()
+            await asyncio.sleep(5)
+            raise
+
+
+@pytest.fixture
+def failing(scratch_jobs):
+    class Failing(Job):
+        name = "tests.async_stop.Failing"
+        timeout = 30
+        tries = 5
+
+        def middleware(self):
+            return [SlowReporting()]
+
+        async def handle(self):
+            raise ValueError("the service failed")
+
+    return Failing
+
+
+def test_a_stop_while_the_middleware_of_a_job_that_raised_outlasts_the_grace(failing,
+                                                                           monkeypatch):
+    """Its handle() raised: given up after the grace period, it goes back to the queue (it
+    is not acked as done)."""
+    from django_jobguard.worker import timeouts
+
+    monkeypatch.setattr(timeouts, "GRACE", 0.3)
+    CLEANING.clear()
+    handle = failing().dispatch()
+    pipeline = Pipeline(worker_id="w-stop", event_loop=True)
+    (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
+    future = aio.loop_thread().submit(pipeline.aprocess(row))
+    assert CLEANING.wait(5)  # handle() raised; the middleware reports it
+    runs = aio.running()
+    aio.stop_all()
+    assert future.result(timeout=10) != "DONE"
+    assert QueuedJob.objects.filter(id=handle.id).exists()  # back, to run again
+    for run in runs:  # (the test's own clean-up of the task left running)
+        run.task.get_loop().call_soon_threadsafe(run.task.cancel)

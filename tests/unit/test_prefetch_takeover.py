@@ -109,3 +109,23 @@ def test_after_a_cut_connection_the_rows_started_together_run_now():
     assert worker._async.wait(timeout=20)
     assert JobRun.objects.filter(label="cut").count() == 3  # all ran now
     assert not QueuedJob.objects.exists()
+
+
+def test_a_solo_worker_claims_async_rows_by_their_duration():
+    """The solo worker's claim grows with a backlog, but async rows wait in the prefetch
+    buffer: it takes about AHEAD_SECONDS of their work (their durations are the buffer's),
+    so slow async jobs are not hoarded by one worker while others idle, and fast ones are
+    still claimed by the batch."""
+    from django_jobguard import dispatch_many
+
+    dispatch_many([async_jobs.AsyncRecord("many", key=str(i)) for i in range(600)])
+    worker = Worker(WorkerOptions(queues=["default"], async_concurrency=2))
+    worker._claim_size._next = worker._claim_size.most  # grown by a backlog
+    worker._prefetch.finished(0.02)  # 20 ms jobs: 2 slots x 50 ms of work = 5 rows ahead
+    slow = worker._claim()
+    assert 1 <= len(slow) <= 2 + 5
+    worker._give_back(slow)
+    fast = Worker(WorkerOptions(queues=["default"], async_concurrency=2))
+    fast._claim_size._next = fast._claim_size.most
+    fast._prefetch.finished(0.00001)  # no-op jobs: the whole batch
+    assert len(fast._claim()) == fast._claim_size.most
