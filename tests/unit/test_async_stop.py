@@ -52,14 +52,21 @@ def cleaned(scratch_jobs):
     return Cleaned
 
 
-def test_a_stop_at_once_after_handle_returned_acks_the_job(cleaned):
-    RUNS.clear()
+def _run_to_the_middleware(job_class):
+    """Dispatch and claim a ``job_class`` job and run it on the worker's loop until its
+    middleware's clean-up (or error path) begins: its handle, and the run's future."""
     CLEANING.clear()
-    handle = cleaned().dispatch()
+    handle = job_class().dispatch()
     pipeline = Pipeline(worker_id="w-stop", event_loop=True)
     (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
     future = aio.loop_thread().submit(pipeline.aprocess(row))
-    assert CLEANING.wait(5)  # handle() returned; the middleware cleans up
+    assert CLEANING.wait(5)  # handle() ended; the middleware goes on
+    return handle, future
+
+
+def test_a_stop_at_once_after_handle_returned_acks_the_job(cleaned):
+    RUNS.clear()
+    handle, future = _run_to_the_middleware(cleaned)
     aio.stop_all()
     assert future.result(timeout=10) == "DONE"
     assert [handle.id] == RUNS
@@ -145,12 +152,7 @@ def test_a_stop_while_the_middleware_of_a_job_that_raised_outlasts_the_grace(fai
     from django_jobguard.worker import timeouts
 
     monkeypatch.setattr(timeouts, "GRACE", 0.3)
-    CLEANING.clear()
-    handle = failing().dispatch()
-    pipeline = Pipeline(worker_id="w-stop", event_loop=True)
-    (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
-    future = aio.loop_thread().submit(pipeline.aprocess(row))
-    assert CLEANING.wait(5)  # handle() raised; the middleware reports it
+    handle, future = _run_to_the_middleware(failing)  # handle() raised; it is reported
     runs = aio.running()
     aio.stop_all()
     assert future.result(timeout=10) != "DONE"
