@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_jobguard import dispatch_many
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.chaos.conftest import chaos_env
+from tests.chaos.conftest import LONG_LEASE, chaos_env
 from tests.support import jobs
 from tests.support.poison import COLUMN_MAX, UNLOADABLE_CREATED_AT, poison_row
 
@@ -88,7 +88,9 @@ def test_bad_rows_fail_with_a_reason_and_workers_keep_going(workers):
     good += [h.id for h in dispatch_many([jobs.Record("good", key=f"late{i}")
                                           for i in range(30)])]
 
-    env = chaos_env(JOBGUARD_MAX_PAYLOAD_BYTES=str(LIMIT))
+    # A long lease: this test is about bad rows, not recovery (a 2 s lease ran out under a
+    # loaded CI machine once, and a good job that had run was failed by the other worker).
+    env = chaos_env(JOBGUARD_MAX_PAYLOAD_BYTES=str(LIMIT), **LONG_LEASE)
     outputs = workers(2, "--stop-when-empty", "--sleep", "0.1", env=env).wait(120)
 
     ran = list(JobRun.objects.filter(label="good").values_list("job_id", flat=True))
@@ -96,6 +98,10 @@ def test_bad_rows_fail_with_a_reason_and_workers_keep_going(workers):
     assert not JobRun.objects.filter(label="bad").exists()
     assert not QueuedJob.objects.exists()
     failed = {str(f.id): f for f in FailedJob.objects.all()}
+    unexpected = {job_id: (f.name, f.reason, f.message[:300], f.traceback[-800:],
+                           job_id in map(str, good))
+                  for job_id, f in failed.items() if job_id not in bad}
+    assert not unexpected, (unexpected, outputs)
     assert set(failed) == set(bad)
     for job_id, (what, words) in bad.items():
         reason = f"{failed[job_id].exception_class}: {failed[job_id].message}"
