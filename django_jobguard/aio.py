@@ -340,23 +340,23 @@ class JobRun:
         self.cancel(TIMEOUT)
 
     def _give_up(self, grace: float) -> None:
-        if not self.task.done() and self.reason is None:  # a stop after handle() ended
+        """The grace period after a cancel or a stop ran out: stop waiting for the task."""
+        if self.task.done():
+            return
+        if self.reason is None:  # a stop after handle() ended
+            handled = "returned" if self.context.handle_returned else "raised"
+            counts = ("the job counts as done" if self.context.handle_returned
+                      else "the job goes back to the queue")
             logger.critical("%s: its handle() %s, its middleware has not ended %g s after the "
                             "worker's stop; the worker stops waiting for it (%s), its task is "
-                            "left running on the loop.", self.label,
-                            "returned" if self.context.handle_returned else "raised", grace,
-                            "the job counts as done" if self.context.handle_returned
-                            else "the job goes back to the queue")
-            self.given_up = True
-            for waiter in self._waiters:
-                _wake(waiter)
-        elif not self.task.done():
+                            "left running on the loop.", self.label, handled, grace, counts)
+        else:
             logger.critical("%s was cancelled (%s) and has not ended %g s later (it swallows "
                             "asyncio.CancelledError?); the worker stops waiting for it, its task "
                             "is left running on the loop.", self.label, self.reason, grace)
-            self.given_up = True
-            for waiter in self._waiters:
-                _wake(waiter)
+        self.given_up = True
+        for waiter in self._waiters:
+            _wake(waiter)
 
     def close(self) -> None:
         if self._grace is not None:
