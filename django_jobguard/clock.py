@@ -9,6 +9,7 @@ clock SQL (built with :func:`offset` when a dialect is made), the Redis store's 
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from django.conf import settings
@@ -17,9 +18,21 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-__all__ = ["db_now", "now", "offset", "set_offset", "store_now_us"]
+__all__ = ["db_now", "lease_clock", "now", "offset", "set_offset", "store_now_us"]
 
 _offset = 0.0
+
+if hasattr(time, "CLOCK_BOOTTIME"):
+    def lease_clock() -> float:
+        """Seconds for timing a lease in this process: Linux's boot-time clock, which (unlike
+        ``time.monotonic()``) goes on while the host is suspended, so a worker that wakes
+        after its lease ran out does not take it as still held."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+else:
+    def lease_clock() -> float:
+        """Seconds for timing a lease in this process (``time.monotonic()`` where there is
+        no boot-time clock)."""
+        return time.monotonic()
 
 
 def offset() -> float:

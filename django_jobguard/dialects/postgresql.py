@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.db.models import DateTimeField
 
+from django_jobguard import clock
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects.base import (
     Listener,
@@ -412,9 +413,9 @@ class PostgreSQLDialect(SQLDialect):
         # queue was empty would seq-scan and sort a burst on every claim.
         params = {"queue": queue, "limit": limit, "worker": worker_id, "lease": lease,
                   "count": int(count_attempts)}
-        # The lease ends ``lease`` s after the statement's clock, not before this monotonic
-        # time (worker/completer.py: a start is deferred only while the lease surely holds).
-        held_until = time.monotonic() + lease
+        # The lease ends ``lease`` s after the statement's clock, not before this time
+        # (worker/completer.py: a start is deferred only while the lease surely holds).
+        held_until = clock.lease_clock() + lease
         if fair is None:
             fetched = self._execute(self.claim_statements, params, fetch=True, rows=True,
                                     statements=True)

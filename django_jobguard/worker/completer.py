@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_jobguard import queue
+from django_jobguard import clock, queue
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects import dialect_for
 
@@ -153,7 +153,7 @@ class Completer:
         statement of its own to find that out.)"""
         held_until = getattr(row, "held_until", None)
         return held_until is not None and (
-            held_until - time.monotonic() > float(jobguard_settings.RETRY_AFTER) / 2)
+            held_until - clock.lease_clock() > float(jobguard_settings.RETRY_AFTER) / 2)
 
     def start(self, row: QueuedJob) -> bool:
         """Start ``row``: deferred to its group when :meth:`defers`, else written now with

@@ -43,6 +43,7 @@ class Dialect:
 def clock(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(completer_module.time, "monotonic", clock)
+    monkeypatch.setattr(completer_module.clock, "lease_clock", clock)
     return clock
 
 
@@ -301,3 +302,17 @@ def test_a_group_lands_only_its_own_starts(group, clock):
     waited = not took.wait(0.3)
     group._dialect.go.set()
     assert waited and took.wait(10) and not queue.claimed_ahead(again)
+
+
+def test_leases_are_timed_on_a_clock_that_counts_a_suspend():
+    """A host suspended past a lease must not take the lease as still held on waking:
+    Linux's boot-time clock goes on through a suspend, ``time.monotonic()`` does not."""
+    import time
+
+    from django_jobguard import clock as clocks
+
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        before = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert before <= clocks.lease_clock() <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    else:
+        assert clocks.lease_clock() <= time.monotonic()

@@ -11,7 +11,7 @@ import pytest
 from demo.models import JobRun
 from django.utils import timezone
 
-from django_jobguard import queue
+from django_jobguard import clock, queue
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker.loop import Worker, WorkerOptions
 from tests.support import POSTGRES, async_jobs, jobs
@@ -62,15 +62,13 @@ def test_a_buffered_row_another_worker_took_is_lost_here_not_run(kind):
 def test_with_batched_completion_a_row_held_through_a_stall_is_not_run_when_taken_over():
     """A deferred start has no statement to find that another worker took the row: a row
     held past half its lease has its start written, owner-checked, and is LOST here."""
-    import time
-
     from django_jobguard.worker.completer import Completer
     from django_jobguard.worker.pipeline import Pipeline
 
     jobs.Record("lease", key="stalled").dispatch()
     (row,) = queue.claim(["default"], worker_id="w1", limit=1, start=0)
     assert queue.claimed_ahead(row) and row.recovered is False
-    row.held_until = time.monotonic() + 1  # claimed long ago: this worker stalled since
+    row.held_until = clock.lease_clock() + 1  # claimed long ago: this worker stalled since
     _take_over(row.id)
     group = Completer(worker_id="w1", using="default", window=60.0, batch_size=100)
     group.ran(jobs.Record.name, 0.001)  # a fast class: its starts are deferred
