@@ -662,11 +662,17 @@ class Worker:
 
     def held_ids(self) -> frozenset[Any]:
         """Ids of every row this worker holds: running (sync and async), claimed ahead, or
-        waiting for a slot (the heartbeat renews their leases)."""
-        grouped = self._completer.held() if self._completer is not None else set()
-        running = frozenset(row.id for row in self._running)
-        return (running | self._async.held() | {row.id for row in self._waiting} | grouped
-                | self._prefetch.ids() | self._ahead.ids())
+        waiting for a slot (the heartbeat renews their leases). Read in the order rows move
+        through them (claimed ahead, buffered, waiting, running, finished in a group): a row
+        that moves on between two reads is found where it went, not missed by both."""
+        held = set(self._ahead.ids())
+        held |= self._prefetch.ids()
+        held.update(row.id for row in self._waiting)
+        held.update(row.id for row in self._running)
+        held |= self._async.held()
+        if self._completer is not None:
+            held |= self._completer.held()
+        return frozenset(held)
 
     def _paused_meanwhile(self, queue_name: str) -> bool:
         """Whether ``queue_name`` was paused since the claim, asked at most once a second

@@ -205,3 +205,25 @@ def test_a_claim_meanwhile_that_fails_is_logged_and_the_worker_claims_itself(
 def test_no_claim_meanwhile_inside_a_transaction_or_with_numbered_queues(db):
     # A test's transaction: the claim thread's connection could not see its rows.
     assert not Worker(WorkerOptions(memory=0))._may_claim_meanwhile()
+
+
+@pytest.mark.django_db
+def test_held_ids_finds_a_row_that_moves_on_while_they_are_read():
+    """The heartbeat's list of held rows reads the places rows pass through in the order
+    they pass: a row taken from the prefetch buffer to run while the list is read is in it
+    (read the other way round it was in neither for one beat, its lease not renewed)."""
+    jobs.Noop(1).dispatch()
+    [claimed] = queue.claim(["default"], worker_id="w", limit=1, start=0)
+    worker = Worker(WorkerOptions(sleep=0, memory=0))
+    worker._prefetch.put([claimed])
+
+    class Starting(list):
+        def __iter__(self):  # the row leaves the buffer and starts as this is read
+            items = list(super().__iter__())
+            if worker._prefetch.take(is_async=False) is not None:
+                self.append(claimed)
+            return iter(items)
+
+    worker._running = Starting()
+    assert claimed.id in worker.held_ids()
+    assert list(worker._running) == [claimed]  # it did move on while the list was read
