@@ -58,6 +58,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError, InterfaceError, connections
@@ -415,8 +416,9 @@ class ThreadExecutor:
             logger.warning("Worker %s got SIGINT again; stopping at once, the running jobs "
                            "go back to the queue.", self.worker.pipeline.worker_id)
         for slot in list(self._busy):
-            if slot.pipeline.interruptible() is not None and slot.thread.ident:
-                timeouts.raise_in_thread(slot.thread.ident, error or _Stopped)
+            if slot.thread.ident:  # into its job's run only, never after (Pipeline.interrupt)
+                slot.pipeline.interrupt(partial(timeouts.raise_in_thread, slot.thread.ident,
+                                                error or _Stopped))
 
     def shutdown(self) -> None:
         """Stop: let the running jobs finish (their time limits still apply), or after

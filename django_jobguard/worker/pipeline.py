@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -118,6 +119,9 @@ class Pipeline:
         self.hard_limits = False
         #: The context of the job whose middleware and ``handle()`` run now (else ``None``).
         self.running: JobContext | None = None
+        #: Held to raise an exception into this pipeline's thread (:meth:`interrupt`), and by
+        #: that thread as its job's run ends (reentrant: a signal handler may ask again).
+        self._interrupting = threading.RLock()
         #: That job (an executor ends its attempt when its thread is stuck past its timeout).
         self.job: JobLike | None = None
         #: Whether the worker is stopping gracefully: what ``job.stopping`` reads.
@@ -141,6 +145,19 @@ class Pipeline:
         (not once ``handle()`` has finished: its middleware's clean-up must go on)."""
         running = self.running
         return running if running is not None and not running.handle_finished else None
+
+    def interrupt(self, raise_in_thread: Callable[[], object]) -> bool:
+        """From another thread: call ``raise_in_thread()`` (it raises an exception into this
+        pipeline's thread) if its job is :meth:`interruptible`; whether it did. The run ends
+        under the same lock (:meth:`_run_ended`), so the exception lands in the run and is
+        its outcome (the job goes back), never after it: not in the writes of that outcome,
+        nor in a completion group the thread then writes for other jobs (their unique locks
+        would stay taken, their signals unsent, their attempts miscounted)."""
+        with self._interrupting:
+            if self.interruptible() is None:
+                return False
+            raise_in_thread()
+            return True
 
     def process(self, row: QueuedJob, *, then: QueuedJob | None = None) -> str:
         """Run one claimed row to its outcome; returns the state logged (DONE, FAILED, …).
@@ -514,18 +531,29 @@ class Pipeline:
         self._starting(row, job)
         try:
             self.running, self.job = context, job
-            if job.is_async:
-                result = self.run_async(row, job)
-            else:
-                with time_limit(context.policy.timeout,
-                                finished=lambda: context.handle_finished,
-                                label=f"{row.name} [{context.job_id}]"):
-                    result = run_middleware(job)
+            try:
+                if job.is_async:
+                    result = self.run_async(row, job)
+                else:
+                    with time_limit(context.policy.timeout,
+                                    finished=lambda: context.handle_finished,
+                                    label=f"{row.name} [{context.job_id}]"):
+                        result = run_middleware(job)
+            finally:
+                self._run_ended()
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._error_outcome(row, job, exc)
         finally:
             self.running = self.job = None
         return self._outcome(row, job, result)
+
+    def _run_ended(self) -> None:
+        """The job's run ended: from now on :meth:`interrupt` raises nothing into this
+        thread, and an exception it raised just before lands here, still in the run (CPython
+        raises it after the lock's release, a call; as a timeout raised as the job leaves its
+        limit lands in :func:`time_limit`)."""
+        with self._interrupting:
+            self.running = None
 
     def _starting(self, row: QueuedJob, job: JobLike) -> None:
         """Log RUNNING, send ``job_processing``, note the start time."""
