@@ -7,10 +7,11 @@ deferred, without using tries, until ``decay_seconds`` have passed. Then exactly
 as a probe (half-open): its real success closes the circuit, its failure opens it again. Only a
 real success resets the count: a job that was released, deferred or dropped leaves the circuit
 as it was (Laravel clears it then, PR #61293). A ``StoreUnavailableError`` (a lock or counter
-store that cannot be reached) is not the service failing: it is never counted or dropped by
-``delete_when``, and goes to the worker as it is. A timeout is an exception here for an async
-job too (its task cancelled: counted, or dropped by ``delete_when``, as a sync job's
-``JobTimeoutError``); an operator's cancel or a worker's stop of an async job is neither.
+store that cannot be reached) is not the service failing, nor is a worker's stop
+(``WorkerStoppedError``): neither is ever counted or dropped by ``delete_when``; each goes to
+the worker as it is. A timeout is an exception here for an async job too (its task cancelled:
+counted, or dropped by ``delete_when``, as a sync job's ``JobTimeoutError``); an operator's
+cancel or a worker's stop of an async job is neither.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django_jobguard import aio, clock, durations, keys
-from django_jobguard.exceptions import JobTimeoutError, StoreUnavailableError
+from django_jobguard.exceptions import (
+    JobTimeoutError,
+    StoreUnavailableError,
+    WorkerStoppedError,
+)
 from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.outcome import Outcome
@@ -199,9 +204,11 @@ class ThrottlesExceptions(JobMiddleware):
         honours after an async job's timeout, whose cancellation is never swallowed)."""
         store, key, owner, settings = (circuit["store"], circuit["key"], circuit["owner"],
                                        circuit["settings"])
-        if isinstance(exc, StoreUnavailableError):
+        if isinstance(exc, (StoreUnavailableError, WorkerStoppedError)):
             # jobguard's own infrastructure, not the service: the worker decides (before
-            # handle() it puts the job back without using an attempt)
+            # handle() it puts the job back without using an attempt). A stop raised into a
+            # sync job (a second Ctrl-C, --reload past its grace, an iterable job's lost
+            # lease) is neither counted nor dropped, as an async job's stop (cut_short).
             store.circuit_leave(key, owner=owner, **settings, outcome=counters.NEUTRAL)
             raise exc
         counted = self._counts(exc)

@@ -13,7 +13,7 @@ from demo.models import Profile
 from django.utils import timezone
 
 from django_jobguard import Job, Skip, ThrottlesExceptions
-from django_jobguard.exceptions import JobTimeoutError
+from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from django_jobguard.testing import drain
@@ -244,6 +244,35 @@ def test_a_timeout_delete_when_does_not_match_still_counts_and_retries(store_ali
     row = QueuedJob.objects.get()
     assert row.attempts == 1 and "JobTimeoutError" in row.last_error
     assert circuit("jobguard:circuit:times-out").hits == 1
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("delete_when", [None, lambda exc: True], ids=["none", "anything"])
+def test_a_stop_raised_into_a_sync_job_is_neither_counted_nor_dropped(store_alias,
+                                                                      delete_when):
+    """As an async job's stop: the worker puts the job back without using a try. Before, the
+    middleware took the stop for the service failing: counted (here opening the circuit) and
+    released using a try, or dropped by a delete_when that took it."""
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    class Stopped(Job):
+        name = "tests.throttles.Stopped"
+        tries = 3
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1, decay_seconds=60,
+                                        delete_when=delete_when).by("stopped")]
+
+        def handle(self):  # as a second Ctrl-C (or --reload past its grace) raises it
+            raise WorkerStoppedError(WorkerStoppedError.detail)
+
+    Stopped().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
+    assert Pipeline(worker_id="w-stop").process(row) == "RELEASED"
+    row = QueuedJob.objects.get()
+    assert (row.attempts, row.exceptions, row.last_error) == (0, 0, "")
+    assert circuit("jobguard:circuit:stopped") is None
 
 
 def test_report_true_logs_counted_exceptions(store_alias, monkeypatch, caplog):
