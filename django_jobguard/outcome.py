@@ -1,12 +1,13 @@
 """How one run of a job ended: the value the pipeline decides and then applies to the row.
 
 A run is *done* (``handle()`` returned), *dropped* (a middleware let it go without running it,
-or a model argument vanished and the job deletes itself), *released* (back to the queue, the
-run counted as an attempt: ``job.release()`` or an exception with tries left), *deferred*
-(back to the queue without using an attempt: an overlap lock, a full rate limit, an open
-circuit, a store outage), *failed* (for good, into failed jobs) or *cancelled* (an operator
-asked it to stop and it saw ``job.cancelled``, or it was cancelled before it started: the row
-is deleted, no failed job is kept).
+or on an exception it drops the job for: ``ThrottlesExceptions``' ``delete_when``, a timeout
+included; or a model argument vanished and the job deletes itself), *released* (back to the
+queue, the run counted as an attempt: ``job.release()`` or an exception with tries left),
+*deferred* (back to the queue without using an attempt: an overlap lock, a full rate limit, an
+open circuit, a store outage), *failed* (for good, into failed jobs) or *cancelled* (an
+operator asked it to stop and it saw ``job.cancelled``, or it was cancelled before it started:
+the row is deleted, no failed job is kept).
 
 :class:`JobState` names what the job line says about a run (``RUNNING``, then one of ``DONE``,
 ``SKIPPED``, ``DELETED``, ``CANCELLED``, ``RELEASED``, ``FAILED``, ``LOST``): the pipeline logs
@@ -31,7 +32,8 @@ class JobState(enum.StrEnum):
     RUNNING = "RUNNING"
     #: ``handle()`` returned; the row is acked.
     DONE = "DONE"
-    #: A middleware dropped the job without running it (``Skip``, ``dont_release``, …).
+    #: A middleware dropped the job: without running it (``Skip``, ``dont_release``, …), or
+    #: on an exception it drops the job for (``ThrottlesExceptions``' ``delete_when``).
     SKIPPED = "SKIPPED"
     #: A model argument vanished and the job deletes itself (``delete_when_missing_models``).
     DELETED = "DELETED"
@@ -95,7 +97,8 @@ class Outcome:
     #: Whether ``exception`` counts towards ``max_exceptions`` (not when a middleware
     #: handled it, as ``ThrottlesExceptions`` does).
     counts_exception: bool = True
-    #: For people: why a job waits (``circuit 'sms' was open``), or which limit ended it.
+    #: For people: why a job waits (``circuit 'sms' was open``), which limit ended it, or
+    #: what dropped it.
     detail: str = ""
 
     @classmethod
@@ -105,8 +108,8 @@ class Outcome:
         return cls(Kind.DONE, result=result)
 
     @classmethod
-    def dropped(cls, reason: str = "dropped") -> Outcome:
-        return cls(Kind.DROPPED, reason=reason)
+    def dropped(cls, reason: str = "dropped", *, detail: str = "") -> Outcome:
+        return cls(Kind.DROPPED, reason=reason, detail=detail)
 
     @classmethod
     def released(cls, due: Due, *, reason: str = "released",

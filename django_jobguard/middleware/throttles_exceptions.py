@@ -7,8 +7,11 @@ deferred, without using tries, until ``decay_seconds`` have passed. Then exactly
 as a probe (half-open): its real success closes the circuit, its failure opens it again. Only a
 real success resets the count: a job that was released, deferred or dropped leaves the circuit
 as it was (Laravel clears it then, PR #61293). A ``StoreUnavailableError`` (a lock or counter
-store that cannot be reached) is not the service failing: it is never counted or dropped by
-``delete_when``, and goes to the worker as it is.
+store that cannot be reached) is not the service failing, nor is a worker's stop
+(``WorkerStoppedError``): neither is ever counted or dropped by ``delete_when``; each goes to
+the worker as it is. A timeout is an exception here for an async job too (its task cancelled:
+counted, or dropped by ``delete_when``, as a sync job's ``JobTimeoutError``); an operator's
+cancel or a worker's stop of an async job is neither.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django_jobguard import aio, clock, durations, keys
-from django_jobguard.exceptions import JobTimeoutError, StoreUnavailableError
+from django_jobguard.exceptions import (
+    JobTimeoutError,
+    StoreUnavailableError,
+    WorkerStoppedError,
+)
 from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.outcome import Outcome
@@ -58,7 +65,9 @@ class ThrottlesExceptions(JobMiddleware):
     job). ``by_job``: one circuit per queued job instead of per job class.
     ``when``: only exceptions it accepts count; others reach the worker untouched (normal
     retry / failure by ``tries``). ``delete_when``: drop the job on these (deleted, not
-    failed; checked first). Both take an exception class, a tuple of them or a predicate.
+    failed, not retried, not counted: ``SKIPPED``; checked first), its timeout
+    (``JobTimeoutError``) too, sync or async. Both take an exception class, a tuple of them
+    or a predicate.
     ``report``: ``True`` logs each counted exception; a callable(exception) reports it (e.g.
     ``sentry_sdk.capture_exception``).
     ``store``: the store alias holding the circuit (default ``JOBGUARD['STORE']``).
@@ -141,8 +150,10 @@ class ThrottlesExceptions(JobMiddleware):
             await aio.call_sync(self.failed, job, circuit, exc)
             return None
         except asyncio.CancelledError:
-            # Its timeout is counted as a sync job's JobTimeoutError is; a cancel or a stop
-            # leaves the circuit as it was (a probe freed), not held until its lease runs out.
+            # Its timeout is counted (or the job dropped by delete_when) as a sync job's
+            # JobTimeoutError is; a cancel or a stop leaves the circuit as it was (a probe
+            # freed), not held until its lease runs out. The cancellation goes on either way:
+            # the worker ends the run, honouring a drop asked for on its timeout.
             try:
                 await aio.call_sync(self.cut_short, job, circuit, aio.cancelled_for())
             except Exception:
@@ -154,7 +165,8 @@ class ThrottlesExceptions(JobMiddleware):
 
     def cut_short(self, job: JobLike, circuit: dict[str, Any], reason: str | None) -> None:
         """An async job's task was cancelled in ``handle()``: ``reason`` :data:`aio.TIMEOUT`
-        is a failure as a sync job's timeout is (when counted), anything else neutral."""
+        is what a sync job's timeout is (a failure when counted, a drop asked for when
+        ``delete_when`` takes it), anything else neutral and never a drop."""
         if reason != aio.TIMEOUT:
             self.abandoned(circuit)
             return
@@ -188,12 +200,15 @@ class ThrottlesExceptions(JobMiddleware):
 
     def failed(self, job: JobLike, circuit: dict[str, Any], exc: Exception) -> None:
         """Record ``exc`` in the circuit; raises it again unless it was handled here (the
-        job then goes back, or is dropped)."""
+        job then goes back, or is dropped: asked for as an outcome, which the worker also
+        honours after an async job's timeout, whose cancellation is never swallowed)."""
         store, key, owner, settings = (circuit["store"], circuit["key"], circuit["owner"],
                                        circuit["settings"])
-        if isinstance(exc, StoreUnavailableError):
+        if isinstance(exc, (StoreUnavailableError, WorkerStoppedError)):
             # jobguard's own infrastructure, not the service: the worker decides (before
-            # handle() it puts the job back without using an attempt)
+            # handle() it puts the job back without using an attempt). A stop raised into a
+            # sync job (a second Ctrl-C, --reload past its grace, an iterable job's lost
+            # lease) is neither counted nor dropped, as an async job's stop (cut_short).
             store.circuit_leave(key, owner=owner, **settings, outcome=counters.NEUTRAL)
             raise exc
         counted = self._counts(exc)
@@ -201,6 +216,8 @@ class ThrottlesExceptions(JobMiddleware):
                                        outcome=counters.FAILURE if counted else counters.NEUTRAL)
         if self.delete_when is not None and self.delete_when(exc):
             logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
+            job.context.request(Outcome.dropped(
+                "delete_when", detail=f"delete_when matched {type(exc).__name__}"))
             return
         if not counted:
             raise exc

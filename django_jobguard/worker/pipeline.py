@@ -606,11 +606,18 @@ class Pipeline:
                                      label=label, grace=timeouts.GRACE)
 
     def after_exception(self, row: QueuedJob, job: JobLike, exc: BaseException) -> Outcome:
-        """Retry with backoff, or fail on the last attempt / too many exceptions."""
+        """Retry with backoff, or fail on the last attempt / too many exceptions; a drop a
+        middleware asked for as the job timed out stands (see below)."""
         context = job.context
         requested = context.requested
         if requested is not None and requested.kind is Kind.FAILED:
             return Outcome.failed(exc, reason="exception", detail=requested.detail)
+        if requested is not None and requested.kind is Kind.DROPPED \
+                and isinstance(exc, JobTimeoutError):
+            # ThrottlesExceptions' delete_when: a sync job's middleware swallows its
+            # JobTimeoutError, but an async job's timeout is its task cancelled, which must
+            # end cancelled (the run raises JobTimeoutError here): its drop is asked for.
+            return requested
         ending = context.policy.ends_on(
             timed_out=isinstance(exc, JobTimeoutError), attempt=context.attempt,
             exceptions=context.exceptions + 1, now=clock.now())
@@ -687,7 +694,7 @@ class Pipeline:
             return self._log(row, JobState.CANCELLED, started, outcome.detail)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
                                    result=outcome.result)
-        return self._log(row, outcome.state, started, detail)
+        return self._log(row, outcome.state, started, detail or outcome.detail)
 
     def _group_acked(self, entry: Finished) -> None:
         """After the group holding ``entry`` committed: what :meth:`_ack` does after one
@@ -696,7 +703,7 @@ class Pipeline:
         unique_jobs.release(job.context.envelope.unique)
         signals.job_processed.send(sender=type(job), job=job, job_id=job.job_id,
                                    result=outcome.result)
-        state = self._log(row, outcome.state, elapsed=entry.elapsed)
+        state = self._log(row, outcome.state, elapsed=entry.elapsed, detail=outcome.detail)
         self.grouped_done(row, state)
 
     def _group_lost(self, entry: Finished) -> None:

@@ -4,6 +4,7 @@ whole pipeline; their timeout and an operator's cancel cancel their task; defini
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from django_jobguard import (
     job,
     rate_limiter,
 )
+from django_jobguard.exceptions import JobTimeoutError
 from django_jobguard.middleware import JobMiddleware
 from django_jobguard.models import FailedJob, JobResult, QueuedJob
 from django_jobguard.stores import get_store
@@ -224,6 +226,51 @@ def test_throttles_exceptions_counts_an_async_jobs_timeout_as_a_sync_one(scratch
     assert QueuedJob.objects.get().wait_reason.endswith("was open")
 
 
+#: Set by a ``_dropping`` job as it awaits.
+STARTED = threading.Event()
+
+
+def _dropping(label: str, delete_when, *, seconds: float = 0.3, cancels_itself: bool = False):
+    """An async job whose handle() awaits past its timeout (``seconds``) inside a circuit
+    that drops the job on ``delete_when`` (tries are left: a timeout alone would retry it).
+    It asks for its own cancel first with ``cancels_itself``; it sets :data:`STARTED` as it
+    awaits."""
+    class Dropping(Job):
+        tries, backoff = 3, 60
+        name, timeout = f"tests.async.{label}", seconds
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1, decay_seconds=60,
+                                        delete_when=delete_when).by("dropping")]
+
+        async def handle(self):
+            if cancels_itself:
+                from django_jobguard import operations
+
+                await sync_to_async(operations.cancel_job)(self.job_id)
+            STARTED.set()
+            await asyncio.sleep(30)
+
+    return Dropping
+
+
+def _counted(store) -> int:
+    """Failures the ``dropping`` circuit holds."""
+    info = next((c for c in store.throttles() if c.key == "jobguard:circuit:dropping"), None)
+    return 0 if info is None else info.hits
+
+
+def test_an_operator_cancel_is_not_a_drop_whatever_delete_when_takes(scratch_jobs,
+                                                                      store_alias):
+    """The cancel ends the task, as a timeout does: only the timeout is delete_when's."""
+    handle = _dropping("CancelledDropping", lambda exc: True, seconds=30,
+                       cancels_itself=True)().dispatch()
+    result = drain()
+    assert result.states == ["CANCELLED"] and result.cancelled == 1
+    assert not QueuedJob.objects.filter(id=handle.id).exists()
+    assert not FailedJob.objects.exists() and _counted(get_store(store_alias)) == 0
+
+
 # -- a job cancelled while its middleware takes a lock or enters a circuit off the loop ---------
 # The call goes on in its thread after the task is cancelled (a thread cannot be stopped):
 # what it took must be given back, not left held (a lock renewed for ever, a probe leased).
@@ -381,6 +428,35 @@ def test_on_the_worker_loop_a_probe_admitted_as_the_job_timed_out_is_freed(
     assert _process_on_the_worker_loop("w-probe") == "DONE"
     assert seen == ["ran"] and circuit_state(store, key) in (None, "closed")
     assert not QueuedJob.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_the_worker_loop_a_timeout_delete_when_takes_drops_the_job(scratch_jobs,
+                                                                       loop_connections):
+    """As a sync job's: before, its timeout went on to the worker's timeout rules (a retry)."""
+    _dropping("TimedOutDropping", JobTimeoutError)().dispatch()
+    assert _process_on_the_worker_loop("w-drop") == "SKIPPED"
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert _counted(get_store()) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_the_worker_loop_a_stop_is_not_a_drop_whatever_delete_when_takes(scratch_jobs,
+                                                                             loop_connections):
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    STARTED.clear()
+    handle = _dropping("StoppedDropping", lambda exc: True, seconds=30)().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
+    future = aio.loop_thread().submit(Pipeline(worker_id="w-stop", event_loop=True)
+                                      .aprocess(row))
+    assert STARTED.wait(5)
+    aio.stop_all()
+    assert future.result(timeout=10) == "RELEASED"  # back to the queue, not dropped
+    row = QueuedJob.objects.get(id=handle.id)
+    assert row.attempts == 0 and not row.last_error  # a stop uses no try and is no error
+    assert not FailedJob.objects.exists() and _counted(get_store()) == 0
 
 
 def test_an_async_unique_until_processing_job_frees_its_lock_as_it_starts(scratch_jobs):

@@ -3,16 +3,20 @@ in test_limits_processes.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
+import time
 
 import pytest
 from demo.models import Profile
 from django.utils import timezone
 
-from django_jobguard import Skip, ThrottlesExceptions
+from django_jobguard import Job, Skip, ThrottlesExceptions
+from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
+from django_jobguard.testing import drain
 from tests.support import limit_jobs, make_due, wait_for, work
 from tests.support.limit_jobs import Flaky
 
@@ -168,12 +172,107 @@ def test_when_accepts_a_predicate(store_alias, monkeypatch):
     assert QueuedJob.objects.get().exceptions == 1
 
 
-def test_delete_when_drops_the_job_silently(store_alias, monkeypatch):
+def test_delete_when_drops_the_job_silently(store_alias, monkeypatch, caplog):
     configure(monkeypatch, ["gone"], delete_when=(limit_jobs.Gone, KeyError))
     Flaky().dispatch()
-    assert work() == ["DONE"]
+    with caplog.at_level(logging.INFO, logger="django_jobguard.worker.jobs"):
+        assert work() == ["SKIPPED"]  # dropped, not done: its handle() raised
     assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
     assert circuit() is None
+    (line,) = [r for r in caplog.records if getattr(r, "state", "") == "SKIPPED"]
+    assert line.detail == "delete_when matched Gone"
+
+
+# -- a timeout matched by delete_when: a sync job and an async job end alike ------------------
+
+
+def _times_out(run: str, delete_when):
+    """A ``run`` (sync or async) job whose handle() outlasts its timeout, inside a circuit
+    that drops the job on ``delete_when``; tries are left, so its timeout alone would retry
+    it (the sync job's is SIGALRM's JobTimeoutError, the async job's its task cancelled)."""
+    circuit = ThrottlesExceptions(max_attempts=1, decay_seconds=60, backoff=60,
+                                  delete_when=delete_when).by("times-out")
+    if run == "sync":
+        class TimesOut(Job):
+            name = "tests.throttles.TimesOutSync"
+            tries, timeout, backoff = 3, 0.3, 60  # (a retry is not run by drain())
+
+            def middleware(self):
+                return [circuit]
+
+            def handle(self):
+                limit_jobs.CALLS.append(("times-out", run))
+                time.sleep(30)
+
+        return TimesOut
+
+    class AsyncTimesOut(Job):
+        name = "tests.throttles.TimesOutAsync"
+        tries, timeout, backoff = 3, 0.3, 60
+
+        def middleware(self):
+            return [circuit]
+
+        async def handle(self):
+            limit_jobs.CALLS.append(("times-out", run))
+            await asyncio.sleep(30)
+
+    return AsyncTimesOut
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("delete_when", [
+    JobTimeoutError, lambda exc: isinstance(exc, JobTimeoutError)], ids=["class", "callable"])
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_a_timeout_matched_by_delete_when_drops_the_job_sync_or_async(store_alias, run,
+                                                                       delete_when):
+    """Before, the sync job was acked as DONE (the middleware swallowed its JobTimeoutError)
+    and the async one retried by its timeout rules (its cancellation went on to the worker,
+    which turned it into JobTimeoutError again). Both are dropped now, and not counted."""
+    _times_out(run, delete_when)().dispatch()
+    assert drain().states == ["SKIPPED"]
+    assert [("times-out", run)] == limit_jobs.CALLS  # it ran once
+    assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert circuit("jobguard:circuit:times-out") is None
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_a_timeout_delete_when_does_not_match_still_counts_and_retries(store_alias, run):
+    _times_out(run, KeyError)().dispatch()
+    assert drain().states == ["RELEASED"]  # the worker's timeout rules: tries are left
+    row = QueuedJob.objects.get()
+    assert row.attempts == 1 and "JobTimeoutError" in row.last_error
+    assert circuit("jobguard:circuit:times-out").hits == 1
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("delete_when", [None, lambda exc: True], ids=["none", "anything"])
+def test_a_stop_raised_into_a_sync_job_is_neither_counted_nor_dropped(store_alias,
+                                                                      delete_when):
+    """As an async job's stop: the worker puts the job back without using a try. Before, the
+    middleware took the stop for the service failing: counted (here opening the circuit) and
+    released using a try, or dropped by a delete_when that took it."""
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    class Stopped(Job):
+        name = "tests.throttles.Stopped"
+        tries = 3
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1, decay_seconds=60,
+                                        delete_when=delete_when).by("stopped")]
+
+        def handle(self):  # as a second Ctrl-C (or --reload past its grace) raises it
+            raise WorkerStoppedError(WorkerStoppedError.detail)
+
+    Stopped().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w-stop", limit=1, start=1)
+    assert Pipeline(worker_id="w-stop").process(row) == "RELEASED"
+    row = QueuedJob.objects.get()
+    assert (row.attempts, row.exceptions, row.last_error) == (0, 0, "")
+    assert circuit("jobguard:circuit:stopped") is None
 
 
 def test_report_true_logs_counted_exceptions(store_alias, monkeypatch, caplog):
