@@ -85,9 +85,9 @@ class JobContext:
 
     @property
     def really_succeeded(self) -> bool:
-        """``handle()`` ran and returned, and nothing released, deferred or failed the job
-        (only this closes a circuit)."""
-        return self.handle_returned and self.requested is None
+        """``handle()`` ran and returned, and nothing released, deferred or failed the job,
+        nor did it see an operator's cancel (only this closes a circuit)."""
+        return self.handle_returned and self.requested is None and not self.cancel_seen
 
 
 class JobLike(Protocol):

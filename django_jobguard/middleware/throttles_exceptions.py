@@ -31,7 +31,7 @@ from django_jobguard.exceptions import (
 )
 from django_jobguard.limits import UnknownLimiterError
 from django_jobguard.middleware import JobMiddleware, Next
-from django_jobguard.outcome import Outcome
+from django_jobguard.outcome import Kind, Outcome
 from django_jobguard.stores import counters, get_store
 
 if TYPE_CHECKING:
@@ -166,8 +166,12 @@ class ThrottlesExceptions(JobMiddleware):
     def cut_short(self, job: JobLike, circuit: dict[str, Any], reason: str | None) -> None:
         """An async job's task was cancelled in ``handle()``: ``reason`` :data:`aio.TIMEOUT`
         is what a sync job's timeout is (a failure when counted, a drop asked for when
-        ``delete_when`` takes it), anything else neutral and never a drop."""
-        if reason != aio.TIMEOUT:
+        ``delete_when`` takes it), anything else neutral and never a drop. A timeout an
+        inner middleware dropped the job for is neutral here too: a sync job's inner
+        middleware swallows it, and this one sees a run that was not a success."""
+        requested = job.context.requested
+        if reason != aio.TIMEOUT or (requested is not None
+                                     and requested.kind is Kind.DROPPED):
             self.abandoned(circuit)
             return
         timeout = job.context.policy.timeout

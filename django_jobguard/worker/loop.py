@@ -230,6 +230,11 @@ class Worker:
         #: The solo executor's claimed sync rows not started yet (claimed ahead); replaced,
         #: never changed in place: the heartbeat reads it from its thread.
         self._waiting: list[QueuedJob] = []
+        #: Rows taken from the prefetch buffer to start, until an executor runs them (their
+        #: starts may be a statement meanwhile); taken and put here under ``_moving``, which
+        #: :meth:`held_ids` holds to read both, so no beat misses them.
+        self._starting: list[QueuedJob] = []
+        self._moving = threading.Lock()
         #: Every other claimed row not started yet (async rows, and the sync rows of
         #: ``--threads``): a slot that frees takes its next row from here itself.
         self._prefetch = Prefetch(self._runs_async)
@@ -514,7 +519,9 @@ class Worker:
                 self._waiting = waiting[:index]
                 self._give_back(waiting[index:])
                 return
-            # Started: from now on the executor's (its row's lease is renewed as running).
+            # Started: from now on the executor's (its row's lease is renewed as running;
+            # shown running before it leaves the rows waiting, so no beat misses it).
+            self.show_running([row])
             self._waiting = waiting = waiting[index + 1:]
             then = waiting[0] if waiting else None
             self._executor.submit(row, then=then)
@@ -526,14 +533,27 @@ class Worker:
         starting: list[tuple[QueuedJob, bool]] = []
         free_async = self._async.free() if self._has_async_jobs else 0
         free_sync = 0 if self._executor.claims_ahead else self._executor.free()
-        for is_async, free in ((True, free_async), (False, free_sync)):
-            for _ in range(free):
-                row = self._prefetch.take(is_async=is_async)
-                if row is None:
-                    break
-                starting.append((row, is_async))
+        if not free_async and not free_sync:
+            return
+        with self._moving:
+            for is_async, free in ((True, free_async), (False, free_sync)):
+                for _ in range(free):
+                    row = self._prefetch.take(is_async=is_async)
+                    if row is None:
+                        break
+                    starting.append((row, is_async))
+            self._starting = [row for row, _ in starting]
         if not starting:
             return
+        try:
+            self._start_taken(starting)
+        finally:
+            self._starting = []
+
+    def _start_taken(self, starting: list[tuple[QueuedJob, bool]]) -> None:
+        """:meth:`_start_from_buffer`'s rows taken from the buffer, started: their attempts
+        counted at once, each then handed to its executor (or LOST if another worker took
+        it meanwhile)."""
         ahead = [row for row, _ in starting if queue.claimed_ahead(row)
                  and not (self._completer is not None and self._completer.defers(row))]
         lost: list[QueuedJob] = []
@@ -666,7 +686,9 @@ class Worker:
         through them (claimed ahead, buffered, waiting, running, finished in a group): a row
         that moves on between two reads is found where it went, not missed by both."""
         held = set(self._ahead.ids())
-        held |= self._prefetch.ids()
+        with self._moving:
+            held |= self._prefetch.ids()
+            held.update(row.id for row in self._starting)
         held.update(row.id for row in self._waiting)
         held.update(row.id for row in self._running)
         held |= self._async.held()

@@ -227,3 +227,48 @@ def test_held_ids_finds_a_row_that_moves_on_while_they_are_read():
     worker._running = Starting()
     assert claimed.id in worker.held_ids()
     assert list(worker._running) == [claimed]  # it did move on while the list was read
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_starting_from_the_buffer_are_held_while_their_starts_are_written(monkeypatch):
+    """Rows taken from the prefetch buffer to start (``--threads``, async) are held while
+    ``queue.start_many`` writes their starts (a round trip: a beat may come meanwhile)."""
+    from django_jobguard.worker import loop as loop_module
+
+    for n in range(2):
+        jobs.Noop(n).dispatch()
+    worker = Worker(WorkerOptions(queues=["default"], threads=2, sleep=0, memory=0))
+    worker._executor = worker._threads(2)  # as run() makes it
+    claimed = queue.claim(["default"], worker_id=worker.id, limit=2, start=0, ahead=2)
+    for row in claimed:
+        row.__dict__.pop("held_until", None)  # their starts are written, not deferred
+    worker._prefetch.put(claimed)
+    seen = {}
+    real = queue.start_many
+
+    def start_many(rows, **kwargs):
+        seen["held"] = worker.held_ids()  # the heartbeat beating during the statement
+        return real(rows, **kwargs)
+
+    monkeypatch.setattr(loop_module.queue, "start_many", start_many)
+    monkeypatch.setattr(worker._executor, "submit", lambda row, then=None: None)
+    try:
+        worker._start_from_buffer()
+    finally:
+        worker._executor.shutdown()
+    assert {row.id for row in claimed} <= seen["held"]
+    assert worker._starting == []  # handed on
+
+
+@pytest.mark.django_db
+def test_the_solo_worker_shows_a_row_running_before_it_leaves_the_waiting_rows(monkeypatch):
+    """The solo worker's next row is held at every moment: shown running, then taken out
+    of the rows waiting."""
+    jobs.Noop(1).dispatch()
+    worker = Worker(WorkerOptions(sleep=0, memory=0))
+    rows = queue.claim(["default"], worker_id=worker.id, limit=1, start=0)
+    seen = []
+    monkeypatch.setattr(worker._executor, "submit",
+                        lambda row, then=None: seen.append(worker.held_ids()))
+    worker._hand_out(rows)
+    assert seen == [frozenset({rows[0].id})]

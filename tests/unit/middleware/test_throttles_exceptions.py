@@ -238,6 +238,28 @@ def test_a_timeout_matched_by_delete_when_drops_the_job_sync_or_async(store_alia
 
 @pytest.mark.usefixtures("scratch_jobs")
 @pytest.mark.parametrize("run", ["sync", "async"])
+def test_an_outer_circuit_does_not_count_a_timeout_an_inner_one_dropped_the_job_for(
+        store_alias, run):
+    """An inner circuit's ``delete_when`` drops the job on its timeout: the outer circuit
+    sees a run that was neither a success nor a failure (the async job's cancellation goes
+    on through the outer one; a sync job's inner middleware swallowed its timeout)."""
+    def middleware(self):
+        return [ThrottlesExceptions(max_attempts=1, decay_seconds=60).by("outer"),
+                *type(self).inner()]
+
+    job_class = _times_out(run, JobTimeoutError)
+    inner = job_class.middleware
+    nested = type("Nested" + job_class.__name__, (job_class,), {
+        "name": job_class.name + ".Nested", "inner": lambda: inner(None),
+        "middleware": middleware})
+    nested().dispatch()
+    assert drain().states == ["SKIPPED"]
+    assert circuit("jobguard:circuit:outer") is None
+    assert circuit("jobguard:circuit:times-out") is None
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("run", ["sync", "async"])
 def test_a_timeout_delete_when_does_not_match_still_counts_and_retries(store_alias, run):
     _times_out(run, KeyError)().dispatch()
     assert drain().states == ["RELEASED"]  # the worker's timeout rules: tries are left
@@ -386,3 +408,39 @@ def test_an_unknown_limiter_inside_is_a_configuration_error_not_a_failure(store_
     assert work() == ["RELEASED"]  # the worker's own retry, with the error recorded
     assert "UnknownLimiterError" in QueuedJob.objects.get().last_error
     assert get_store().throttles() == []
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+def test_a_sync_job_that_saw_an_operators_cancel_leaves_the_circuit_as_it_was(store_alias):
+    """A job that sees ``job.cancelled`` and returns (as the docs ask) did not succeed: the
+    circuit keeps its count (it was reset as after a success)."""
+    from django_jobguard import queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    runs: list[str] = []
+
+    class Cancellable(Job):
+        name = "tests.throttles.Cancellable"
+        tries, backoff = 5, 0
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=3, decay_seconds=60, backoff=0)]
+
+        def handle(self):
+            if not runs:
+                runs.append("failed")
+                raise ConnectionError("service down")  # counted: 1 of 3
+            runs.append("cancelled")
+            self.context.cancel_seen = True  # what job.cancelled sets once an operator asks
+            return None
+
+    Cancellable().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
+    assert Pipeline(worker_id="w").process(row) == "RELEASED"
+    key = "jobguard:circuit:" + Cancellable.name
+    assert circuit(key).hits == 1
+    make_due()
+    (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
+    assert Pipeline(worker_id="w").process(row) == "CANCELLED"
+    after = circuit(key)  # (None: reset, as after a success)
+    assert after is not None and after.hits == 1
