@@ -117,6 +117,10 @@ class Executor(Protocol):
     def running_queues(self) -> Counter[str]:
         """Running jobs per queue name."""
 
+    def held(self) -> frozenset[Any]:
+        """Ids of the rows it runs or has taken to run next, read under the lock it takes
+        them from the prefetch buffer with (the heartbeat misses none on its way)."""
+
     def submit(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
         """Run ``row``; ``then`` is the row claimed ahead that its ack starts."""
 
@@ -163,6 +167,11 @@ class SoloExecutor:
     def running_queues(self) -> Counter[str]:
         """None run between jobs."""
         return Counter()
+
+    def held(self) -> frozenset[Any]:
+        """None: its one row is the worker's running row (``show_running``), and it takes
+        none from the prefetch buffer."""
+        return frozenset()
 
     def submit(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
         """Run ``row`` here and now (``then``: started by its ack), then rest (``--rest``)."""
@@ -355,6 +364,14 @@ class ThreadExecutor:
         """Running jobs per queue name."""
         with self._cond:
             return Counter(running.row.queue for running in self._busy.values())
+
+    def held(self) -> frozenset[Any]:
+        """Ids of the rows running and taken to run next, under ``_cond`` (a thread takes
+        its next row from the prefetch buffer under it)."""
+        with self._cond:
+            return frozenset([*(running.row.id for running in self._busy.values()),
+                              *(slot.following.id for slot in self._busy
+                                if slot.following is not None)])
 
     def submit(self, row: QueuedJob, *, then: QueuedJob | None = None) -> None:
         """Run ``row`` on an idle thread (the caller claimed at most :meth:`free` rows;

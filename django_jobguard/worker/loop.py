@@ -689,6 +689,7 @@ class Worker:
         with self._moving:
             held |= self._prefetch.ids()
             held.update(row.id for row in self._starting)
+        held |= self._executor.held()  # (its threads take their next rows from the buffer)
         held.update(row.id for row in self._waiting)
         held.update(row.id for row in self._running)
         held |= self._async.held()

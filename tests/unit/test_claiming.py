@@ -272,3 +272,47 @@ def test_the_solo_worker_shows_a_row_running_before_it_leaves_the_waiting_rows(m
                         lambda row, then=None: seen.append(worker.held_ids()))
     worker._hand_out(rows)
     assert seen == [frozenset({rows[0].id})]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_taking_its_next_row_from_the_buffer_is_held_meanwhile(monkeypatch):
+    """A ``--threads`` slot takes its next row from the buffer under its executor's lock,
+    which the heartbeat's read of the executor's rows takes too: a beat during the take finds
+    the row (before, it read the rows shown running without the lock, and missed it)."""
+    import threading
+    import time
+
+    from django_jobguard.worker.executor import _Running
+
+    jobs.Noop(1).dispatch()
+    jobs.Noop(2).dispatch()
+    worker = Worker(WorkerOptions(queues=["default"], threads=2, sleep=0, memory=0))
+    executor = worker._executor = worker._threads(2)
+    running, claimed = queue.claim(["default"], worker_id=worker.id, limit=2, start=0, ahead=2)
+    worker._prefetch.put([claimed])
+    beat: dict = {}
+    real_take = worker._prefetch.take
+
+    def take(**kwargs):  # the heartbeat beats as the slot takes its row (under its lock)
+        row = real_take(**kwargs)
+        heartbeat = threading.Thread(target=lambda: beat.update(held=worker.held_ids()))
+        heartbeat.start()
+        heartbeat.join(0.5)  # it reads the buffer (empty now), then waits for the lock
+        beat["thread"] = heartbeat
+        return row
+
+    monkeypatch.setattr(worker._prefetch, "take", take)
+    slot = executor._idle.pop()
+    try:
+        with executor._cond:  # the slot's job runs
+            executor._busy[slot] = slot.running = _Running(running, time.monotonic())
+            executor._publish()
+        assert executor._take_for(slot) is claimed
+        beat["thread"].join(10)
+        assert {running.id, claimed.id} <= beat["held"]
+    finally:
+        with executor._cond:
+            executor._busy.pop(slot, None)
+            slot.running = slot.following = None
+            executor._idle.append(slot)
+        executor.shutdown()
