@@ -85,17 +85,38 @@ def _holds_buffered_rows(label: str) -> bool:
             and QueuedJob.objects.filter(reserved_at__isnull=False, attempts=0).exists())
 
 
+def _stopped(pid: int) -> bool:
+    """Whether the process ``pid`` is stopped (SIGSTOP took effect)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 @contextlib.contextmanager
-def _buffering(mode: str, label: str) -> Iterator[tuple[set[str], subprocess.Popen, Any]]:
+def _buffering(mode: str, label: str, *, frozen: bool = False,
+               ) -> Iterator[tuple[set[str], subprocess.Popen, Any]]:
     """``TOTAL`` short jobs and a worker (``--tries 1``) that holds some in its buffer: the
-    jobs' ids, the worker and its log; the worker is killed and its log closed after."""
+    jobs' ids, the worker and its log; the worker is killed and its log closed after.
+    ``frozen``: the worker is stopped (SIGSTOP) when it is handed over, and its buffer was
+    seen holding rows while it was stopped (a buffer turns over every 20 ms: seen running,
+    it may have started them all before the caller acts)."""
     ids = {h.id for h in dispatch_many([_record(mode, label, str(i), SECONDS)
                                         for i in range(TOTAL)])}
     first, log = _start("--tries", "1", *MODES[mode])
     try:
-        wait_for(lambda: first.poll() is not None or _holds_buffered_rows(label),
-                 timeout=60, interval=0.01, what="a buffered row")
-        assert first.poll() is None, _log_of(first, log)
+        for _ in range(20):
+            wait_for(lambda: first.poll() is not None or _holds_buffered_rows(label),
+                     timeout=60, interval=0.01, what="a buffered row")
+            assert first.poll() is None, _log_of(first, log)
+            if not frozen:
+                break
+            os.killpg(first.pid, signal.SIGSTOP)
+            wait_for(lambda: _stopped(first.pid), timeout=10, interval=0.01,
+                     what="the worker stopped")
+            if _holds_buffered_rows(label):
+                break
+            os.killpg(first.pid, signal.SIGCONT)
+        else:
+            raise AssertionError("the worker's buffer was empty each time it was stopped")
         yield ids, first, log
     finally:
         _kill_group(first)
@@ -113,7 +134,7 @@ def _runs(label: str) -> dict[str, list[JobRun]]:
 def test_rows_buffered_by_a_killed_worker_run_later_on_their_first_attempt(mode):
     label = f"prefetch-kill-{mode}"
     # Kill while the buffer holds rows: reserved, their attempt not counted (not begun).
-    with _buffering(mode, label) as (ids, first, _log):
+    with _buffering(mode, label, frozen=True) as (ids, first, _log):
         _kill_group(first)
     # What the kill left: begun = a recorded run, or a row whose attempt is counted.
     begun = set(_runs(label)) | {str(pk) for pk in QueuedJob.objects.filter(
