@@ -80,6 +80,13 @@ class Scene:
         self.hold("callbacks")
         self.note(f"acked {entry.row.id}: ends")
 
+    def let_go(self, executor: ThreadExecutor) -> None:
+        """Whatever the test reached: nothing held any more, the executor shut down."""
+        if self.gate.locked():
+            self.gate.release()
+        self.may_return.set()
+        executor.shutdown()
+
     def ran_to_their_end(self, others: list[QueuedJob]) -> bool:
         return [step for step, _, _ in self.steps if step.startswith("acked")] == [
             f"acked {row.id}: {part}" for row in others for part in ("begins", "ends")]
@@ -215,10 +222,7 @@ def test_no_time_limit_is_armed_in_a_thread_writing_a_group_for_other_jobs(
         scene.gate.release()
         wait_for(lambda: executor.busy == 0, timeout=10, what="the jobs ended")
     finally:
-        if scene.gate.locked():
-            scene.gate.release()
-        scene.may_return.set()
-        executor.shutdown()
+        scene.let_go(executor)
     [(label, ran_out)] = scene.limits_in_handle
     assert label.startswith(GATED) and ran_out  # its time was up as it returned
     assert scene.ran_to_their_end(others)
@@ -281,10 +285,7 @@ def test_a_stop_raised_as_a_job_ends_lands_in_its_run_not_in_a_group_for_others(
         executor.abort(_Stopped)
         wait_for(lambda: executor.busy == 0, timeout=10, what="the stopped job ended")
     finally:
-        if scene.gate.locked():
-            scene.gate.release()
-        scene.may_return.set()
-        executor.shutdown()
+        scene.let_go(executor)
     group._writing = False
     group.flush()  # what is left (the worker's close())
     assert scene.ran_to_their_end(others)
