@@ -213,7 +213,7 @@ class ThrottlesExceptions(JobMiddleware):
             # handle() it puts the job back without using an attempt). A stop raised into a
             # sync job (a second Ctrl-C, --reload past its grace, an iterable job's lost
             # lease) is neither counted nor dropped, as an async job's stop (cut_short).
-            store.circuit_leave(key, owner=owner, **settings, outcome=counters.NEUTRAL)
+            self.abandoned(circuit)
             raise exc
         counted = self._counts(exc)
         decision = store.circuit_leave(key, owner=owner, **settings,
