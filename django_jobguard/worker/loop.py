@@ -227,9 +227,11 @@ class Worker:
         self._executor: Executor = SoloExecutor(self, finished=self._claim_size.finished,
                                                 rest=o.rest)
         self._finished_lock = threading.Lock()
-        #: The solo executor's claimed sync rows not started yet (claimed ahead); replaced,
-        #: never changed in place: the heartbeat reads it from its thread.
-        self._waiting: list[QueuedJob] = []
+        #: The solo executor's claimed sync rows not started yet (claimed ahead), oldest
+        #: first: changed in this thread only (a row leaves it from the left as it starts,
+        #: in constant time, not by a copy of the rest); the heartbeat reads a copy
+        #: (``deque.copy()`` runs in C, so no change lands while it copies).
+        self._waiting: deque[QueuedJob] = deque()
         #: Rows taken from the prefetch buffer to start, until an executor runs them (their
         #: starts may be a statement meanwhile); taken and put here under ``_moving``, which
         #: :meth:`held_ids` holds to read both, so no beat misses them.
@@ -307,8 +309,8 @@ class Worker:
                 if self._quiet.is_set() and (self._waiting or len(self._prefetch)
                                              or self._ahead.pending):
                     # claimed, never started: back to the queue, attempts unused
-                    waiting, self._waiting = self._waiting, []
-                    self._give_back(waiting + (self._ahead.take()[1] or [])
+                    waiting, self._waiting = self._waiting, deque()
+                    self._give_back([*waiting, *(self._ahead.take()[1] or [])]
                                     + self._prefetch.drain(close=True))
                 self._give_back_paused()
                 rows = [] if self._waiting or self._quiet.is_set() else self._claim()
@@ -348,8 +350,8 @@ class Worker:
                             "takes its place.", self.id, exc, EXIT_STUCK)
             return EXIT_STUCK
         finally:
-            waiting, self._waiting = self._waiting, []
-            self._give_back(waiting + self._ahead.close() + self._prefetch.drain(close=True))
+            waiting, self._waiting = self._waiting, deque()
+            self._give_back([*waiting, *self._ahead.close(), *self._prefetch.drain(close=True)])
             self._executor.shutdown()
 
     def _threads(self, size: int) -> Executor:
@@ -501,8 +503,7 @@ class Worker:
         if rows:
             buffered = [row for row in rows if not solo or self._runs_async(row)]
             if solo:
-                self._waiting = self._waiting + [row for row in rows
-                                                 if not self._runs_async(row)]
+                self._waiting.extend(row for row in rows if not self._runs_async(row))
             self._give_back(self._prefetch.put(buffered))
         self._start_from_buffer()
         if not solo:
@@ -511,18 +512,17 @@ class Worker:
                 and self._claim_size.fast(len(self._waiting))):
             self._claim_meanwhile()
         waiting = self._waiting
-        index = 0
-        while index < len(waiting):
-            row = waiting[index]
+        while waiting:
+            row = waiting[0]
             if self._stop.is_set() or self._quiet.is_set() or self._paused_meanwhile(
                     row.queue):
-                self._waiting = waiting[:index]
-                self._give_back(waiting[index:])
+                self._waiting = deque()
+                self._give_back(list(waiting))
                 return
             # Started: from now on the executor's (its row's lease is renewed as running;
             # shown running before it leaves the rows waiting, so no beat misses it).
             self.show_running([row])
-            self._waiting = waiting = waiting[index + 1:]
+            waiting.popleft()
             then = waiting[0] if waiting else None
             self._executor.submit(row, then=then)
 
@@ -690,7 +690,7 @@ class Worker:
             held |= self._prefetch.ids()
             held.update(row.id for row in self._starting)
         held |= self._executor.held()  # (its threads take their next rows from the buffer)
-        held.update(row.id for row in self._waiting)
+        held.update(row.id for row in self._waiting.copy())
         held.update(row.id for row in self._running)
         held |= self._async.held()
         if self._completer is not None:

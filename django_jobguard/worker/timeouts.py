@@ -78,7 +78,7 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
         seconds = self.seconds
         if not seconds:
             return
-        if threading.current_thread() is not threading.main_thread():
+        if threading.get_ident() != _main_ident:
             if getattr(_local, "enforced", False):
                 self._inner = _thread_limit(seconds, self.finished, self.label)
                 self._inner.__enter__()
@@ -103,24 +103,36 @@ class time_limit:  # noqa: N801 (a context manager used as a function: ``with ti
         inner, self._inner = self._inner, None
         if inner is not None:  # a thread's limit
             inner.__exit__(*exc_info)
-        elif threading.current_thread() is threading.main_thread():
+        elif threading.get_ident() == _main_ident:
             _alarm = self._outer  # the timer stays set: see the class's docstring
             if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
                 clear_timer()  # the job changed the handler: a late alarm must not reach it
             _exit_main(self._outer_hard)
 
 
-@dataclass
 class _Alarm:
     """The time limit of the job running in the main thread (its SIGALRM)."""
 
-    seconds: float
-    finished: Callable[[], bool]
-    deadline: float  # time.monotonic(): the timeout, then the end of the grace period
-    fired: bool = False
+    __slots__ = ("seconds", "finished", "deadline", "fired")
+
+    def __init__(self, seconds: float, finished: Callable[[], bool], deadline: float) -> None:
+        self.seconds, self.finished = seconds, finished
+        self.deadline = deadline  # time.monotonic(): the timeout, then the grace period's end
+        self.fired = False
 
 
 _alarm: _Alarm | None = None
+#: The main thread's id (the one SIGALRM reaches): compared for every job, cheaper than
+#: ``threading.current_thread() is threading.main_thread()``; a forked child's is its own.
+_main_ident = threading.main_thread().ident
+
+
+def _main_ident_in_child() -> None:
+    global _main_ident
+    _main_ident = threading.main_thread().ident  # (threading's own fork hook ran first)
+
+
+os.register_at_fork(after_in_child=_main_ident_in_child)
 
 
 class _Timer:
@@ -305,7 +317,10 @@ def _enter_main(limit: _HardLimit) -> _HardLimit | None:
     with _limits_lock:
         outer, _main_limit = _main_limit, limit
         limit.outer = outer
-        _rearm()
+        if outer is None and not _limits:  # the only job with a limit (a solo worker's)
+            _arm(limit)
+        else:
+            _rearm()
     return outer
 
 
@@ -314,7 +329,10 @@ def _exit_main(outer: _HardLimit | None) -> None:
     global _main_limit
     with _limits_lock:
         _main_limit = outer
-        _rearm()
+        if outer is None and not _limits:
+            _arm(None)
+        else:
+            _rearm()
 
 
 def enforce_in_this_thread() -> None:

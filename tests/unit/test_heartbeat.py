@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections import deque
 
 import pytest
 from django.utils import timezone
@@ -29,7 +30,7 @@ def test_renew_leases_renews_running_and_claimed_ahead_rows_and_no_other():
     running, ahead = queue.claim(["default"], worker_id=worker.id, limit=2, start=1)
     other = queue.claim(["default"], worker_id="someone-else")[0]
     worker.show_running([running])
-    worker._waiting = [ahead]  # claimed ahead: started by the ack of the running one
+    worker._waiting = deque([ahead])  # claimed ahead: started by the ack of the running one
     _lease_out(*(handle.id for handle in handles))
 
     assert worker._heartbeat.renew_leases() == (2, 2)
