@@ -375,12 +375,6 @@ class Poller:
             return count(self.sql, self.params)
         return self.conn.execute(self.sql, self.params).fetchone()[0]
 
-    def wait_zero(self, *, timeout: float, interval: float = 0.01) -> float:
-        """perf_counter() at the first poll that saw 0."""
-        wait_for(lambda: self.value() == 0, timeout=timeout, interval=interval,
-                   what=f"0 from {self.sql!r}")
-        return time.perf_counter()
-
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()

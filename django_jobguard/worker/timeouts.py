@@ -162,7 +162,7 @@ _timer = _Timer()
 def clear_timer() -> None:
     """Stop a timer left set (the worker ends, or a job changed the ``SIGALRM`` handler): a
     ``SIGALRM`` without our handler, as at the interpreter's end, would kill the process."""
-    if _timer.at is not None and threading.current_thread() is threading.main_thread():
+    if _timer.at is not None and threading.get_ident() == _main_ident:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _timer.at = None
 
@@ -317,10 +317,7 @@ def _enter_main(limit: _HardLimit) -> _HardLimit | None:
     with _limits_lock:
         outer, _main_limit = _main_limit, limit
         limit.outer = outer
-        if outer is None and not _limits:  # the only job with a limit (a solo worker's)
-            _arm(limit)
-        else:
-            _rearm()
+        _rearm()
     return outer
 
 
@@ -329,10 +326,7 @@ def _exit_main(outer: _HardLimit | None) -> None:
     global _main_limit
     with _limits_lock:
         _main_limit = outer
-        if outer is None and not _limits:
-            _arm(None)
-        else:
-            _rearm()
+        _rearm()
 
 
 def enforce_in_this_thread() -> None:
@@ -353,8 +347,11 @@ def abandon(limit: ThreadLimit) -> None:
 def _rearm() -> None:
     """Arm the watchdog for the earliest hard limit of the running jobs (the main thread's
     and those in :data:`_limits`), or disarm it when there is none (under ``_limits_lock``)."""
-    earliest: ThreadLimit | _HardLimit | None = None
     main = _main_limit
+    if not _limits and (main is None or main.outer is None):
+        _arm(main)  # the main thread's job alone (a solo worker's), or none: nothing to compare
+        return
+    earliest: ThreadLimit | _HardLimit | None = None
     while main is not None:  # the main thread's job, and those it runs inside
         if earliest is None or main.hard_deadline < earliest.hard_deadline:
             earliest = main
