@@ -11,7 +11,8 @@ store that cannot be reached) is not the service failing, nor is a worker's stop
 (``WorkerStoppedError``): neither is ever counted or dropped by ``delete_when``; each goes to
 the worker as it is. A timeout is an exception here for an async job too (its task cancelled:
 counted, or dropped by ``delete_when``, as a sync job's ``JobTimeoutError``); an operator's
-cancel or a worker's stop of an async job is neither.
+cancel or a worker's stop of an async job is neither. A store outage while a stop or a
+timeout is recorded is logged; the stop or timeout reaches the worker as it is.
 """
 
 from __future__ import annotations
@@ -212,12 +213,27 @@ class ThrottlesExceptions(JobMiddleware):
             # jobguard's own infrastructure, not the service: the worker decides (before
             # handle() it puts the job back without using an attempt). A stop raised into a
             # sync job (a second Ctrl-C, --reload past its grace, an iterable job's lost
-            # lease) is neither counted nor dropped, as an async job's stop (cut_short).
-            self.abandoned(circuit)
+            # lease) is neither counted nor dropped, as an async job's stop (cut_short). An
+            # outage of the circuit's store must not replace it: the stop goes on (so does
+            # an outage raised before handle(), which the worker tells by handle_started).
+            try:
+                self.abandoned(circuit)
+            except StoreUnavailableError as outage:
+                self._unrecorded(job, circuit, exc, outage)
             raise exc
         counted = self._counts(exc)
-        decision = store.circuit_leave(key, owner=owner, **settings,
-                                       outcome=counters.FAILURE if counted else counters.NEUTRAL)
+        try:
+            decision = store.circuit_leave(
+                key, owner=owner, **settings,
+                outcome=counters.FAILURE if counted else counters.NEUTRAL)
+        except StoreUnavailableError as outage:
+            if not isinstance(exc, JobTimeoutError):
+                raise  # the job's exception now, as any outage after handle() started
+            # A timeout still reaches the worker as one (its timeout rules, fail_on_timeout),
+            # or the drop delete_when asks for below: the outage is only logged. (A timeout
+            # is never released here, so its decision is not needed.)
+            self._unrecorded(job, circuit, exc, outage)
+            decision = None
         if self.delete_when is not None and self.delete_when(exc):
             logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
             job.context.request(Outcome.dropped(
@@ -238,6 +254,14 @@ class ThrottlesExceptions(JobMiddleware):
             counts_exception=False, detail=f"counted by circuit {keys.label(key)!r}: "
             f"{decision.failures} of {self.max_attempts} failures"
             + (", now open" if decision.state == counters.OPEN else "")))
+
+    @staticmethod
+    def _unrecorded(job: JobLike, circuit: dict[str, Any], exc: BaseException,
+                    outage: StoreUnavailableError) -> None:
+        """Log that the circuit's store could not record a run that ended with ``exc`` (a
+        stop, a timeout), which goes on to the worker as it is."""
+        logger.warning("%s [%s] ended with %s, but circuit %s could not record it (%s).",
+                       job.name, job.job_id, type(exc).__name__, circuit["key"], outage)
 
     def succeeded(self, job: JobLike, circuit: dict[str, Any]) -> None:
         """Record the end of a run that raised nothing (only a real success closes it)."""
