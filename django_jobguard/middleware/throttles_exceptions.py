@@ -11,8 +11,9 @@ store that cannot be reached) is not the service failing, nor is a worker's stop
 (``WorkerStoppedError``): neither is ever counted or dropped by ``delete_when``; each goes to
 the worker as it is. A timeout is an exception here for an async job too (its task cancelled:
 counted, or dropped by ``delete_when``, as a sync job's ``JobTimeoutError``); an operator's
-cancel or a worker's stop of an async job is neither. A store outage while a stop or a
-timeout is recorded is logged; the stop or timeout reaches the worker as it is.
+cancel or a worker's stop of an async job is neither (nor a success, when the job catches
+its ``CancelledError`` and returns). A store outage while a stop or a timeout is recorded is
+logged; the stop or timeout reaches the worker as it is.
 """
 
 from __future__ import annotations
@@ -155,21 +156,34 @@ class ThrottlesExceptions(JobMiddleware):
             # JobTimeoutError is; a cancel or a stop leaves the circuit as it was (a probe
             # freed), not held until its lease runs out. The cancellation goes on either way:
             # the worker ends the run, honouring a drop asked for on its timeout.
-            try:
-                await aio.call_sync(self.cut_short, job, circuit, aio.cancelled_for())
-            except Exception:
-                logger.exception("%s [%s]: could not leave circuit %s as it was cancelled.",
-                                 job.name, job.job_id, circuit["key"])
+            await self._acut_short(job, circuit, aio.cancelled_for())
             raise
+        reason = aio.cancelled_for()
+        if reason is not None:
+            # It caught its cancellation and returned: the worker still ends the run as cut
+            # short (aio.run_job), and so does the circuit, which must not see a success.
+            await self._acut_short(job, circuit, reason)
+            return result
         await aio.call_sync(self.succeeded, job, circuit)
         return result
 
+    async def _acut_short(self, job: JobLike, circuit: dict[str, Any],
+                          reason: str | None) -> None:
+        """:meth:`cut_short` off the loop; what it raises (a store outage) is logged: the
+        run ends by its cancellation whatever the circuit could record."""
+        try:
+            await aio.call_sync(self.cut_short, job, circuit, reason)
+        except Exception:
+            logger.exception("%s [%s]: could not leave circuit %s as it was cancelled.",
+                             job.name, job.job_id, circuit["key"])
+
     def cut_short(self, job: JobLike, circuit: dict[str, Any], reason: str | None) -> None:
-        """An async job's task was cancelled in ``handle()``: ``reason`` :data:`aio.TIMEOUT`
-        is what a sync job's timeout is (a failure when counted, a drop asked for when
-        ``delete_when`` takes it), anything else neutral and never a drop. A timeout an
-        inner middleware dropped the job for is neutral here too: a sync job's inner
-        middleware swallows it, and this one sees a run that was not a success."""
+        """An async job's task was cancelled in ``handle()`` (whether the cancellation went
+        on or the job caught it and returned: the run ends cut short either way): ``reason``
+        :data:`aio.TIMEOUT` is what a sync job's timeout is (a failure when counted, a drop
+        asked for when ``delete_when`` takes it), anything else neutral and never a drop. A
+        timeout an inner middleware dropped the job for is neutral here too: a sync job's
+        inner middleware swallows it, and this one sees a run that was not a success."""
         requested = job.context.requested
         if reason != aio.TIMEOUT or (requested is not None
                                      and requested.kind is Kind.DROPPED):

@@ -357,6 +357,68 @@ def test_a_store_outage_as_the_circuit_records_a_stop_or_a_timeout_does_not_repl
                and "jobguard:circuit:interrupted" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("cut", ["cancel", "stop", "timeout"])
+@pytest.mark.parametrize("state", ["closed", "half-open"])
+def test_an_async_job_that_swallows_its_cancellation_did_not_succeed(store_alias, state,
+                                                                      cut):
+    """Its first run fails (counted), its second is cancelled by an operator (stopped, timed
+    out) while it awaits, catches ``asyncio.CancelledError`` and returns. The worker ends
+    that run as cut short all the same, and so does the circuit: a cancel or a stop leaves
+    it as it was (a half-open probe freed), a timeout counts. Before, it closed (reset) the
+    circuit as a real success."""
+    from asgiref.sync import sync_to_async
+
+    from django_jobguard import aio, operations, queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    half_open = state == "half-open"
+    decay = 2 if half_open else 60
+    key = "jobguard:circuit:swallows"
+
+    class Swallows(Job):
+        name = "tests.throttles.Swallows"
+        tries, backoff, timeout = 5, 0, 0.5 if cut == "timeout" else 30
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1 if half_open else 3,
+                                        decay_seconds=decay).by("swallows")]
+
+        async def handle(self):
+            if self.context.attempt == 1:
+                raise ConnectionError("service down")  # counted: 1 failure
+            if cut == "cancel":
+                await sync_to_async(operations.cancel_job)(self.job_id)
+            elif cut == "stop":
+                aio.stop_all()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return "swallowed"
+
+    Swallows().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
+    assert Pipeline(worker_id="w").process(row) == "RELEASED"
+    if half_open:  # the next run is the probe
+        wait_for(lambda: circuit(key).state == "half-open", timeout=10)
+    else:
+        assert (circuit(key).state, circuit(key).hits) == ("closed", 1)
+    make_due()
+    (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
+    assert Pipeline(worker_id="w").process(row) == {
+        "cancel": "CANCELLED", "stop": "RELEASED", "timeout": "RELEASED"}[cut]
+    after = circuit(key)  # (None: reset, as after a success)
+    assert after is not None and after.hits == (2 if cut == "timeout" else 1)
+    if cut == "timeout":  # counted: the probe's failure opens it again
+        assert after.state == ("open" if half_open else "closed")
+    else:
+        assert after.state == state
+        if half_open:  # the probe was freed: the next job is let in as the probe
+            entry = get_store().circuit_enter(key, owner="next", max_attempts=1, decay=decay,
+                                              probe_lease=60)
+            assert entry.admitted
+
+
 def test_report_true_logs_counted_exceptions(store_alias, monkeypatch, caplog):
     configure(monkeypatch, ["fail"], report=True)
     Flaky().dispatch()
