@@ -11,7 +11,9 @@ store that cannot be reached) is not the service failing, nor is a worker's stop
 (``WorkerStoppedError``): neither is ever counted or dropped by ``delete_when``; each goes to
 the worker as it is. A timeout is an exception here for an async job too (its task cancelled:
 counted, or dropped by ``delete_when``, as a sync job's ``JobTimeoutError``); an operator's
-cancel or a worker's stop of an async job is neither.
+cancel or a worker's stop of an async job is neither (nor a success, when the job catches
+its ``CancelledError`` and returns). A store outage while a stop or a timeout is recorded is
+logged; the stop or timeout reaches the worker as it is.
 """
 
 from __future__ import annotations
@@ -154,21 +156,34 @@ class ThrottlesExceptions(JobMiddleware):
             # JobTimeoutError is; a cancel or a stop leaves the circuit as it was (a probe
             # freed), not held until its lease runs out. The cancellation goes on either way:
             # the worker ends the run, honouring a drop asked for on its timeout.
-            try:
-                await aio.call_sync(self.cut_short, job, circuit, aio.cancelled_for())
-            except Exception:
-                logger.exception("%s [%s]: could not leave circuit %s as it was cancelled.",
-                                 job.name, job.job_id, circuit["key"])
+            await self._acut_short(job, circuit, aio.cancelled_for())
             raise
+        reason = aio.cancelled_for()
+        if reason is not None:
+            # It caught its cancellation and returned: the worker still ends the run as cut
+            # short (aio.run_job), and so does the circuit, which must not see a success.
+            await self._acut_short(job, circuit, reason)
+            return result
         await aio.call_sync(self.succeeded, job, circuit)
         return result
 
+    async def _acut_short(self, job: JobLike, circuit: dict[str, Any],
+                          reason: str | None) -> None:
+        """:meth:`cut_short` off the loop; what it raises (a store outage) is logged: the
+        run ends by its cancellation whatever the circuit could record."""
+        try:
+            await aio.call_sync(self.cut_short, job, circuit, reason)
+        except Exception:
+            logger.exception("%s [%s]: could not leave circuit %s as it was cancelled.",
+                             job.name, job.job_id, circuit["key"])
+
     def cut_short(self, job: JobLike, circuit: dict[str, Any], reason: str | None) -> None:
-        """An async job's task was cancelled in ``handle()``: ``reason`` :data:`aio.TIMEOUT`
-        is what a sync job's timeout is (a failure when counted, a drop asked for when
-        ``delete_when`` takes it), anything else neutral and never a drop. A timeout an
-        inner middleware dropped the job for is neutral here too: a sync job's inner
-        middleware swallows it, and this one sees a run that was not a success."""
+        """An async job's task was cancelled in ``handle()`` (whether the cancellation went
+        on or the job caught it and returned: the run ends cut short either way): ``reason``
+        :data:`aio.TIMEOUT` is what a sync job's timeout is (a failure when counted, a drop
+        asked for when ``delete_when`` takes it), anything else neutral and never a drop. A
+        timeout an inner middleware dropped the job for is neutral here too: a sync job's
+        inner middleware swallows it, and this one sees a run that was not a success."""
         requested = job.context.requested
         if reason != aio.TIMEOUT or (requested is not None
                                      and requested.kind is Kind.DROPPED):
@@ -212,12 +227,27 @@ class ThrottlesExceptions(JobMiddleware):
             # jobguard's own infrastructure, not the service: the worker decides (before
             # handle() it puts the job back without using an attempt). A stop raised into a
             # sync job (a second Ctrl-C, --reload past its grace, an iterable job's lost
-            # lease) is neither counted nor dropped, as an async job's stop (cut_short).
-            self.abandoned(circuit)
+            # lease) is neither counted nor dropped, as an async job's stop (cut_short). An
+            # outage of the circuit's store must not replace it: the stop goes on (so does
+            # an outage raised before handle(), which the worker tells by handle_started).
+            try:
+                self.abandoned(circuit)
+            except StoreUnavailableError as outage:
+                self._unrecorded(job, circuit, exc, outage)
             raise exc
         counted = self._counts(exc)
-        decision = store.circuit_leave(key, owner=owner, **settings,
-                                       outcome=counters.FAILURE if counted else counters.NEUTRAL)
+        try:
+            decision = store.circuit_leave(
+                key, owner=owner, **settings,
+                outcome=counters.FAILURE if counted else counters.NEUTRAL)
+        except StoreUnavailableError as outage:
+            if not isinstance(exc, JobTimeoutError):
+                raise  # the job's exception now, as any outage after handle() started
+            # A timeout still reaches the worker as one (its timeout rules, fail_on_timeout),
+            # or the drop delete_when asks for below: the outage is only logged. (A timeout
+            # is never released here, so its decision is not needed.)
+            self._unrecorded(job, circuit, exc, outage)
+            decision = None
         if self.delete_when is not None and self.delete_when(exc):
             logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
             job.context.request(Outcome.dropped(
@@ -238,6 +268,14 @@ class ThrottlesExceptions(JobMiddleware):
             counts_exception=False, detail=f"counted by circuit {keys.label(key)!r}: "
             f"{decision.failures} of {self.max_attempts} failures"
             + (", now open" if decision.state == counters.OPEN else "")))
+
+    @staticmethod
+    def _unrecorded(job: JobLike, circuit: dict[str, Any], exc: BaseException,
+                    outage: StoreUnavailableError) -> None:
+        """Log that the circuit's store could not record a run that ended with ``exc`` (a
+        stop, a timeout), which goes on to the worker as it is."""
+        logger.warning("%s [%s] ended with %s, but circuit %s could not record it (%s).",
+                       job.name, job.job_id, type(exc).__name__, circuit["key"], outage)
 
     def succeeded(self, job: JobLike, circuit: dict[str, Any]) -> None:
         """Record the end of a run that raised nothing (only a real success closes it)."""

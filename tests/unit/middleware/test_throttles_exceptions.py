@@ -13,7 +13,11 @@ from demo.models import Profile
 from django.utils import timezone
 
 from django_jobguard import Job, Skip, ThrottlesExceptions
-from django_jobguard.exceptions import JobTimeoutError, WorkerStoppedError
+from django_jobguard.exceptions import (
+    JobTimeoutError,
+    StoreUnavailableError,
+    WorkerStoppedError,
+)
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from django_jobguard.testing import drain
@@ -295,6 +299,124 @@ def test_a_stop_raised_into_a_sync_job_is_neither_counted_nor_dropped(store_alia
     row = QueuedJob.objects.get()
     assert (row.attempts, row.exceptions, row.last_error) == (0, 0, "")
     assert circuit("jobguard:circuit:stopped") is None
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("run", ["sync", "async"])
+@pytest.mark.parametrize("ends, delete_when, state", [
+    ("stop", None, "RELEASED"), ("timeout", None, "FAILED"),
+    ("timeout", JobTimeoutError, "SKIPPED")], ids=["stop", "timeout", "dropped-timeout"])
+def test_a_store_outage_as_the_circuit_records_a_stop_or_a_timeout_does_not_replace_it(
+        store_alias, monkeypatch, caplog, run, ends, delete_when, state):
+    """The circuit's store is down as a job's stop or timeout reaches the middleware: the
+    stop still puts the job back without using its only try, the timeout still follows its
+    timeout rules (or the drop delete_when asks for); the outage is logged. Before, a sync
+    job's StoreUnavailableError replaced it: the worker failed the job with the outage."""
+    from django_jobguard import aio, queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    circuit_middleware = ThrottlesExceptions(max_attempts=3, decay_seconds=60,
+                                             delete_when=delete_when).by("interrupted")
+
+    class Interrupted(Job):
+        name = "tests.throttles.Interrupted"
+        tries, timeout = 1, 0.3
+
+        def middleware(self):
+            return [circuit_middleware]
+
+        def handle(self):  # as a second Ctrl-C raises it, or the job's time limit
+            if ends == "stop":
+                raise WorkerStoppedError(WorkerStoppedError.detail)
+            raise JobTimeoutError("The job has timed out after 0.3 s.")
+
+    class AsyncInterrupted(Interrupted):
+        name = "tests.throttles.AsyncInterrupted"
+
+        async def handle(self):  # its task cancelled by a stop, or by its timeout
+            if ends == "stop":
+                aio.stop_all()
+            await asyncio.sleep(30)
+
+    def leave_fails(self, key, **kwargs):
+        raise StoreUnavailableError(self.alias, "connection refused")
+
+    monkeypatch.setattr(type(get_store()), "circuit_leave", leave_fails)
+    (AsyncInterrupted if run == "async" else Interrupted)().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w-outage", limit=1, start=1)
+    with caplog.at_level(logging.WARNING, logger="django_jobguard.limits"):
+        assert Pipeline(worker_id="w-outage").process(row) == state
+    if ends == "stop":  # back, its one try intact, no error of its own
+        row = QueuedJob.objects.get()
+        assert (row.attempts, row.exceptions, row.last_error) == (0, 0, "")
+    elif delete_when is None:  # its last try timed out
+        assert FailedJob.objects.get().exception_class.endswith(".JobTimeoutError")
+    else:
+        assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert any(r.name == "django_jobguard.limits" and "could not" in r.getMessage()
+               and "jobguard:circuit:interrupted" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("cut", ["cancel", "stop", "timeout"])
+@pytest.mark.parametrize("state", ["closed", "half-open"])
+def test_an_async_job_that_swallows_its_cancellation_did_not_succeed(store_alias, state,
+                                                                      cut):
+    """Its first run fails (counted), its second is cancelled by an operator (stopped, timed
+    out) while it awaits, catches ``asyncio.CancelledError`` and returns. The worker ends
+    that run as cut short all the same, and so does the circuit: a cancel or a stop leaves
+    it as it was (a half-open probe freed), a timeout counts. Before, it closed (reset) the
+    circuit as a real success."""
+    from asgiref.sync import sync_to_async
+
+    from django_jobguard import aio, operations, queue
+    from django_jobguard.worker.pipeline import Pipeline
+
+    half_open = state == "half-open"
+    decay = 2 if half_open else 60
+    key = "jobguard:circuit:swallows"
+
+    class Swallows(Job):
+        name = "tests.throttles.Swallows"
+        tries, backoff, timeout = 5, 0, 0.5 if cut == "timeout" else 30
+
+        def middleware(self):
+            return [ThrottlesExceptions(max_attempts=1 if half_open else 3,
+                                        decay_seconds=decay).by("swallows")]
+
+        async def handle(self):
+            if self.context.attempt == 1:
+                raise ConnectionError("service down")  # counted: 1 failure
+            if cut == "cancel":
+                await sync_to_async(operations.cancel_job)(self.job_id)
+            elif cut == "stop":
+                aio.stop_all()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return "swallowed"
+
+    Swallows().dispatch()
+    (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
+    assert Pipeline(worker_id="w").process(row) == "RELEASED"
+    if half_open:  # the next run is the probe
+        wait_for(lambda: circuit(key).state == "half-open", timeout=10)
+    else:
+        assert (circuit(key).state, circuit(key).hits) == ("closed", 1)
+    make_due()
+    (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
+    assert Pipeline(worker_id="w").process(row) == {
+        "cancel": "CANCELLED", "stop": "RELEASED", "timeout": "RELEASED"}[cut]
+    after = circuit(key)  # (None: reset, as after a success)
+    assert after is not None and after.hits == (2 if cut == "timeout" else 1)
+    if cut == "timeout":  # counted: the probe's failure opens it again
+        assert after.state == ("open" if half_open else "closed")
+    else:
+        assert after.state == state
+        if half_open:  # the probe was freed: the next job is let in as the probe
+            entry = get_store().circuit_enter(key, owner="next", max_attempts=1, decay=decay,
+                                              probe_lease=60)
+            assert entry.admitted
 
 
 def test_report_true_logs_counted_exceptions(store_alias, monkeypatch, caplog):
