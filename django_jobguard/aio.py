@@ -322,7 +322,7 @@ class JobRun:
                 self._grace = asyncio.get_running_loop().call_later(self.grace, self._give_up,
                                                                     self.grace)
             return
-        self.reason = reason
+        self.reason = self.context.cut_short = reason
         self.task.cancel(f"jobguard: {reason}")
         self._grace = asyncio.get_running_loop().call_later(self.grace, self._give_up,
                                                             self.grace)
@@ -372,16 +372,6 @@ def running_labels() -> list[str]:
     """Labels of the async jobs running now in this process."""
     with _runs_lock:
         return [run.label for run in _runs.values()]
-
-
-def cancelled_for() -> str | None:
-    """In an async job's task that is being cancelled: why (:data:`TIMEOUT`,
-    :data:`CANCELLED`, :data:`STOPPED`); ``None`` elsewhere, or if jobguard did not cancel
-    it (a middleware tells its timeout from a stop, as a sync one sees JobTimeoutError)."""
-    task = asyncio.current_task()
-    with _runs_lock:
-        run = _runs.get(task) if task is not None else None
-    return None if run is None else run.reason
 
 
 def running() -> list[JobRun]:

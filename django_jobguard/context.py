@@ -51,6 +51,9 @@ class JobContext:
     reporter: RunReporter | None = None
     #: Whether the job saw ``job.cancelled`` true (the run then ends as cancelled).
     cancel_seen: bool = False
+    #: Why jobguard cancelled this run's async task (``aio.TIMEOUT``, ``CANCELLED`` or
+    #: ``STOPPED``), ``None`` if it did not: read by middleware even after the job caught it.
+    cut_short: str | None = None
     #: Whether the worker running it is stopping gracefully (SIGTERM, ``--max-time``, a
     #: reload): the worker's probe, never true outside a worker.
     stopping: Callable[[], bool] = field(default=lambda: False, repr=False)

@@ -156,12 +156,15 @@ class ThrottlesExceptions(JobMiddleware):
             # JobTimeoutError is; a cancel or a stop leaves the circuit as it was (a probe
             # freed), not held until its lease runs out. The cancellation goes on either way:
             # the worker ends the run, honouring a drop asked for on its timeout.
-            await self._acut_short(job, circuit, aio.cancelled_for())
+            await self._acut_short(job, circuit, job.context.cut_short)
             raise
-        reason = aio.cancelled_for()
+        reason = job.context.cut_short
         if reason is not None:
             # It caught its cancellation and returned: the worker still ends the run as cut
             # short (aio.run_job), and so does the circuit, which must not see a success.
+            # (Read from the run's context, not the task: the task is forgotten once the
+            # grace period ran out, and a sync middleware around this one runs it in
+            # another task.)
             await self._acut_short(job, circuit, reason)
             return result
         await aio.call_sync(self.succeeded, job, circuit)

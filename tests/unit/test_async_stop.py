@@ -91,6 +91,29 @@ def test_a_cancel_after_handle_returned_lets_the_clean_up_end():
     assert aio.loop_thread().run(main()) == ("ok", None)
 
 
+def test_a_cancel_marks_the_run_s_context_with_its_reason():
+    """The reason stays on the run's context (``cut_short``) after the job caught the
+    cancellation, for its middleware to read once the task is no longer tracked."""
+    context = JobContext(job_id="1")
+
+    async def job():
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            return "swallowed"
+
+    async def main():
+        running = asyncio.ensure_future(aio.run_job(context, job(), timeout=0, label="c"))
+        await asyncio.sleep(0.05)
+        (run,) = aio.running()
+        assert context.cut_short is None
+        run.cancel(aio.CANCELLED)
+        await asyncio.wait([running], timeout=10)
+        return context.cut_short
+
+    assert aio.loop_thread().run(main()) == aio.CANCELLED
+
+
 def test_a_stop_after_handle_returned_still_ends_the_wait_after_the_grace_period():
     """A clean-up that never ends (a store call without a timeout) does not hold a stopping
     worker for ever: after the grace period the run ends, counted as done (put back, the

@@ -419,6 +419,38 @@ def test_an_async_job_that_swallows_its_cancellation_did_not_succeed(store_alias
             assert entry.admitted
 
 
+@pytest.mark.parametrize("reason", ["cancelled", "stopped"])
+def test_a_swallowed_cancellation_is_the_run_s_not_its_task_s(store_alias, reason):
+    """Why a run was cut short is read from its context, not from the task it runs in: a job
+    that caught its cancellation and went on past the grace period (its task forgotten by
+    then), or a ThrottlesExceptions behind a sync-only middleware (run in another task),
+    still does not close the circuit as a success."""
+    from asgiref.sync import async_to_sync
+
+    from django_jobguard.context import JobContext
+
+    key = "jobguard:circuit:swallowed-late"
+    throttle = ThrottlesExceptions(max_attempts=3, decay_seconds=60).by("swallowed-late")
+    store = get_store()
+    entry = store.circuit_enter(key, owner="first", max_attempts=3, decay=60, probe_lease=60)
+    assert entry.admitted
+    store.circuit_leave(key, owner="first", max_attempts=3, decay=60, outcome="failure")
+    assert (circuit(key).state, circuit(key).hits) == ("closed", 1)
+
+    job = Flaky()
+    job.context = JobContext(job_id="late")
+    job.context.cut_short = reason  # as JobRun.cancel() marks the run it cancels
+
+    async def swallowed(job):
+        job.context.handle_finished = job.context.handle_returned = True
+        return "swallowed"
+
+    # No JobRun holds this task: before, the circuit saw a success and was reset (None).
+    # (async_to_sync: the circuit's calls run in this thread, in the test's transaction.)
+    assert async_to_sync(throttle.ahandle)(job, swallowed) == "swallowed"
+    assert (circuit(key).state, circuit(key).hits) == ("closed", 1)
+
+
 def test_report_true_logs_counted_exceptions(store_alias, monkeypatch, caplog):
     configure(monkeypatch, ["fail"], report=True)
     Flaky().dispatch()
