@@ -11,9 +11,10 @@ store that cannot be reached) is not the service failing, nor is a worker's stop
 (``WorkerStoppedError``): neither is ever counted or dropped by ``delete_when``; each goes to
 the worker as it is. A timeout is an exception here for an async job too (its task cancelled:
 counted, or dropped by ``delete_when``, as a sync job's ``JobTimeoutError``); an operator's
-cancel or a worker's stop of an async job is neither (nor a success, when the job catches
-its ``CancelledError`` and returns). A store outage while a stop or a timeout is recorded is
-logged; the stop or timeout reaches the worker as it is.
+cancel or a worker's stop of an async job is neither (nor a success when the job catches
+its ``CancelledError`` and returns, nor a failure when it raises another exception instead).
+A store outage while a stop or a timeout is recorded is logged; the stop or timeout reaches
+the worker as it is.
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ class ThrottlesExceptions(JobMiddleware):
         try:
             result = await next(job)
         except Exception as exc:
+            if job.context.cut_short is not None:  # its cancellation, turned into another
+                # exception by the job: the worker ends the run as cut short, so does this
+                await self._acut_short(job, circuit, job.context.cut_short)
+                raise
             await aio.call_sync(self.failed, job, circuit, exc)
             return None
         except asyncio.CancelledError:

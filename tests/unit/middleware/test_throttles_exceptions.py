@@ -419,12 +419,14 @@ def test_an_async_job_that_swallows_its_cancellation_did_not_succeed(store_alias
             assert entry.admitted
 
 
+@pytest.mark.parametrize("ends", ["returns", "raises"])
 @pytest.mark.parametrize("reason", ["cancelled", "stopped"])
-def test_a_swallowed_cancellation_is_the_run_s_not_its_task_s(store_alias, reason):
+def test_a_swallowed_cancellation_is_the_run_s_not_its_task_s(store_alias, reason, ends):
     """Why a run was cut short is read from its context, not from the task it runs in: a job
     that caught its cancellation and went on past the grace period (its task forgotten by
     then), or a ThrottlesExceptions behind a sync-only middleware (run in another task),
-    still does not close the circuit as a success."""
+    neither closes the circuit as a success when it returns nor counts a failure when it
+    turns the cancellation into another exception: a cancel or a stop leaves it as it was."""
     from asgiref.sync import async_to_sync
 
     from django_jobguard.context import JobContext
@@ -442,12 +444,21 @@ def test_a_swallowed_cancellation_is_the_run_s_not_its_task_s(store_alias, reaso
     job.context.cut_short = reason  # as JobRun.cancel() marks the run it cancels
 
     async def swallowed(job):
-        job.context.handle_finished = job.context.handle_returned = True
+        job.context.handle_finished = True
+        if ends == "raises":
+            raise ValueError("cleaning up after the cancel failed")
+        job.context.handle_returned = True
         return "swallowed"
 
-    # No JobRun holds this task: before, the circuit saw a success and was reset (None).
+    # No JobRun holds this task: before, the circuit saw a success and was reset (None), or
+    # counted the ValueError as the service's failure (2 hits, the job released).
     # (async_to_sync: the circuit's calls run in this thread, in the test's transaction.)
-    assert async_to_sync(throttle.ahandle)(job, swallowed) == "swallowed"
+    if ends == "raises":
+        with pytest.raises(ValueError):
+            async_to_sync(throttle.ahandle)(job, swallowed)
+    else:
+        assert async_to_sync(throttle.ahandle)(job, swallowed) == "swallowed"
+    assert job.context.requested is None
     assert (circuit(key).state, circuit(key).hits) == ("closed", 1)
 
 
