@@ -407,6 +407,13 @@ def test_an_async_job_that_swallows_its_cancellation_did_not_succeed(store_alias
     (row,) = queue.claim(["default"], worker_id="w", limit=1, start=1)
     assert Pipeline(worker_id="w").process(row) == {
         "cancel": "CANCELLED", "stop": "RELEASED", "timeout": "RELEASED"}[cut]
+    if cut == "stop":  # back, the stopped run's attempt unused (the first run's counted)
+        assert QueuedJob.objects.get().attempts == 1
+    elif cut == "timeout":  # back as a retry, the timeout its last error
+        row = QueuedJob.objects.get()
+        assert row.attempts == 2 and "JobTimeoutError" in row.last_error
+    else:
+        assert not QueuedJob.objects.exists()
     after = circuit(key)  # (None: reset, as after a success)
     assert after is not None and after.hits == (2 if cut == "timeout" else 1)
     if cut == "timeout":  # counted: the probe's failure opens it again
