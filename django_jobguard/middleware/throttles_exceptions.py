@@ -241,7 +241,7 @@ class ThrottlesExceptions(JobMiddleware):
             try:
                 self.abandoned(circuit)
             except StoreUnavailableError as outage:
-                self._unrecorded(job, circuit, exc, outage)
+                self._unrecorded(job, circuit, f"ended with {type(exc).__name__}", outage)
             raise exc
         counted = self._counts(exc)
         try:
@@ -254,7 +254,7 @@ class ThrottlesExceptions(JobMiddleware):
             # A timeout still reaches the worker as one (its timeout rules, fail_on_timeout),
             # or the drop delete_when asks for below: the outage is only logged. (A timeout
             # is never released here, so its decision is not needed.)
-            self._unrecorded(job, circuit, exc, outage)
+            self._unrecorded(job, circuit, f"ended with {type(exc).__name__}", outage)
             decision = None
         if self.delete_when is not None and self.delete_when(exc):
             logger.info("%s [%s] dropped on %r.", job.name, job.job_id, exc)
@@ -278,12 +278,12 @@ class ThrottlesExceptions(JobMiddleware):
             + (", now open" if decision.state == counters.OPEN else "")))
 
     @staticmethod
-    def _unrecorded(job: JobLike, circuit: dict[str, Any], exc: BaseException,
+    def _unrecorded(job: JobLike, circuit: dict[str, Any], ended: str,
                     outage: StoreUnavailableError) -> None:
-        """Log that the circuit's store could not record a run that ended with ``exc`` (a
-        stop, a timeout), which goes on to the worker as it is."""
-        logger.warning("%s [%s] ended with %s, but circuit %s could not record it (%s).",
-                       job.name, job.job_id, type(exc).__name__, circuit["key"], outage)
+        """Log that the circuit's store could not record how the run ``ended`` (finished, or
+        ended with a stop or a timeout), which stands as it is."""
+        logger.warning("%s [%s] %s, but circuit %s could not record it (%s).",
+                       job.name, job.job_id, ended, circuit["key"], outage)
 
     def succeeded(self, job: JobLike, circuit: dict[str, Any]) -> None:
         """Record the end of a run that raised nothing (only a real success closes it)."""
@@ -291,11 +291,10 @@ class ThrottlesExceptions(JobMiddleware):
         try:
             circuit["store"].circuit_leave(circuit["key"], owner=circuit["owner"],
                                            outcome=outcome, **circuit["settings"])
-        except StoreUnavailableError as exc:
+        except StoreUnavailableError as outage:
             # handle() has run: its outcome stands. Raising here would run it again. The
             # circuit keeps its count (or its probe lease runs out) until the store is back.
-            logger.warning("%s [%s] finished, but circuit %s could not record it (%s).",
-                           job.name, job.job_id, circuit["key"], exc)
+            self._unrecorded(job, circuit, "finished", outage)
 
     def _counts(self, exc: BaseException) -> bool:
         if isinstance(exc, UnknownLimiterError):  # a configuration error, not a failing service
