@@ -10,6 +10,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.core.management.color import no_style
 
 from django_jobguard import logs
 from django_jobguard.testing import drain
@@ -152,3 +153,58 @@ def test_verbosity_zero_prints_nothing(job_logger):
 def test_install_handler_rejects_an_unknown_format():
     with pytest.raises(ValueError, match="Unknown log format 'xml'; use one of text, json"):
         logs.install_handler(1, "xml")
+
+
+class _Row:
+    id, name, queue, attempts = "42", "tests.support.jobs.Noop", "default", 2
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize(("state", "elapsed", "detail"), [
+    ("DONE", 0.0123, ""), ("RELEASED", 0.5, "exception, retry in 30 s"),
+    ("FAILED", 1.0, "no point retrying"), ("RUNNING", None, "")])
+def test_the_direct_job_line_is_the_records_line(job_logger, monkeypatch, log_format, state,
+                                                  elapsed, detail):
+    # jobworker's own handler gets the line's fields without a LogRecord; a filter on it
+    # sends the same line through logging: both print the same text.
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.25)
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_250_000_000)
+    out = StringIO()
+    installed = logs.install_handler(2, log_format, stream=out, style=no_style())
+    assert isinstance(installed.handler, logs.JobLineHandler)
+    passed: list[logging.LogRecord] = []
+    made = []
+    make = job_logger.makeRecord
+    monkeypatch.setattr(job_logger, "makeRecord", lambda *a, **k: made.append(1) or make(*a, **k))
+    try:
+        logs.job_line("host:1:abc", _Row(), state, elapsed, detail)
+        assert made == []  # no record built
+        direct = out.getvalue()
+        installed.handler.addFilter(lambda record: passed.append(record) or True)
+        logs.job_line("host:1:abc", _Row(), state, elapsed, detail)
+    finally:
+        installed.remove()
+    by_record = out.getvalue()[len(direct):]
+    assert len(passed) == len(made) == 1  # the second went through logging
+    assert direct.count("\n") == 1
+    assert direct == by_record, (direct, by_record)
+    if log_format == "json":
+        data = json.loads(direct)
+        assert (data["job_id"], data["state"], data["attempt"]) == ("42", state, 2)
+        assert data["message"].startswith(f"tests.support.jobs.Noop [42] {state}")
+    else:
+        assert "host:1:abc tests.support.jobs.Noop [42] ..." in direct
+
+
+def test_job_lines_go_through_logging_when_another_handler_listens(job_logger):
+    out = StringIO()
+    installed = logs.install_handler(1, "text", stream=out, style=no_style())
+    project = Collect()
+    job_logger.addHandler(project)
+    try:
+        logs.job_line("host:1:abc", _Row(), "DONE", 0.01)
+    finally:
+        installed.remove()
+    assert [r.job_id for r in project.records] == ["42"] and " DONE 10 ms" in out.getvalue()
