@@ -11,23 +11,40 @@ tokens also never go below the database time in microseconds, so they keep incre
 
 Called inside a transaction on the store's database, an acquire is part of that transaction:
 a rollback takes the lock back with everything else (dispatch relies on this).
+
+When the database cannot be reached (down, restarting, a connection it cut, a lock wait that
+kept timing out) every primitive raises
+:class:`~django_jobguard.exceptions.StoreUnavailableError`, chained to the database error, as
+the Redis store does, so that the worker can tell an outage from a job's own failure (see
+:func:`_reachable`). A connection the error left broken is closed, outside a transaction, so
+that the next call connects again.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import OperationalError, connections, transaction
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.models import Q, Value
 from django.utils.functional import cached_property
 
 from django_jobguard import clock
 from django_jobguard.conf import queue_database
 from django_jobguard.dialects import Dialect, ThrottleRow, dialect_for
+from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.models import Lock, Throttle
 from django_jobguard.stores import counters
 from django_jobguard.stores.base import (
@@ -43,6 +60,50 @@ from django_jobguard.stores.base import (
     check_owner,
     check_ttl,
 )
+
+
+def _reachable(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the database errors of a store that cannot be reached into
+    :class:`StoreUnavailableError` (chained to them): ``OperationalError`` and
+    ``InterfaceError`` (connection refused, lost or closed, a server shutting down, a lock
+    wait or a deadlock still failing after the store's own retries), and any other database
+    error raised on a connection that turns out to be broken (a driver may say so with
+    another class). Outside a transaction a broken connection is closed first, so the next
+    call connects again (Django only does that between requests, and a worker after a job).
+
+    Errors the database answered with stay what they are: integrity and data errors, SQL
+    errors, and a deadlock, a serialization failure or a lock wait that ran out inside the
+    caller's own transaction, which the caller has to roll back and try again (its
+    ``except OperationalError`` still sees it)."""
+
+    @functools.wraps(method)
+    def call(self: DatabaseStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            if connections[self.using].in_atomic_block and _conflict(exc):
+                raise
+            self._close_broken()
+            raise StoreUnavailableError(self.alias, exc) from exc
+        except DatabaseError as exc:
+            if isinstance(exc, (IntegrityError, DataError)) or not self._close_broken():
+                raise
+            raise StoreUnavailableError(self.alias, exc) from exc
+
+    return call
+
+
+def _conflict(exc: Exception) -> bool:
+    """Whether ``exc`` is a transaction losing a race rather than the database being out of
+    reach: a deadlock or serialization failure (SQLSTATE class 40), a lock wait that ran out
+    (PostgreSQL's ``lock_timeout``, 55P03; MySQL's 1205), MySQL's deadlock (1213), SQLite's
+    locked database."""
+    cause = exc.__cause__
+    state = str(getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None) or "")
+    text = str(exc).lower()
+    return (state.startswith("40") or state == "55P03" or exc.args[:1] in ((1213,), (1205,))
+            or "deadlock" in text or "database is locked" in text
+            or "database table is locked" in text)
 
 
 def _expiry(ttl: float | None) -> Any:
@@ -65,8 +126,19 @@ class DatabaseStore(Store):
     def _locks(self):
         return Lock.objects.using(self.using)
 
+    def _close_broken(self) -> bool:
+        """Close the store's connection if an error left it open but unusable, and it is not
+        inside a transaction (the transaction's end deals with it there); whether it did."""
+        connection = connections[self.using]
+        if connection.in_atomic_block or connection.connection is None \
+                or connection.is_usable():
+            return False
+        connection.close()
+        return True
+
     # -- locks -----------------------------------------------------------------------------
 
+    @_reachable
     def acquire(self, key: str, owner: str, *, ttl: float | None = None,
                 job_id: str = "") -> int | None:
         check_key(key)
@@ -74,15 +146,18 @@ class DatabaseStore(Store):
         ttl = check_ttl(ttl)
         return self._dialect.acquire_lock(key, owner, ttl=ttl, job_id=job_id[:64])
 
+    @_reachable
     def release(self, key: str, owner: str) -> bool:
         return self._dialect.release_lock(key, owner)
 
+    @_reachable
     def extend(self, key: str, owner: str, *, ttl: float) -> bool:
         checked = check_ttl(ttl)
         held = Q(expires_at__isnull=True) | Q(expires_at__gt=clock.db_now())
         return bool(self._locks().filter(held, key=key, owner=owner).update(
             expires_at=_expiry(checked)))
 
+    @_reachable
     def force_release(self, key: str) -> bool:
         return bool(self._locks().filter(key=key).exclude(owner="").update(owner="",
                                                                            expires_at=None))
@@ -97,14 +172,17 @@ class DatabaseStore(Store):
                         acquired_at=row.acquired_at, expires_at=row.expires_at,
                         job_id=row.job_id, store=self.alias)
 
+    @_reachable
     def get_lock(self, key: str) -> LockInfo | None:
         row = self._held().filter(key=key).first()
         return self._info(row) if row else None
 
+    @_reachable
     def locks(self, prefix: str = "jobguard:", *, include_expired: bool = False) -> list[LockInfo]:
         qs = self._locks().exclude(owner="") if include_expired else self._held()
         return [self._info(row) for row in qs.filter(key__startswith=prefix).order_by("key")]
 
+    @_reachable
     def lock_page(self, prefix: str = "jobguard:", *, cursor: str = "",
                   limit: int = 100) -> LockPage:
         """A keyset page in key order, on the key's unique index."""
@@ -114,10 +192,12 @@ class DatabaseStore(Store):
         return LockPage([self._info(row) for row in page],
                         page[-1].key if len(rows) > limit else "")
 
+    @_reachable
     def count_locks(self, prefix: str = "jobguard:", *, limit: int = 10_000) -> int:
         """A LIMITed count of the held rows: at most ``limit + 1`` rows read."""
         return self._held().filter(key__startswith=prefix)[:limit + 1].count()
 
+    @_reachable
     def clean_expired(self) -> int:
         """Free expired locks (returns how many), and delete rows free for an hour.
 
@@ -130,20 +210,24 @@ class DatabaseStore(Store):
         self._locks().filter(owner="", acquired_at__lte=old)._raw_delete(self.using)
         return expired
 
+    @_reachable
     def now(self) -> datetime.datetime:
         return self._dialect.now()
 
     # -- counters: rate-limit windows and exception circuits (see stores/counters.py) --------
     # Each write is one transaction: lock every row in key order (the dialect's row locks,
     # which create the missing rows), read the database clock, apply the rules, write back.
-    # A deadlock or "database is locked" retries the transaction (unless the caller's own
-    # transaction surrounds it). Reads that change nothing skip the transaction.
+    # A deadlock, "database is locked" or a broken connection retries the transaction (unless
+    # the caller's own transaction surrounds it). Reads that change nothing skip the
+    # transaction.
 
     def _throttles(self):
         return Throttle.objects.using(self.using)
 
     def _now_us(self) -> int:
-        return counters.to_us(self.now())
+        # The dialect's, not now(): inside _serialized() an error must reach its retry as
+        # the database's, not as StoreUnavailableError.
+        return counters.to_us(self._dialect.now())
 
     def _locked(self, keys: list[str], kind: str) -> dict[str, ThrottleRow]:
         """Lock the rows of ``keys`` (made first where missing) in key order; ``{key: row}``."""
@@ -162,18 +246,25 @@ class DatabaseStore(Store):
             expires_at=counters.from_us(expires_at))
 
     def _serialized(self, work: Callable[[], Any]) -> Any:
-        """Run ``work`` in a transaction, retried on deadlocks and busy databases."""
+        """Run ``work`` in a transaction, retried on deadlocks and busy databases, and on a
+        new connection when the one it had is broken (a restart cut it, before this call or
+        during it)."""
         tries = 1 if connections[self.using].in_atomic_block else 4
         for attempt in range(1, tries + 1):
             try:
                 with transaction.atomic(using=self.using):
                     return work()
-            except OperationalError:
+            except (DatabaseError, InterfaceError) as exc:
                 if attempt == tries:
+                    raise
+                # A broken connection is closed (the transaction's rollback does that only
+                # when it broke inside it), so the next try connects again.
+                if not self._close_broken() and not isinstance(exc, OperationalError):
                     raise
                 time.sleep(0.01 * attempt + random.random() * 0.02)
         raise AssertionError("unreachable")
 
+    @_reachable
     def hit_rate_limits(self, windows: Sequence[RateWindow], *,
                         _at: int | None = None) -> RateDecision:
         merged = counters.merge_windows(
@@ -215,6 +306,7 @@ class DatabaseStore(Store):
                     value=decay / 1_000_000, data=counters.encode_circuit(c),
                     resets_at=c.until, expires_at=expires)
 
+    @_reachable
     def circuit_enter(self, key: str, *, owner: str, max_attempts: int, decay: float,
                       probe_lease: float, _at: int | None = None) -> CircuitDecision:
         if _at is None:  # fast path: a closed circuit admits without a write
@@ -240,6 +332,7 @@ class DatabaseStore(Store):
 
         return _circuit_decision(key, self._serialized(enter))
 
+    @_reachable
     def circuit_leave(self, key: str, *, owner: str, outcome: str, max_attempts: int,
                       decay: float, _at: int | None = None) -> CircuitDecision:
         if _at is None and outcome != counters.FAILURE:
@@ -256,6 +349,7 @@ class DatabaseStore(Store):
 
         return _circuit_decision(key, counters.Entry(self._serialized(leave), True))
 
+    @_reachable
     def throttles(self, prefix: str = "jobguard:") -> list[ThrottleInfo]:
         now = self._now_us()
         out = []
@@ -285,9 +379,11 @@ class DatabaseStore(Store):
                                     resets_at=counters.from_us(c.until), store=self.alias)
         return None
 
+    @_reachable
     def reset_throttle(self, key: str) -> bool:
         return bool(self._throttles().filter(key=key).delete()[0])
 
+    @_reachable
     def clean_expired_throttles(self) -> int:
         return self._throttles().filter(expires_at__lte=clock.db_now()).delete()[0]
 

@@ -358,6 +358,80 @@ def test_a_store_outage_as_the_circuit_records_a_stop_or_a_timeout_does_not_repl
 
 
 @pytest.mark.usefixtures("scratch_jobs")
+@pytest.mark.parametrize("run", ["sync", "async"])
+@pytest.mark.parametrize("ends, delete_when, state", [
+    ("stop", None, "RELEASED"), ("timeout", None, "FAILED"),
+    ("timeout", JobTimeoutError, "SKIPPED"), ("success", None, "DONE")],
+    ids=["stop", "timeout", "dropped-timeout", "success"])
+def test_the_database_stores_outage_as_the_circuit_records_a_run_does_not_replace_it(
+        caplog, run, ends, delete_when, state):
+    """The test above with the real database store: its database cannot be reached as the
+    job's stop, timeout or success reaches the middleware (its statements fail as on a cut
+    connection), and the store raises StoreUnavailableError, as the Redis store does. Before,
+    its raw OperationalError became the job's exception: the worker failed the stopped sync
+    job (its only try used), the timed-out one with the OperationalError instead of its
+    timeout, the job whose timeout delete_when drops (sync or async), and a successful run;
+    an async job's stop or timeout ended right, its circuit's error logged as the database's."""
+    from django_jobguard import aio, queue
+    from django_jobguard.worker.pipeline import Pipeline
+    from tests.support.store_faults import statements_fail
+
+    circuit_middleware = ThrottlesExceptions(max_attempts=3, decay_seconds=60,
+                                             delete_when=delete_when,
+                                             store="database").by("cut-off")
+
+    with statements_fail(down=False) as switch:  # up as the job enters the circuit
+        class CutOff(Job):
+            name = "tests.throttles.CutOff"
+            tries, timeout = 1, 0.3
+
+            def middleware(self):
+                return [circuit_middleware]
+
+            def handle(self):
+                switch.down = True  # the store's database goes away as the job runs
+                if ends == "stop":  # as a second Ctrl-C raises it, or the job's time limit
+                    raise WorkerStoppedError(WorkerStoppedError.detail)
+                if ends == "timeout":
+                    raise JobTimeoutError("The job has timed out after 0.3 s.")
+
+        class AsyncCutOff(CutOff):
+            name = "tests.throttles.AsyncCutOff"
+
+            async def handle(self):  # its task cancelled by a stop or its timeout, or done
+                switch.down = True
+                if ends == "success":
+                    return
+                if ends == "stop":
+                    aio.stop_all()
+                await asyncio.sleep(30)
+
+        (AsyncCutOff if run == "async" else CutOff)().dispatch()
+        (row,) = queue.claim(["default"], worker_id="w-cut", limit=1, start=1)
+        with caplog.at_level(logging.WARNING, logger="django_jobguard.limits"):
+            assert Pipeline(worker_id="w-cut").process(row) == state
+        assert switch.failed  # the circuit's store was asked, and failed
+    if ends == "stop":  # back, its one try intact, no error of its own
+        row = QueuedJob.objects.get()
+        assert (row.attempts, row.exceptions, row.last_error) == (0, 0, "")
+    elif ends == "timeout" and delete_when is None:  # its last try timed out
+        assert FailedJob.objects.get().exception_class.endswith(".JobTimeoutError")
+        assert not QueuedJob.objects.exists()
+    else:  # dropped, or done
+        assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
+    assert any(r.name == "django_jobguard.limits" and "could not" in r.getMessage()
+               and "jobguard:circuit:cut-off" in r.getMessage()
+               and "store 'database' is unavailable" in r.getMessage()
+               + str(r.exc_info[1] if r.exc_info else "")  # (an async stop's: a traceback)
+               for r in caplog.records)
+    # The database is back: the circuit records again (nothing was recorded meanwhile).
+    store = get_store("database")
+    assert circuit("jobguard:circuit:cut-off") is None
+    assert store.circuit_leave("jobguard:circuit:cut-off", owner="next", outcome="failure",
+                               max_attempts=3, decay=60).failures == 1
+
+
+@pytest.mark.usefixtures("scratch_jobs")
 @pytest.mark.parametrize("cut", ["cancel", "stop", "timeout"])
 @pytest.mark.parametrize("state", ["closed", "half-open"])
 def test_an_async_job_that_swallows_its_cancellation_did_not_succeed(store_alias, state,
