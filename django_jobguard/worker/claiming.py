@@ -125,6 +125,16 @@ class ClaimAhead:
             self._rows = []
         return taken
 
+    def back(self) -> list[Any] | None:
+        """The rows of the claim sent, without taking them, once it is back (``[]`` when
+        none came); ``None`` when none was sent or it failed."""
+        future = self._future
+        if future is None:
+            return None
+        future.result()
+        with self._lock:
+            return None if self._rows is None else list(self._rows)
+
     def ids(self) -> set[Any]:
         """Ids of the rows claimed and not taken (from any thread)."""
         with self._lock:

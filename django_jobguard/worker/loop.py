@@ -217,6 +217,7 @@ class Worker:
         self._claim_size = ClaimSize(fixed=o.batch or jobguard_settings.CLAIM_BATCH_SIZE)
         #: The solo worker's next claim, made while a backlog's batch runs (see run()).
         self._ahead = ClaimAhead()
+        self._loop_thread: int | None = None  # the thread running the loop (run())
         self._claims_meanwhile = False
         #: Whether the last claim came back full (a backlog).
         self._backlog = False
@@ -277,6 +278,9 @@ class Worker:
         if self.options.threads > 1:
             self._executor = self._threads(self.options.threads)
         self._claims_meanwhile = self._may_claim_meanwhile()
+        if self._claims_meanwhile and self._completer is None:  # (a group defers starts)
+            self._loop_thread = threading.get_ident()
+            self.pipeline.next_row = self._first_claimed_meanwhile
         try:
             return self._loop(time.monotonic(), may_turn=in_main and self._has_async_jobs)
         finally:
@@ -473,6 +477,29 @@ class Worker:
             return
         limit = self._claim_size.next()
         self._ahead.start(limit, lambda: self._claim_rows(limit, start=0, ahead=limit))
+
+    def _first_claimed_meanwhile(self) -> QueuedJob | None:
+        """As the solo executor's job is acked with no row of its batch left: the first row
+        of the batch claimed meanwhile (waited for: the loop would wait for it next), taken
+        into the rows waiting so that the ack starts it (one statement less a batch; at
+        ``--batch 1``, a job). ``None`` (the loop hands the rows out) in any other thread
+        (an async job's outcome, written in a pool thread, asks the same pipeline), when the
+        claim holds an async row or async jobs run, and on a stop, a quiet or a pause of its
+        queue."""
+        if (self._waiting or threading.get_ident() != self._loop_thread
+                or not self._executor.claims_ahead or len(self._async)):
+            return None
+        rows = self._ahead.back()
+        if (not rows or self._stop.is_set() or self._quiet.is_set()
+                or any(self._runs_async(row) for row in rows)
+                or self._paused_meanwhile(rows[0].queue)):
+            return None
+        asked, taken, at = self._ahead.take()
+        self._waiting.extend(self._claimed(asked, taken or [], at))
+        if (self._backlog and not self._ahead.pending
+                and self._claim_size.fast(len(self._waiting))):
+            self._claim_meanwhile()
+        return self._waiting[0] if self._waiting else None
 
     def _claimed(self, limit: int, rows: list[QueuedJob], at: float) -> list[QueuedJob]:
         """What a claim of ``limit`` rows made at ``at`` (``time.monotonic()``) tells the

@@ -158,6 +158,42 @@ def test_a_backlog_is_claimed_on_the_claim_thread_while_each_batch_runs(monkeypa
 
 @requires_postgres
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_the_last_ack_of_a_batch_starts_the_first_row_claimed_meanwhile(monkeypatch, batch):
+    # The claim made while a batch ran is waited for as the batch's last job is acked, and
+    # that ack starts its first row: no start of its own (at --batch 1, for every job).
+    from demo.models import JobRun
+
+    from django_jobguard.dialects import dialect_for
+
+    total = 13
+    for n in range(total):
+        jobs.Record("chained", key=str(n)).dispatch()
+    monkeypatch.setattr(claiming, "AHEAD_SECONDS", 60.0)  # every batch counts as fast
+    calls = _spy_claims(monkeypatch)
+    dialect = dialect_for("default")
+    acks, starts = [], []
+    real_ack, real_start = dialect.ack_and_start, dialect.start
+    monkeypatch.setattr(dialect, "ack_and_start",
+                        lambda *a, **kw: acks.append(a) or real_ack(*a, **kw))
+    monkeypatch.setattr(dialect, "start",
+                        lambda *a, **kw: starts.append(a) or real_start(*a, **kw))
+    assert work(batch=batch, tries=1) == ["DONE"] * total
+    runs = list(JobRun.objects.filter(label="chained"))
+    assert sorted(int(r.key) for r in runs) == list(range(total))  # each ran, and once
+    assert {r.attempt for r in runs} == {1}  # its attempt counted once: by a claim or an ack
+    meanwhile = [c for c in calls if c["thread"].startswith("jobguard-claim") and c["got"]]
+    own = [c for c in calls if not c["thread"].startswith("jobguard-claim") and c["got"]]
+    assert meanwhile and all(c["start"] == 0 for c in meanwhile), calls
+    # The first row of each of the loop's own claims was counted by that claim; every other
+    # row (the rest of its batch, and each row claimed meanwhile) by the ack of the job
+    # before it; none by a start of its own.
+    assert starts == [] and len(acks) == total - len(own), (len(acks), len(starts), calls)
+    assert not QueuedJob.objects.exists()
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
 def test_rows_claimed_meanwhile_are_held_and_go_back_unused_when_the_worker_stops():
     from tests.support import wait_for
 
