@@ -489,7 +489,10 @@ class Worker:
         if (self._waiting or threading.get_ident() != self._loop_thread
                 or not self._executor.claims_ahead or len(self._async)):
             return None
-        rows = self._ahead.back()
+        try:
+            rows = self._ahead.back()
+        except Exception:  # not this job's: the loop's take() raises it as before
+            return None
         if (not rows or self._stop.is_set() or self._quiet.is_set()
                 or any(self._runs_async(row) for row in rows)
                 or self._paused_meanwhile(rows[0].queue)):
