@@ -19,6 +19,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from django_jobguard import operations
+from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.models import Lock, Throttle
 
 logger = logging.getLogger("django_jobguard.admin")
@@ -134,14 +135,20 @@ class StoreViewAdmin(admin.ModelAdmin):
         except operations.UnknownStoreError as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return HttpResponseRedirect(self._changelist_url(""))
-        confirm = self.confirmation(store, key, request)
-        if confirm is not None:
-            return confirm
         try:
+            confirm = self.confirmation(store, key, request)
+            if confirm is not None:
+                return confirm
             done = bool(key) and self.act(store, key, request)
         except NotImplementedError:
             self.message_user(request, _("The store %(alias)s cannot do this yet.")
                               % {"alias": alias}, messages.ERROR)
+        except StoreUnavailableError as outage:  # an error message, as the list shows one
+            error = " ".join(str(outage.error).split())
+            logger.warning("Could not %s %s: store %s is unavailable (%s).", self.action_name,
+                           key, store.alias, error)
+            self.message_user(request, _("Could not reach the store %(alias)s: %(error)s")
+                              % {"alias": store.alias, "error": error}, messages.ERROR)
         else:
             if done:
                 self.message_user(request, self.action_done.format(key=key), messages.SUCCESS)

@@ -9,10 +9,12 @@ drf-spectacular is optional: without it ``extend_schema`` does nothing and ``Aut
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.http import Http404
+from django.utils.log import log_response
 from rest_framework import exceptions, mixins, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
@@ -25,6 +27,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from django_jobguard import operations
 from django_jobguard.api import serializers as s
 from django_jobguard.api.permissions import api_permission_classes
+from django_jobguard.exceptions import StoreUnavailableError
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema as SpectacularSchema
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
     _ViewBase = APIView  # JobGuardAPIView is used only beside an APIView, whose methods it calls
 else:
     _ViewBase = object
+
+logger = logging.getLogger("django_jobguard.api")
 
 AutoSchema: type[SpectacularSchema] | None
 OpenApiParameter: type[SpectacularParameter] | None
@@ -78,6 +83,31 @@ class NotSupported(exceptions.APIException):
     default_code = "not_supported"
 
 
+class StoreUnavailable(exceptions.APIException):
+    """A lock/throttle store could not be reached (``StoreUnavailableError``): a 503 that
+    names the store; the backend's error goes to the log, not to the client."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "A store cannot be reached; try again later."
+    default_code = "store_unavailable"
+
+    @classmethod
+    def of(cls, outage: StoreUnavailableError) -> StoreUnavailable:
+        return cls(f"Store {outage.store!r} cannot be reached; try again later.")
+
+
+def _log_outage(outage: StoreUnavailableError, response: Response, context: dict) -> None:
+    """One warning line for a store outage's 503: the request and the backend's error, not
+    a server error with a traceback (the store is down, not the API). It stands for
+    Django's own line for the response (``Service Unavailable: ...`` at ERROR on
+    ``django.request``, which would mail the admins), so that one is not written too."""
+    request = context.get("request")
+    django_request = getattr(request, "_request", request)
+    where = f"{request.method} {request.path}" if request is not None else "a request"
+    log_response("%s answered 503: %s", where, " ".join(str(outage).split()),
+                 response=response, request=django_request, logger=logger, level="warning")
+
+
 def _code(exc: Exception) -> str:
     if isinstance(exc, Http404):
         return "not_found"
@@ -94,10 +124,16 @@ UNKNOWN_IN_DETAIL = 10
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     """DRF's handler, reshaped so every error has ``detail`` and ``code``, and validation
     errors list their fields under ``errors``. Unknown fields keep their own code,
-    ``unknown_field``, with the messages (and their "did you mean" hints) as ``detail``."""
+    ``unknown_field``, with the messages (and their "did you mean" hints) as ``detail``. A
+    store that cannot be reached, from any endpoint, is a 503 ``store_unavailable``."""
+    outage = exc if isinstance(exc, StoreUnavailableError) else None
+    if outage is not None:
+        exc = StoreUnavailable.of(outage)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
+    if outage is not None:
+        _log_outage(outage, response, context)
     if isinstance(exc, exceptions.ValidationError):
         errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         flat = _flatten(errors)

@@ -312,7 +312,8 @@ class LockListView(JobGuardAPIView, GenericAPIView):
     query_handlers = frozenset({"get"})
 
     @extend_schema(operation_id="locks_list", parameters=[s.LockPageQuerySerializer],
-                   responses={200: s.LockPageSerializer, **error_responses(*READ_ERRORS, 404)})
+                   responses={200: s.LockPageSerializer,
+                              **error_responses(*READ_ERRORS, 404, 503)})
     def get(self, request, *args, **kwargs):
         params = read_query(s.LockPageQuerySerializer, request)
         store = store_named(params.get("store"))
@@ -343,13 +344,13 @@ class LockDetailView(JobGuardAPIView, GenericAPIView):
         return row
 
     @extend_schema(parameters=KEY_PARAMS, responses={200: s.LockSerializer,
-                                                      **error_responses(400, *ONE_ERRORS)})
+                                                      **error_responses(*ONE_ERRORS, 503)})
     def get(self, request, key: str):
         key, store = valid_key(key), request_store(request)
         return Response(s.LockSerializer(self._find(store, key)).data)
 
     @extend_schema(parameters=KEY_PARAMS,
-                   responses={204: None, **error_responses(400, *ONE_ERRORS)})
+                   responses={204: None, **error_responses(*ONE_ERRORS, 503)})
     def delete(self, request, key: str):
         key, store = valid_key(key), request_store(request)
         if not operations.force_release(store, key, actor=request.user.get_username()):
@@ -374,8 +375,8 @@ class ThrottleListView(JobGuardAPIView, ListAPIView):
     def get_queryset(self):
         return _throttles(request_store(self.request))
 
-    @extend_schema(parameters=STORE_PARAM, responses={200: s.ThrottleSerializer(many=True),
-                                                      **error_responses(*READ_ERRORS, 404, 501)})
+    @extend_schema(parameters=STORE_PARAM, responses={
+        200: s.ThrottleSerializer(many=True), **error_responses(*READ_ERRORS, 404, 501, 503)})
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -388,7 +389,7 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
     query_handlers = frozenset({"get", "delete"})
 
     @extend_schema(parameters=KEY_PARAMS, responses={200: s.ThrottleSerializer,
-                                                      **error_responses(400, *ONE_ERRORS, 501)})
+                                                      **error_responses(*ONE_ERRORS, 501, 503)})
     def get(self, request, key: str):
         key, store = valid_key(key), request_store(request)
         for row in _throttles(store):
@@ -397,7 +398,7 @@ class ThrottleDetailView(JobGuardAPIView, GenericAPIView):
         raise Http404(f"No throttle {key!r} in store {store.alias!r}.")
 
     @extend_schema(parameters=KEY_PARAMS, responses={204: None,
-                                                      **error_responses(400, *ONE_ERRORS, 501)})
+                                                      **error_responses(*ONE_ERRORS, 501, 503)})
     def delete(self, request, key: str):
         key, store = valid_key(key), request_store(request)
         try:
@@ -644,7 +645,7 @@ class RunScheduleView(JobGuardAPIView, APIView):
         201: s.ScheduleRunSerializer,
         200: OpenApiResponse(s.SkippedSerializer, description="A unique job's copy is queued.")
         if AutoSchema else s.SkippedSerializer,
-        **error_responses(*ONE_ERRORS)})
+        **error_responses(*ONE_ERRORS, 503)})
     def post(self, request, name: str):
         try:
             result = schedules.run_now(name, actor=request.user.get_username())
@@ -732,7 +733,7 @@ class DispatchView(JobGuardAPIView, APIView):
         201: s.DispatchedSerializer,
         200: OpenApiResponse(s.SkippedSerializer, description="A unique job's copy is queued.")
         if AutoSchema else s.SkippedSerializer,
-        **error_responses(400, 401, 403, 415)})
+        **error_responses(400, 401, 403, 415, 503)})
     def post(self, request):
         body = s.DispatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_jobguard import aio, clock, durations, keys
 from django_jobguard.exceptions import (
+    JobCancelledError,
     JobTimeoutError,
     StoreUnavailableError,
     WorkerStoppedError,
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
     from django_jobguard.context import JobLike
 
 logger = logging.getLogger("django_jobguard.limits")
+
+#: The exception an async job's run cut short for ``reason`` ends with (``aio._result``), as
+#: a sync job's would: a stop, or a task cancelled for no reason, is a ``WorkerStoppedError``.
+_CUT_SHORT_ENDS_WITH: dict[str | None, type[Exception]] = {
+    aio.TIMEOUT: JobTimeoutError, aio.CANCELLED: JobCancelledError}
 
 ExceptionFilter = type[BaseException] | tuple[type[BaseException], ...] | Callable[
     [BaseException], Any]
@@ -177,10 +183,15 @@ class ThrottlesExceptions(JobMiddleware):
 
     async def _acut_short(self, job: JobLike, circuit: dict[str, Any],
                           reason: str | None) -> None:
-        """:meth:`cut_short` off the loop; what it raises (a store outage) is logged: the
-        run ends by its cancellation whatever the circuit could record."""
+        """:meth:`cut_short` off the loop; what it raises is logged: the run ends by its
+        cancellation whatever the circuit could record. A store outage is logged as the sync
+        paths log it (:meth:`_unrecorded`, one warning line naming the exception the run
+        ends with), anything else with its traceback."""
         try:
             await aio.call_sync(self.cut_short, job, circuit, reason)
+        except StoreUnavailableError as outage:
+            ends_with = _CUT_SHORT_ENDS_WITH.get(reason, WorkerStoppedError)
+            self._unrecorded(job, circuit, f"ended with {ends_with.__name__}", outage)
         except Exception:
             logger.exception("%s [%s]: could not leave circuit %s as it was cancelled.",
                              job.name, job.job_id, circuit["key"])

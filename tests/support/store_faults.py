@@ -1,4 +1,4 @@
-"""A database store whose database cannot be reached, in-process and without a server to stop.
+"""Stores that cannot be reached, in-process and without a server to stop.
 
 :func:`statements_fail` makes the statements Django sends fail with the error a cut connection
 gives (``OperationalError: server closed the connection unexpectedly``), in every thread, while
@@ -7,17 +7,26 @@ database store's), so that the worker's own writes to the queue still go through
 can see where a job's row ends. The database store's own code turns the error into
 ``StoreUnavailableError`` as it would a real one. A connection really cut by the server
 (``pg_terminate_backend``) is in tests/unit/stores/test_database_outage.py.
+
+:func:`redis_refusing` adds a Redis store whose server refuses every connection (a port that
+is bound but never listens; no Redis server needed, only django-redis), and
+:func:`redis_store_at` one on any port (one that accepts and never answers, for timeouts).
+:func:`store_down` gives either kind by name, for tests run once per store kind.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import OperationalError
 from django.db.backends.utils import CursorWrapper
+from django.test import override_settings
 
+from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import Lock, Throttle
 
 #: The tables of the database store (its statements are the ones naming them).
@@ -54,3 +63,42 @@ def statements_fail(*, store_only: bool = True, down: bool = True,
         yield switch
     finally:
         CursorWrapper.execute = original
+
+
+def redis_store_at(port: int, alias: str = "down", **options) -> override_settings:
+    """Settings in which store ``alias`` is a Redis store on 127.0.0.1:``port`` (a cache of
+    the same name with the django-redis ``OPTIONS`` given)."""
+    caches = {**settings.CACHES, alias: {
+        "BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"redis://127.0.0.1:{port}/0",
+        "OPTIONS": options}}
+    user = jobguard_settings.user_settings
+    stores = {**user.get("STORES", {}),
+              alias: {"BACKEND": "django_jobguard.stores.redis.RedisStore", "CACHE": alias}}
+    return override_settings(CACHES=caches, JOBGUARD={**user, "STORES": stores})
+
+
+@contextmanager
+def redis_refusing(alias: str = "down") -> Iterator[str]:
+    """Store ``alias``: Redis on a port that is bound but never listens (connection refused:
+    every call raises ``StoreUnavailableError``); yields the alias."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        with redis_store_at(sock.getsockname()[1], alias):
+            yield alias
+
+
+@contextmanager
+def store_down(kind: str) -> Iterator[str]:
+    """A store of ``kind`` (``database``, ``redis``) that cannot be reached; yields its alias
+    (``database``: its statements fail; ``redis``: :func:`redis_refusing`, skipped without
+    django-redis)."""
+    if kind == "database":
+        with statements_fail() as switch:
+            yield "database"
+        assert switch.failed, "the database store was never asked"
+        return
+    import pytest
+
+    pytest.importorskip("django_redis")
+    with redis_refusing("down") as alias:
+        yield alias

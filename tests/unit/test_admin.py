@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import re
 
@@ -402,6 +403,30 @@ def test_force_release_needs_change_permission(client, store_alias):
                                             "key": "jobguard:overlap:x"}).status_code == 403
     assert store.get_lock("jobguard:overlap:x") is not None
     assert client.get(f"{LOCKS}release/").status_code == 405
+
+
+@pytest.mark.parametrize("kind", ["database", "redis"])
+@pytest.mark.parametrize("page, done", [(LOCKS, "release"), (THROTTLES, "reset")])
+def test_an_action_on_a_store_that_cannot_be_reached_shows_an_error(admin_client, caplog,
+                                                                    kind, page, done):
+    """Force release (its confirmation asks the store too) and reset: an error message
+    naming the store and the error, back on the list; before, a 500. (The messages are read
+    from the request: the database store's failed DELETE left the test's transaction
+    unusable for the list's page, as a real outage would leave any transaction.)"""
+    from django.contrib.messages import ERROR, get_messages
+
+    from tests.support.store_faults import store_down
+
+    with store_down(kind) as alias:
+        response = admin_client.post(f"{page}{done}/", {
+            "store": alias, "key": "jobguard:overlap:demo.jobs.Charge:7"})
+    assert response.status_code == 302 and response["Location"] == f"{page}?store={alias}"
+    shown = [(m.level, str(m)) for m in get_messages(response.wsgi_request)]
+    assert len(shown) == 1 and shown[0][0] == ERROR
+    assert shown[0][1].startswith(f"Could not reach the store {alias}: ")
+    assert any(r.name == "django_jobguard.admin" and r.levelno == logging.WARNING
+               and f"Could not {done} jobguard:overlap:demo.jobs.Charge:7: store {alias} is "
+               f"unavailable" in r.getMessage() and not r.exc_info for r in caplog.records)
 
 
 def test_lock_pages_need_staff_and_model_permission(client):

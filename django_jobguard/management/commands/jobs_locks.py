@@ -1,4 +1,8 @@
-"""``manage.py jobs_locks [--release KEY] [--clean] [--store ALIAS]``: list and free locks."""
+"""``manage.py jobs_locks [--release KEY] [--clean] [--store ALIAS]``: list and free locks.
+
+A store that cannot be reached is a ``CommandError`` naming it and the error (exit status 1,
+one line on stderr), not a traceback. Locks ``--release`` freed before the outage stay freed
+(each is printed as it is)."""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobguard import operations
+from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.management.prompts import add_noinput_argument, confirmed
 from django_jobguard.operations import LockRow
-from django_jobguard.stores import get_store
+from django_jobguard.stores import Store, get_store
 
 ACTOR = "manage.py jobs_locks"
 
@@ -58,6 +63,13 @@ class Command(BaseCommand):
             store = get_store(opts["store"])
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc))
+        try:
+            self._run(store, opts)
+        except StoreUnavailableError as outage:  # a message, not a traceback
+            error = " ".join(str(outage.error).split())
+            raise CommandError(f"Store {outage.store!r} cannot be reached: {error}") from outage
+
+    def _run(self, store: Store, opts: dict[str, Any]) -> None:
         if opts["release"] or opts["clean"]:
             missing = []
             for key in opts["release"]:

@@ -122,6 +122,22 @@ def test_unknown_store_is_a_command_error():
         call("jobs_locks", "--store", "nope")
 
 
+@pytest.mark.parametrize("kind, args", [
+    ("database", []), ("redis", []),
+    ("database", ["--release", "jobguard:overlap:tests.X:a"]),
+    ("redis", ["--release", "jobguard:overlap:tests.X:a"]),
+    ("database", ["--clean"])])  # (Redis drops expired keys itself: --clean asks it nothing)
+def test_a_store_that_cannot_be_reached_is_a_command_error_naming_it(kind, args):
+    """One line on stderr and exit status 1 (``CommandError``); before, a traceback."""
+    from tests.support.store_faults import CUT, store_down
+
+    with store_down(kind) as alias, pytest.raises(CommandError) as caught:
+        call("jobs_locks", "--store", alias, *args)
+    error = CUT if kind == "database" else str(caught.value.__cause__.error)
+    assert str(caught.value) == f"Store {alias!r} cannot be reached: {error}"
+    assert "\n" not in str(caught.value) and caught.value.returncode == 1
+
+
 def test_clear_releases_the_unique_locks_of_the_jobs_it_deletes(store):
     waiting = UniqueRecord("waiting").dispatch()
     running = UniqueRecord("running").dispatch()

@@ -419,16 +419,86 @@ def test_the_database_stores_outage_as_the_circuit_records_a_run_does_not_replac
         assert not QueuedJob.objects.exists()
     else:  # dropped, or done
         assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
-    assert any(r.name == "django_jobguard.limits" and "could not" in r.getMessage()
+    assert any(r.name == "django_jobguard.limits" and "could not record it" in r.getMessage()
                and "jobguard:circuit:cut-off" in r.getMessage()
                and "store 'database' is unavailable" in r.getMessage()
-               + str(r.exc_info[1] if r.exc_info else "")  # (an async stop's: a traceback)
+               and r.levelno == logging.WARNING and not r.exc_info  # (async too: one line)
                for r in caplog.records)
     # The database is back: the circuit records again (nothing was recorded meanwhile).
     store = get_store("database")
     assert circuit("jobguard:circuit:cut-off") is None
     assert store.circuit_leave("jobguard:circuit:cut-off", owner="next", outcome="failure",
                                max_attempts=3, decay=60).failures == 1
+
+
+def _outage_lines(caplog) -> list[tuple[int, str, bool]]:
+    return [(r.levelno, r.getMessage(), bool(r.exc_info)) for r in caplog.records
+            if r.name == "django_jobguard.limits"]
+
+
+@pytest.mark.parametrize("reason, ends_with, ends", [
+    ("stopped", "WorkerStoppedError", "goes on"), ("stopped", "WorkerStoppedError", "returns"),
+    ("stopped", "WorkerStoppedError", "raises"), (None, "WorkerStoppedError", "goes on"),
+    ("cancelled", "JobCancelledError", "goes on"), ("cancelled", "JobCancelledError", "raises")])
+def test_an_async_stop_or_cancel_the_circuit_cannot_record_is_logged_as_a_sync_stop_is(
+        store_alias, monkeypatch, caplog, reason, ends_with, ends):
+    """The circuit's store is down as an async job's run is cut short (a stop, a task
+    cancelled for no reason, an operator's cancel; the cancellation going on, or caught by
+    the job, which returns or raises another exception): one warning line, the one a sync
+    job's stop gets (``_unrecorded``), naming the exception the run ends with. Before, an
+    ERROR with the outage's traceback, worded otherwise (``could not leave circuit ... as it
+    was cancelled``)."""
+    from asgiref.sync import async_to_sync
+
+    from django_jobguard.context import JobContext
+
+    throttle = ThrottlesExceptions(max_attempts=3, decay_seconds=60).by("cut-short")
+
+    def leave_fails(self, key, **kwargs):
+        raise StoreUnavailableError(self.alias, "connection refused")
+
+    monkeypatch.setattr(type(get_store()), "circuit_leave", leave_fails)
+    expected = [(logging.WARNING,
+                 f"{Flaky.name} [run-1] ended with {ends_with}, but circuit "
+                 f"jobguard:circuit:cut-short could not record it (store {store_alias!r} is "
+                 f"unavailable: connection refused).", False)]
+
+    if ends_with == "WorkerStoppedError":  # the sync path's line, to compare with
+        sync_job = Flaky()
+        sync_job.context = JobContext(job_id="run-1")
+
+        def stopped(job):  # as a second Ctrl-C raises it into a sync job
+            raise WorkerStoppedError(WorkerStoppedError.detail)
+
+        with caplog.at_level(logging.WARNING, logger="django_jobguard.limits"), \
+                pytest.raises(WorkerStoppedError):
+            throttle.handle(sync_job, stopped)
+        assert _outage_lines(caplog) == expected
+        caplog.clear()
+
+    async_job = Flaky()
+    async_job.context = JobContext(job_id="run-1")
+    async_job.context.cut_short = reason  # as JobRun.cancel() marks the run it cancels
+
+    async def cut_short(job):
+        if ends == "goes on":
+            raise asyncio.CancelledError
+        if ends == "raises":  # it caught its cancellation and turned it into another error
+            raise ValueError("cleaning up after the cancel failed")
+        return "swallowed"  # it caught its cancellation and returned
+
+    async def run() -> str:  # (async_to_sync: the circuit's calls run in this thread)
+        try:
+            await throttle.ahandle(async_job, cut_short)
+        except asyncio.CancelledError:
+            return "goes on"
+        except ValueError:
+            return "raises"
+        return "returns"
+
+    with caplog.at_level(logging.WARNING, logger="django_jobguard.limits"):
+        assert async_to_sync(run)() == ends
+    assert _outage_lines(caplog) == expected
 
 
 @pytest.mark.usefixtures("scratch_jobs")

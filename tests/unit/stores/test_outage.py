@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
@@ -40,6 +39,7 @@ from django_jobguard.stores import get_store
 from django_jobguard.stores.base import RateWindow
 from django_jobguard.worker import pipeline as pipeline_module
 from tests.support import make_due, work
+from tests.support.store_faults import redis_refusing, redis_store_at
 
 redis_exceptions = pytest.importorskip("redis.exceptions")
 pytest.importorskip("django_redis")
@@ -96,24 +96,11 @@ def _clear_and_no_pause(monkeypatch):
     monkeypatch.setattr(pipeline_module, "STORE_OUTAGE_PAUSE", 0.0)
 
 
-def _redis_store_at(port: int, **options) -> override_settings:
-    """Settings in which store ``down`` is a Redis store on 127.0.0.1:``port``."""
-    caches = {**settings.CACHES, "down": {
-        "BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"redis://127.0.0.1:{port}/0",
-        "OPTIONS": options}}
-    user = jobguard_settings.user_settings
-    stores = {**user.get("STORES", {}),
-              "down": {"BACKEND": "django_jobguard.stores.redis.RedisStore", "CACHE": "down"}}
-    return override_settings(CACHES=caches, JOBGUARD={**user, "STORES": stores})
-
-
 @pytest.fixture
 def down() -> Iterator[str]:
     """Store ``down``: Redis on a port that is bound but never listens (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        with _redis_store_at(sock.getsockname()[1]):
-            yield "down"
+    with redis_refusing("down") as alias:
+        yield alias
 
 
 @pytest.fixture
@@ -122,8 +109,8 @@ def hung() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
-        with _redis_store_at(sock.getsockname()[1], SOCKET_CONNECT_TIMEOUT=0.2,
-                             SOCKET_TIMEOUT=0.2):
+        with redis_store_at(sock.getsockname()[1], "down", SOCKET_CONNECT_TIMEOUT=0.2,
+                            SOCKET_TIMEOUT=0.2):
             yield "down"
 
 
