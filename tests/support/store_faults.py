@@ -28,6 +28,7 @@ from django.test import override_settings
 
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import Lock, Throttle
+from django_jobguard.stores.base import RateWindow
 
 #: The tables of the database store (its statements are the ones naming them).
 STORE_TABLES = (Lock._meta.db_table, Throttle._meta.db_table)
@@ -102,3 +103,39 @@ def store_down(kind: str) -> Iterator[str]:
     pytest.importorskip("django_redis")
     with redis_refusing("down") as alias:
         yield alias
+
+
+#: One call of each store primitive, by name (the outage tests call each on a store that is
+#: down, then on one that is back).
+PRIMITIVES = {
+    "acquire": lambda s: s.acquire("jobguard:k", "me", ttl=5),
+    "release": lambda s: s.release("jobguard:k", "me"),
+    "extend": lambda s: s.extend("jobguard:k", "me", ttl=5),
+    "force_release": lambda s: s.force_release("jobguard:k"),
+    "get_lock": lambda s: s.get_lock("jobguard:k"),
+    "locks": lambda s: s.locks(),
+    "now": lambda s: s.now(),
+    "hit_rate_limits": lambda s: s.hit_rate_limits([RateWindow("jobguard:r", 5, 60)]),
+    "circuit_enter": lambda s: s.circuit_enter("jobguard:c", owner="me", max_attempts=3,
+                                               decay=60, probe_lease=60),
+    "circuit_leave": lambda s: s.circuit_leave("jobguard:c", owner="me", outcome="failure",
+                                               max_attempts=3, decay=60),
+    "throttles": lambda s: s.throttles(),
+    "reset_throttle": lambda s: s.reset_throttle("jobguard:c"),
+}
+
+
+def terminate_backend(connection) -> None:
+    """Cut ``connection``'s PostgreSQL backend from another connection, as a server restart
+    does (the next statement on it fails; Django does not know yet)."""
+    from django.db import connections
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    killer = connections.create_connection(connection.alias)
+    try:
+        with killer.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        killer.close()

@@ -15,6 +15,7 @@ from django_jobguard import clock, queue
 from django_jobguard.models import QueuedJob
 from django_jobguard.worker.loop import Worker, WorkerOptions
 from tests.support import POSTGRES, async_jobs, jobs
+from tests.support.store_faults import terminate_backend
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True),
@@ -87,21 +88,13 @@ def test_after_a_cut_connection_the_rows_started_together_run_now():
     """A database restart cuts the coordinator's connection as it starts buffered rows at
     once: each starts on its own then, on a new connection, and runs now (not left for its
     lease to run out)."""
-    from django.db import connection, connections
+    from django.db import connection
 
     for i in range(3):
         async_jobs.AsyncRecord("cut", key=f"k{i}").dispatch()
     worker = Worker(WorkerOptions(queues=["default"], async_concurrency=4))
     rows = queue.claim(["default"], worker_id=worker.id, limit=3, start=0, ahead=3)
-    with connection.cursor() as cursor:  # what a restart does to it
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    killer = connections.create_connection("default")
-    try:
-        with killer.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        killer.close()
+    terminate_backend(connection)  # what a restart does to it
     worker._prefetch.put(rows)
     worker._start_from_buffer()
     assert worker._async.wait(timeout=20)

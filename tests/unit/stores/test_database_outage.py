@@ -22,7 +22,6 @@ from django.db import (
     OperationalError,
     ProgrammingError,
     connection,
-    connections,
     transaction,
 )
 from django.utils import timezone
@@ -40,27 +39,14 @@ from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
 from django_jobguard.stores.base import RateWindow
 from django_jobguard.worker import pipeline as pipeline_module
-from tests.support import make_due, requires_postgres, work
-from tests.support.store_faults import CUT, statements_fail
+from tests.support import make_due, requires_postgres, store_faults, work
+from tests.support.store_faults import CUT, statements_fail, terminate_backend
 
 PRIMITIVES = {
-    "acquire": lambda s: s.acquire("jobguard:k", "me", ttl=5),
-    "release": lambda s: s.release("jobguard:k", "me"),
-    "extend": lambda s: s.extend("jobguard:k", "me", ttl=5),
-    "force_release": lambda s: s.force_release("jobguard:k"),
-    "get_lock": lambda s: s.get_lock("jobguard:k"),
-    "locks": lambda s: s.locks(),
+    **store_faults.PRIMITIVES,
     "lock_page": lambda s: s.lock_page(),
     "count_locks": lambda s: s.count_locks(),
     "clean_expired": lambda s: s.clean_expired(),
-    "now": lambda s: s.now(),
-    "hit_rate_limits": lambda s: s.hit_rate_limits([RateWindow("jobguard:r", 5, 60)]),
-    "circuit_enter": lambda s: s.circuit_enter("jobguard:c", owner="me", max_attempts=3,
-                                               decay=60, probe_lease=60),
-    "circuit_leave": lambda s: s.circuit_leave("jobguard:c", owner="me", outcome="failure",
-                                               max_attempts=3, decay=60),
-    "throttles": lambda s: s.throttles(),
-    "reset_throttle": lambda s: s.reset_throttle("jobguard:c"),
     "clean_expired_throttles": lambda s: s.clean_expired_throttles(),
 }
 
@@ -144,18 +130,7 @@ def cut():
     server does), from a second connection. After the test a connection left broken is
     closed, so the test's flush connects again."""
 
-    def terminate() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            (pid,) = cursor.fetchone()
-        killer = connections.create_connection("default")
-        try:
-            with killer.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-        finally:
-            killer.close()
-
-    yield terminate
+    yield lambda: terminate_backend(connection)
     if connection.connection is not None and not connection.is_usable():
         connection.close()
 

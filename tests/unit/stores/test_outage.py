@@ -36,9 +36,8 @@ from django_jobguard.conf import jobguard_settings
 from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.stores import get_store
-from django_jobguard.stores.base import RateWindow
 from django_jobguard.worker import pipeline as pipeline_module
-from tests.support import make_due, work
+from tests.support import make_due, store_faults, work
 from tests.support.store_faults import redis_refusing, redis_store_at
 
 redis_exceptions = pytest.importorskip("redis.exceptions")
@@ -114,22 +113,7 @@ def hung() -> Iterator[str]:
             yield "down"
 
 
-PRIMITIVES = {
-    "acquire": lambda s: s.acquire("jobguard:k", "me", ttl=5),
-    "release": lambda s: s.release("jobguard:k", "me"),
-    "extend": lambda s: s.extend("jobguard:k", "me", ttl=5),
-    "force_release": lambda s: s.force_release("jobguard:k"),
-    "get_lock": lambda s: s.get_lock("jobguard:k"),
-    "locks": lambda s: s.locks(),
-    "now": lambda s: s.now(),
-    "hit_rate_limits": lambda s: s.hit_rate_limits([RateWindow("jobguard:r", 5, 60)]),
-    "circuit_enter": lambda s: s.circuit_enter("jobguard:c", owner="me", max_attempts=3,
-                                               decay=60, probe_lease=60),
-    "circuit_leave": lambda s: s.circuit_leave("jobguard:c", owner="me", outcome="failure",
-                                               max_attempts=3, decay=60),
-    "throttles": lambda s: s.throttles(),
-    "reset_throttle": lambda s: s.reset_throttle("jobguard:c"),
-}
+PRIMITIVES = store_faults.PRIMITIVES
 
 
 @pytest.mark.parametrize("primitive", sorted(PRIMITIVES))
