@@ -64,26 +64,33 @@ from django_jobguard.stores.base import (
 
 def _reachable(method: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the database errors of a store that cannot be reached into
-    :class:`StoreUnavailableError` (chained to them): ``OperationalError`` and
-    ``InterfaceError`` (connection refused, lost or closed, a server shutting down, a lock
-    wait or a deadlock still failing after the store's own retries), and any other database
-    error raised on a connection that turns out to be broken (a driver may say so with
-    another class). Outside a transaction a broken connection is closed first, so the next
-    call connects again (Django only does that between requests, and a worker after a job).
+    :class:`StoreUnavailableError` (chained to them): an ``OperationalError`` or
+    ``InterfaceError`` on a connection that could not be made or is broken (refused, lost or
+    closed, a server shutting down), a busy database (a lock wait or a deadlock still failing
+    after the store's own retries, where it retries), and any other database error raised on
+    a connection that turns out to be broken (a driver may say so with another class).
+    Outside a transaction a broken connection is closed first, so the next call connects
+    again (Django only does that between requests, and a worker after a job).
 
     Errors the database answered with stay what they are: integrity and data errors, SQL
-    errors, and a deadlock, a serialization failure or a lock wait that ran out inside the
-    caller's own transaction, which the caller has to roll back and try again (its
-    ``except OperationalError`` still sees it)."""
+    errors (SQLite and MySQL report a missing table or column as ``OperationalError``: the
+    connection still works, so it is not an outage), and a deadlock, a serialization failure
+    or a lock wait that ran out inside the caller's own transaction (an atomic block, or
+    autocommit turned off), which the caller has to roll back and try again (its ``except
+    OperationalError`` still sees it)."""
 
     @functools.wraps(method)
     def call(self: DatabaseStore, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except (OperationalError, InterfaceError) as exc:
-            if connections[self.using].in_atomic_block and _conflict(exc):
+            connection = connections[self.using]
+            conflict = _conflict(exc)
+            if conflict and _in_transaction(connection):
                 raise
-            self._close_broken()
+            if not (conflict or connection.connection is None
+                    or isinstance(exc, InterfaceError) or self._broken()):
+                raise  # answered on a working connection: the statement's own error
             raise StoreUnavailableError(self.alias, exc) from exc
         except DatabaseError as exc:
             if isinstance(exc, (IntegrityError, DataError)) or not self._close_broken():
@@ -93,15 +100,23 @@ def _reachable(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _in_transaction(connection: Any) -> bool:
+    """Whether ``connection`` is inside its caller's transaction: an atomic block, or
+    autocommit turned off (``transaction.set_autocommit(False)``)."""
+    return connection.in_atomic_block or (connection.connection is not None
+                                          and not connection.autocommit)
+
+
 def _conflict(exc: Exception) -> bool:
     """Whether ``exc`` is a transaction losing a race rather than the database being out of
     reach: a deadlock or serialization failure (SQLSTATE class 40), a lock wait that ran out
-    (PostgreSQL's ``lock_timeout``, 55P03; MySQL's 1205), MySQL's deadlock (1213), SQLite's
-    locked database."""
+    (PostgreSQL's ``lock_timeout``, 55P03, or ``statement_timeout``, 57014; MySQL's 1205),
+    MySQL's deadlock (1213), SQLite's locked database."""
     cause = exc.__cause__
     state = str(getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None) or "")
     text = str(exc).lower()
-    return (state.startswith("40") or state == "55P03" or exc.args[:1] in ((1213,), (1205,))
+    return (state.startswith("40") or state in ("55P03", "57014")
+            or exc.args[:1] in ((1213,), (1205,))
             or "deadlock" in text or "database is locked" in text
             or "database table is locked" in text)
 
@@ -130,11 +145,22 @@ class DatabaseStore(Store):
         """Close the store's connection if an error left it open but unusable, and it is not
         inside a transaction (the transaction's end deals with it there); whether it did."""
         connection = connections[self.using]
-        if connection.in_atomic_block or connection.connection is None \
+        if _in_transaction(connection) or connection.connection is None \
                 or connection.is_usable():
             return False
         connection.close()
         return True
+
+    def _broken(self) -> bool:
+        """After an error: whether the store's connection no longer works (closed here
+        outside a transaction, :meth:`_close_broken`). Inside one, a PostgreSQL transaction
+        that an error aborted counts as broken: its own error cannot be told apart there."""
+        connection = connections[self.using]
+        if connection.connection is None:
+            return True
+        if _in_transaction(connection):
+            return not connection.is_usable()
+        return self._close_broken()
 
     # -- locks -----------------------------------------------------------------------------
 
@@ -248,14 +274,19 @@ class DatabaseStore(Store):
     def _serialized(self, work: Callable[[], Any]) -> Any:
         """Run ``work`` in a transaction, retried on deadlocks and busy databases, and on a
         new connection when the one it had is broken (a restart cut it, before this call or
-        during it)."""
-        tries = 1 if connections[self.using].in_atomic_block else 4
+        during it); not when its commit failed otherwise (it may have been applied)."""
+        tries = 1 if _in_transaction(connections[self.using]) else 4
         for attempt in range(1, tries + 1):
+            committing = False
             try:
                 with transaction.atomic(using=self.using):
-                    return work()
+                    result = work()
+                    committing = True
+                return result
             except (DatabaseError, InterfaceError) as exc:
-                if attempt == tries:
+                # A commit that failed without a conflict (the connection was cut as it
+                # committed) may have been applied: not applied twice by another try.
+                if attempt == tries or (committing and not _conflict(exc)):
                     raise
                 # A broken connection is closed (the transaction's rollback does that only
                 # when it broke inside it), so the next try connects again.

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError, connections
 from django.db.backends.utils import CursorWrapper
 from django.test import override_settings
 
@@ -49,7 +49,8 @@ def statements_fail(*, store_only: bool = True, down: bool = True,
                     error: Exception | None = None) -> Iterator[Switch]:
     """While the switch it yields is ``down``, the statements on the store's tables
     (``store_only``) or all statements raise ``error`` (a cut connection's
-    ``OperationalError`` by default), in every thread."""
+    ``OperationalError`` by default), in every thread; for a cut connection's error Django's
+    ``is_usable()`` says False too, as after a real cut."""
     switch = Switch(down=down)
     original = CursorWrapper.execute
 
@@ -59,11 +60,23 @@ def statements_fail(*, store_only: bool = True, down: bool = True,
             raise error or OperationalError(CUT)
         return original(self, sql, params)
 
+    # A cut connection (the default error, or one that says so) fails Django's check too.
+    cut = error is None or isinstance(error, InterfaceError) or CUT in str(error)
+
+    def is_usable(self):
+        return not (switch.down and cut) and checks[type(self)](self)
+
     CursorWrapper.execute = execute
+    wrappers = {type(connection) for connection in connections.all()}  # (each has its own)
+    checks = {cls: cls.is_usable for cls in wrappers}
+    for cls in wrappers:
+        cls.is_usable = is_usable
     try:
         yield switch
     finally:
         CursorWrapper.execute = original
+        for cls, check in checks.items():
+            cls.is_usable = check
 
 
 def redis_store_at(port: int, alias: str = "down", **options) -> override_settings:

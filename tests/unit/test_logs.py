@@ -208,3 +208,46 @@ def test_job_lines_go_through_logging_when_another_handler_listens(job_logger):
     finally:
         installed.remove()
     assert [r.job_id for r in project.records] == ["42"] and " DONE 10 ms" in out.getvalue()
+
+
+def test_job_lines_are_records_again_under_a_record_factory(job_logger):
+    # A factory (OpenTelemetry's logging instrumentation) adds fields to every record: the
+    # job line must carry them, so it is a record then (a review's finding).
+    made = []
+    factory = logging.getLogRecordFactory()
+
+    def stamped(*args, **kwargs):
+        record = factory(*args, **kwargs)
+        record.otelTraceID = "abc123"
+        made.append(record)
+        return record
+
+    out = StringIO()
+    installed = logs.install_handler(1, "json", stream=out, style=no_style())
+    logging.setLogRecordFactory(stamped)
+    try:
+        logs.job_line("host:1:abc", _Row(), "DONE", 0.01)
+    finally:
+        logging.setLogRecordFactory(factory)
+        installed.remove()
+    assert len(made) == 1 and json.loads(out.getvalue())["otelTraceID"] == "abc123"
+
+
+def test_a_job_line_that_cannot_be_written_is_reported_once_not_written_twice(
+        job_logger, monkeypatch):
+    # The write went out, its flush failed: logging's handleError reports it, and the line
+    # is not written again through a record (a review's finding).
+    class Flaky(StringIO):
+        def flush(self):
+            raise BlockingIOError("flush would block")
+
+    out = Flaky()
+    installed = logs.install_handler(1, "text", stream=out, style=no_style())
+    reported = []
+    monkeypatch.setattr(installed.handler, "handleError", reported.append)
+    try:
+        logs.job_line("host:1:abc", _Row(), "DONE", 0.01)
+    finally:
+        installed.remove()
+    assert out.getvalue().count(" DONE 10 ms") == 1
+    assert [(r.job_id, r.state) for r in reported] == [("42", "DONE")]

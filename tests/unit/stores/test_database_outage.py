@@ -22,6 +22,7 @@ from django.db import (
     OperationalError,
     ProgrammingError,
     connection,
+    connections,
     transaction,
 )
 from django.utils import timezone
@@ -71,9 +72,13 @@ def test_every_primitive_raises_store_unavailable_then_works_once_the_database_i
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("make_error", [lambda: IntegrityError("duplicate key"),
-                                        lambda: ProgrammingError("syntax error at or near")],
-                         ids=["integrity", "programming"])
+@pytest.mark.parametrize("make_error", [
+    lambda: IntegrityError("duplicate key"),
+    lambda: ProgrammingError("syntax error at or near"),
+    # SQLite's and MySQL's way to say it (a store database never migrated): the connection
+    # still works, so it is the statement's error, not an outage (a review's finding)
+    lambda: OperationalError("no such table: django_jobguard_lock")],
+    ids=["integrity", "programming", "missing-table"])
 def test_errors_the_database_answered_with_stay_what_they_are(make_error):
     error = make_error()
     with statements_fail(error=error), pytest.raises(type(error)) as caught:
@@ -119,6 +124,54 @@ def test_a_conflict_the_store_kept_meeting_outside_a_transaction_is_an_outage():
         get_store("database").circuit_leave("jobguard:c", owner="me", outcome="failure",
                                             max_attempts=3, decay=60)
     assert len(switch.failed) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conflict_with_autocommit_off_is_the_callers_to_retry():
+    """``set_autocommit(False)`` is the caller's transaction too: a conflict is not an
+    outage, and the store does not close the connection under it (a review's finding)."""
+    error = OperationalError("deadlock detected")
+    transaction.set_autocommit(False)
+    try:
+        with statements_fail(error=error), pytest.raises(OperationalError) as caught:
+            get_store("database").acquire("jobguard:k", "me", ttl=5)
+        assert caught.value is error and connection.connection is not None
+        transaction.rollback()
+    finally:
+        transaction.set_autocommit(True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_counter_write_whose_commit_failed_is_not_applied_twice(monkeypatch):
+    """The connection cut as the circuit's transaction committed: the commit may have been
+    applied, so the store does not try the transaction again (one failure, counted once; a
+    review's finding)."""
+    store = get_store("database")
+    wrapper = type(connections["default"])
+    real_commit = wrapper.commit
+    cut = []
+
+    def commit(self):
+        real_commit(self)  # applied, then the connection goes
+        if not cut:
+            cut.append(True)
+            raise InterfaceError("connection already closed")
+
+    usable, checked = wrapper.is_usable, []
+
+    def is_usable(self):  # as after a real cut: Django's check fails once, then reconnects
+        if cut and not checked:
+            checked.append(True)
+            return False
+        return usable(self)
+
+    monkeypatch.setattr(wrapper, "commit", commit)
+    monkeypatch.setattr(wrapper, "is_usable", is_usable)
+    with pytest.raises(StoreUnavailableError):
+        store.circuit_leave("jobguard:c", owner="me", outcome="failure", max_attempts=5,
+                            decay=60)
+    [circuit] = [t for t in store.throttles() if t.key == "jobguard:c"]
+    assert cut and circuit.hits == 1
 
 
 # -- a connection the server cut (PostgreSQL) ---------------------------------------------------
