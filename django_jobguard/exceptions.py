@@ -97,6 +97,11 @@ class StoreUnavailableError(JobGuardError):
     def __str__(self) -> str:
         return f"store {self.store!r} is unavailable: {self.error}"
 
+    @property
+    def error_line(self) -> str:
+        """The backend's error on one line, for a message (a driver's may span several)."""
+        return " ".join(str(self.error).split())
+
 
 # -- how a job's exception is written down ---------------------------------------------------
 

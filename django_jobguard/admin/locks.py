@@ -144,11 +144,11 @@ class StoreViewAdmin(admin.ModelAdmin):
             self.message_user(request, _("The store %(alias)s cannot do this yet.")
                               % {"alias": alias}, messages.ERROR)
         except StoreUnavailableError as outage:  # an error message, as the list shows one
-            error = " ".join(str(outage.error).split())
             logger.warning("Could not %s %s: store %s is unavailable (%s).", self.action_name,
-                           key, store.alias, error)
+                           key, store.alias, outage.error_line)
             self.message_user(request, _("Could not reach the store %(alias)s: %(error)s")
-                              % {"alias": store.alias, "error": error}, messages.ERROR)
+                              % {"alias": store.alias, "error": outage.error_line},
+                              messages.ERROR)
         else:
             if done:
                 self.message_user(request, self.action_done.format(key=key), messages.SUCCESS)

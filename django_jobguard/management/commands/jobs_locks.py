@@ -66,8 +66,8 @@ class Command(BaseCommand):
         try:
             self._run(store, opts)
         except StoreUnavailableError as outage:  # a message, not a traceback
-            error = " ".join(str(outage.error).split())
-            raise CommandError(f"Store {outage.store!r} cannot be reached: {error}") from outage
+            raise CommandError(f"Store {outage.store!r} cannot be reached: "
+                               f"{outage.error_line}") from outage
 
     def _run(self, store: Store, opts: dict[str, Any]) -> None:
         if opts["release"] or opts["clean"]:
