@@ -46,29 +46,32 @@ def test_callbacks_run_exactly_once_per_batch_with_four_workers(workers):
 
 
 @pytest.mark.parametrize("mode", ["processes", "threads", "async"])
-def test_no_member_starts_after_cancel_returns(workers, mode):
+def test_no_member_starts_after_cancel_returns(workers, mode, tmp_path):
     """Issue 27 (6): cancel a batch while two workers run through its members; no member
     that had not started when ``cancel()`` returned ever runs. A member starts when its
     attempt is counted (in the claim, or later for one claimed ahead), so the members with
     ``attempts = 0`` just after the cancel are the ones that must never run."""
     from tests.support.async_jobs import AsyncRecord
 
-    # 20 ms each: the 600 take the 2 workers about 0.75 s at least (async, 16 at once), so
-    # the cancel comes well before every member started (no-op members could all have run
-    # between the wait's look and the cancel on a fast machine).
-    members = [AsyncRecord(f"c{i}", seconds=0.02) if mode == "async"
-               else Step(f"c{i}", first_run_seconds=0.02) for i in range(600)]
+    # The members that started wait at a gate until the cancel has been looked at, so most of
+    # the 600 have not started then however fast or slow the machine is (20 ms each, and no
+    # gate, let a stalled test process see every member started: CI of 2026-12-07).
+    gate = str(tmp_path / "gate")
+    members = [AsyncRecord(f"c{i}", seconds=0.02, gate=gate) if mode == "async"
+               else Step(f"c{i}", first_run_seconds=0.02, gate=gate) for i in range(600)]
     handle = batch(members, name="cancelled").dispatch()
     args = {"processes": ("--batch", "20"), "threads": ("--threads", "4"),
             "async": ("--async-concurrency", "8")}[mode]
     env = worker_env(JOBGUARD_EXTRA_JOB_MODULES="tests.support.flow_jobs")
     pool = workers(2, "--sleep", "0.05", "--stop-when-empty", *args, env=env)
-    wait_for(lambda: JobRun.objects.count() >= 20, timeout=120, what="20 members run")
+    wait_for(lambda: JobRun.objects.count() >= 2, timeout=120, what="members running")
 
     assert handle.cancel()
     not_started = set(QueuedJob.objects.filter(id__in=handle.job_ids, attempts=0)
                       .values_list("id", flat=True))
-    assert not_started, "every member started before the cancel: nothing is checked"
+    open(gate, "w").close()
+    # At most the claimed ones (2 workers x (a batch of 20 + 20 claimed ahead)) had started.
+    assert len(not_started) >= 600 - 80, f"only {len(not_started)} members not started"
     pool.wait(180)
 
     ran = set(JobRun.objects.values_list("job_id", flat=True))

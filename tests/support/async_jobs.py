@@ -17,15 +17,21 @@ SEEN: list[tuple] = []
 
 
 class AsyncRecord(Job):
-    """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between."""
+    """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between
+    (and the ``gate`` file first when one is given: see ``flow_jobs.wait_for_gate``)."""
 
-    def __init__(self, label: str, key: str = "", seconds: float = 0.0):
-        self.label, self.key, self.seconds = label, key, seconds
+    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
+        self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
 
     async def handle(self):
         run = await JobRun.objects.acreate(
             label=self.label, key=self.key, job_id=self.job_id or "", pid=os.getpid(),
             attempt=self.attempts(), token=self.lock_token, started_at=timezone.now())
+        deadline = time.monotonic() + 60
+        while self.gate and not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gate {self.gate} was never opened")
+            await asyncio.sleep(0.01)
         if self.seconds:
             await asyncio.sleep(self.seconds)
         run.ended_at = timezone.now()

@@ -21,14 +21,27 @@ def _record(job: Job, label: str) -> JobRun:
                                  attempt=job.attempts(), started_at=timezone.now())
 
 
-class Step(Job):
-    """Records one JobRun per run; sleeps ``first_run_seconds`` on its first attempt."""
+def wait_for_gate(gate: str) -> None:
+    """Block until the file ``gate`` exists: a test holds the jobs that started until it has
+    looked (the gate is opened by creating the file), instead of hoping they are slow enough."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gate {gate} was never opened")
+        time.sleep(0.01)
 
-    def __init__(self, label: str, first_run_seconds: float = 0.0):
-        self.label, self.first_run_seconds = label, first_run_seconds
+
+class Step(Job):
+    """Records one JobRun per run; sleeps ``first_run_seconds`` on its first attempt, and
+    waits for the ``gate`` file first when one is given."""
+
+    def __init__(self, label: str, first_run_seconds: float = 0.0, gate: str = ""):
+        self.label, self.first_run_seconds, self.gate = label, first_run_seconds, gate
 
     def handle(self):
         run = _record(self, self.label)
+        if self.gate:
+            wait_for_gate(self.gate)
         if self.first_run_seconds and self.attempts() == 1:
             time.sleep(self.first_run_seconds)
         run.ended_at = timezone.now()
