@@ -56,13 +56,18 @@ def test_without_overlapping_jobs_on_three_keys_never_overlap_per_key(
     assert not any(LOCKED in out for out in outputs)
 
 
-def test_sigterm_with_twenty_jobs_in_flight_finishes_them_and_takes_no_more(workers):
-    dispatch_many([jobs.Record("flight", key=str(i), seconds=1.5) for i in range(20)])
+def test_sigterm_with_twenty_jobs_in_flight_finishes_them_and_takes_no_more(workers, tmp_path):
+    # The twenty wait at a gate opened once the SIGTERM was sent: all are in flight then,
+    # however slow the test process or the worker (1.5 s each was a hope).
+    gate = tmp_path / "gate"
+    dispatch_many([jobs.Record("flight", key=str(i), seconds=0.2, gate=str(gate))
+                   for i in range(20)])
     pool = workers(1, "--threads", "20", "--sleep", "0.1")
     wait_for(lambda: JobRun.objects.filter(label="flight").count() == 20, timeout=60,
              what="20 jobs running")
     dispatch_many([jobs.Record("later", key=str(i)) for i in range(5)])
     pool.procs[0].send_signal(signal.SIGTERM)
+    gate.touch()
     out = pool.wait(60)[0]
     assert JobRun.objects.filter(label="flight", ended_at__isnull=False).count() == 20
     assert not JobRun.objects.filter(label="later").exists()

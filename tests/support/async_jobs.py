@@ -18,7 +18,7 @@ SEEN: list[tuple] = []
 
 class AsyncRecord(Job):
     """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between
-    (and the ``gate`` file first when one is given: see ``flow_jobs.wait_for_gate``)."""
+    (and the ``gate`` file first when one is given: see ``waiting.wait_for_gate``)."""
 
     def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
         self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
