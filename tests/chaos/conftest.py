@@ -188,6 +188,12 @@ class Outcome:
         assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process ``pid`` is stopped (SIGSTOP took effect)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def terminate_backends(app: str) -> int:
     """``pg_terminate_backend`` on every connection of the workers started with
     ``PGAPPNAME=app`` (a database restart, as the workers see it); returns how many."""

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from django_jobguard import Job, ShouldBeUnique, WithoutOverlapping
 from django_jobguard.stores import get_store
+from tests.support.waiting import await_gate, wait_for_gate
 
 
 class TakeLock(Job):
@@ -184,19 +185,22 @@ class AsyncUniqueRecord(ShouldBeUnique, Job):
 
 
 class AsyncUntimed(Job):
-    """An async job without a time limit (``timeout = 0``) that awaits ``seconds`` between
-    recording its start and its end: the lease-takeover test stops its worker meanwhile."""
+    """An async job without a time limit (``timeout = 0``) that awaits the ``gate`` file
+    (when given), then ``seconds``, between recording its start and its end: the
+    lease-takeover test stops its worker meanwhile."""
 
     timeout = 0
     tries = 3
 
-    def __init__(self, label: str, seconds: float):
-        self.label, self.seconds = label, seconds
+    def __init__(self, label: str, seconds: float, gate: str = ""):
+        self.label, self.seconds, self.gate = label, seconds, gate
 
     async def handle(self):
         run = await JobRun.objects.acreate(label=self.label, job_id=self.job_id or "",
                                            pid=os.getpid(), attempt=self.attempts(),
                                            started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         await asyncio.sleep(self.seconds)
         run.ended_at = timezone.now()
         await run.asave(update_fields=["ended_at"])
@@ -204,13 +208,14 @@ class AsyncUntimed(Job):
 
 class RecordOrDie(Job):
     """Records its run like ``tests.support.jobs.Record``; with ``die`` it then kills its own
-    worker (SIGKILL: no clean-up, no ack), as an OOM kill or a crash in C code would."""
+    worker (SIGKILL: no clean-up, no ack), as an OOM kill or a crash in C code would. It
+    waits for the ``gate`` file (when given) before its ``seconds``."""
 
     tries = 1
     timeout = 0  # no time limit (the chaos settings give jobs 1 s)
 
-    def __init__(self, key: str, die: bool = False, seconds: float = 0.0):
-        self.key, self.die, self.seconds = key, die, seconds
+    def __init__(self, key: str, die: bool = False, seconds: float = 0.0, gate: str = ""):
+        self.key, self.die, self.seconds, self.gate = key, die, seconds, gate
 
     def handle(self):
         run = JobRun.objects.create(label="completion", key=self.key, job_id=self.job_id or "",
@@ -218,6 +223,8 @@ class RecordOrDie(Job):
                                     started_at=timezone.now())
         if self.die:
             os.kill(os.getpid(), 9)
+        if self.gate:
+            wait_for_gate(self.gate)
         if self.seconds:
             time.sleep(self.seconds)
         run.ended_at = timezone.now()
@@ -291,14 +298,15 @@ class PartitionRecord(Job):
 class RerunWaits(Job):
     """Records its run (label ``rerun-waits``); with ``hold``, a run after the first (the row
     taken over from a stalled worker) waits up to a minute for a ``go`` row of its job before
-    it ends, so the test can act while the second owner holds the row. No time limit."""
+    it ends, so the test can act while the second owner holds the row. With ``gate``, each
+    run waits for that file before its ``seconds``. No time limit."""
 
     LABEL = "rerun-waits"
     tries = 3
     timeout = 0
 
-    def __init__(self, key: str, seconds: float = 0.0, hold: bool = False):
-        self.key, self.seconds, self.hold = key, seconds, hold
+    def __init__(self, key: str, seconds: float = 0.0, hold: bool = False, gate: str = ""):
+        self.key, self.seconds, self.hold, self.gate = key, seconds, hold, gate
 
     def handle(self):
         waits = self.hold and JobRun.objects.filter(label=self.LABEL,
@@ -306,6 +314,8 @@ class RerunWaits(Job):
         run = JobRun.objects.create(label=self.LABEL, key=self.key, job_id=self.job_id or "",
                                     pid=os.getpid(), attempt=self.attempts(),
                                     started_at=timezone.now())
+        if self.gate:
+            wait_for_gate(self.gate)
         deadline = time.monotonic() + (60 if waits else self.seconds)
         while time.monotonic() < deadline and not (
                 waits and JobRun.objects.filter(label="go", key=self.job_id).exists()):
@@ -323,6 +333,8 @@ class AsyncRerunWaits(RerunWaits):
         run = await JobRun.objects.acreate(label=self.LABEL, key=self.key,
                                            job_id=self.job_id or "", pid=os.getpid(),
                                            attempt=self.attempts(), started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         deadline = time.monotonic() + (60 if waits else self.seconds)
         while time.monotonic() < deadline and not (
                 waits and await JobRun.objects.filter(label="go", key=self.job_id).aexists()):

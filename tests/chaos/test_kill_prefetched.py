@@ -30,6 +30,7 @@ from django_jobguard import dispatch, dispatch_many
 from django_jobguard.models import QUIET, FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.operations import pausing
+from tests.chaos.conftest import stopped
 from tests.support import MANAGE, ROOT, async_jobs, jobs, wait_for, worker_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -85,12 +86,6 @@ def _holds_buffered_rows(label: str) -> bool:
             and QueuedJob.objects.filter(reserved_at__isnull=False, attempts=0).exists())
 
 
-def _stopped(pid: int) -> bool:
-    """Whether the process ``pid`` is stopped (SIGSTOP took effect)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
 @contextlib.contextmanager
 def _buffering(mode: str, label: str, *, frozen: bool = False,
                ) -> Iterator[tuple[set[str], subprocess.Popen, Any]]:
@@ -110,7 +105,7 @@ def _buffering(mode: str, label: str, *, frozen: bool = False,
             if not frozen:
                 break
             os.killpg(first.pid, signal.SIGSTOP)
-            wait_for(lambda: _stopped(first.pid), timeout=10, interval=0.01,
+            wait_for(lambda: stopped(first.pid), timeout=10, interval=0.01,
                      what="the worker stopped")
             if _holds_buffered_rows(label):
                 break
@@ -220,7 +215,7 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
 
 
 @pytest.mark.parametrize("how", ["pause", "quiet"])
-def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(how):
+def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(how, tmp_path):
     """Two long jobs fill the slots of ``--threads 2``; the short jobs dispatched then wait in
     the buffer. A pause of their queue (checked once a second) or a quiet command (read by
     the heartbeat) puts them back, unreserved and with no attempt used; the long jobs finish."""
@@ -230,7 +225,10 @@ def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(h
     try:
         dispatch_many([jobs.Record(label, key=f"warm-{i}") for i in range(20)])
         wait_for(lambda: not QueuedJob.objects.exists(), timeout=60)
-        dispatch_many([jobs.Record(label, key="long", seconds=5.0) for _ in range(2)])
+        # The long jobs wait at a gate opened once the rows were given back: they fill the
+        # slots until then however slow the test process (5 s each was a hope).
+        gate = tmp_path / "gate"
+        dispatch_many([jobs.Record(label, key="long", gate=str(gate)) for _ in range(2)])
         wait_for(lambda: JobRun.objects.filter(label=label, key="long").count() == 2,
                  timeout=30)
         short = {h.id for h in dispatch_many([jobs.Record(label, key=f"short-{i}")
@@ -245,6 +243,7 @@ def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(h
         wait_for(lambda: QueuedJob.objects.filter(id__in=short, reserved_at__isnull=True,
                                                   attempts=0).count() == 2,
                  timeout=10, what="the buffered rows given back")
+        gate.touch()
         # The long jobs were not disturbed; the short ones did not run here.
         wait_for(lambda: JobRun.objects.filter(label=label, key="long",
                                                ended_at__isnull=False).count() == 2,

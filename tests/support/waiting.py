@@ -3,6 +3,7 @@ Imports nothing from Django, so bench/ can use it before Django is set up."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -34,3 +35,12 @@ def wait_for_gate(gate: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the gate {gate} was never opened")
         time.sleep(0.01)
+
+
+async def await_gate(gate: str) -> None:
+    """:func:`wait_for_gate` for an async job: awaits, so the event loop goes on meanwhile."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gate {gate} was never opened")
+        await asyncio.sleep(0.01)
