@@ -206,6 +206,28 @@ class AsyncUntimed(Job):
         await run.asave(update_fields=["ended_at"])
 
 
+class SecondRunWaits(Job):
+    """Records its run like ``tests.support.jobs.Record``; a run that is not the first of its
+    process (of its ``label``) waits for the ``gate`` file first, so the test finds every
+    process on its second job, the rest of its batch claimed ahead, however slow it looks.
+    No time limit: a held run must not time out and let the worker go on."""
+
+    timeout = 0
+
+    def __init__(self, label: str, key: str, gate: str, seconds: float = 0.0):
+        self.label, self.key, self.gate, self.seconds = label, key, gate, seconds
+
+    def handle(self):
+        run = JobRun.objects.create(label=self.label, key=self.key, job_id=self.job_id or "",
+                                    pid=os.getpid(), attempt=self.attempts(),
+                                    started_at=timezone.now())
+        if JobRun.objects.filter(label=self.label, pid=os.getpid()).count() > 1:
+            wait_for_gate(self.gate)
+        time.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])
+
+
 class RecordOrDie(Job):
     """Records its run like ``tests.support.jobs.Record``; with ``die`` it then kills its own
     worker (SIGKILL: no clean-up, no ack), as an OOM kill or a crash in C code would. It
