@@ -42,10 +42,10 @@ SECONDS = 0.02  # short jobs: the buffer keeps up to one row per slot ready
 MODES = {"threads-4": ("--threads", "4"), "async-4": ("--async-concurrency", "4")}
 
 
-def _record(mode: str, label: str, key: str, seconds: float):
+def _record(mode: str, label: str, key: str, seconds: float, gate: str = ""):
     if mode.startswith("async"):
-        return async_jobs.AsyncRecord(label, key=key, seconds=seconds)
-    return jobs.Record(label, key=key, seconds=seconds)
+        return async_jobs.AsyncRecord(label, key=key, seconds=seconds, gate=gate)
+    return jobs.Record(label, key=key, seconds=seconds, gate=gate)
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, object]:
@@ -87,15 +87,17 @@ def _holds_buffered_rows(label: str) -> bool:
 
 
 @contextlib.contextmanager
-def _buffering(mode: str, label: str, *, frozen: bool = False,
+def _buffering(mode: str, label: str, *, frozen: bool = False, gate: str = "",
                ) -> Iterator[tuple[set[str], subprocess.Popen, Any]]:
     """``TOTAL`` short jobs and a worker (``--tries 1``) that holds some in its buffer: the
     jobs' ids, the worker and its log; the worker is killed and its log closed after.
     ``frozen``: the worker is stopped (SIGSTOP) when it is handed over, and its buffer was
     seen holding rows while it was stopped (a buffer turns over every 20 ms: seen running,
-    it may have started them all before the caller acts)."""
-    ids = {h.id for h in dispatch_many([_record(mode, label, str(i), SECONDS)
-                                        for i in range(TOTAL)])}
+    it may have started them all before the caller acts). ``gate``: the jobs after the
+    first quarter wait for that file, so the worker stops there, its buffer full."""
+    ids = {h.id for h in dispatch_many([
+        _record(mode, label, str(i), SECONDS, gate if i >= TOTAL // 4 else "")
+        for i in range(TOTAL)])}
     first, log = _start("--tries", "1", *MODES[mode])
     try:
         for _ in range(20):
@@ -157,10 +159,14 @@ def test_rows_buffered_by_a_killed_worker_run_later_on_their_first_attempt(mode)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode):
+def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode, tmp_path):
     label = f"prefetch-stop-{mode}"
-    with _buffering(mode, label) as (ids, first, log):
+    # The jobs wait at a gate opened once the SIGTERM was sent: the stop comes before the
+    # end however slow the test process (400 jobs of 20 ms, about 2 s, were a hope).
+    gate = tmp_path / "gate"
+    with _buffering(mode, label, gate=str(gate)) as (ids, first, log):
         os.killpg(first.pid, signal.SIGTERM)
+        gate.touch()
         assert first.wait(timeout=60) == 0, _log_of(first, log)
     # Nothing held any more (no lease to wait for), no attempt used by a row not run.
     assert not QueuedJob.objects.filter(reserved_at__isnull=False).exists()
