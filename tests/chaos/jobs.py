@@ -33,12 +33,15 @@ class TakeLock(Job):
 
 
 class UniqueRecord(ShouldBeUnique, Job):
-    """A unique job (one per ``key``, lock in the default store) that records its runs."""
+    """A unique job (one per ``key``, lock in the default store) that records its runs; with
+    ``gate`` it waits for that file first, with no time limit (held, it must not time out)."""
 
     tries = 5
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, gate: str = ""):
+        self.key, self.gate = key, gate
+        if gate:
+            self.timeout = 0
 
     def unique_id(self) -> str:
         return self.key
@@ -47,6 +50,8 @@ class UniqueRecord(ShouldBeUnique, Job):
         run = JobRun.objects.create(label="unique", key=self.key, job_id=self.job_id or "",
                                     pid=os.getpid(), attempt=self.attempts(),
                                     started_at=timezone.now())
+        if self.gate:
+            wait_for_gate(self.gate)
         time.sleep(0.01)
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
@@ -165,12 +170,14 @@ class EndsTheProcess(Job):
 
 class AsyncUniqueRecord(ShouldBeUnique, Job):
     """:class:`UniqueRecord` as an async job (``--async-concurrency``): a unique job whose
-    run records itself through the async ORM."""
+    run records itself through the async ORM (``gate`` as there)."""
 
     tries = 5
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, gate: str = ""):
+        self.key, self.gate = key, gate
+        if gate:
+            self.timeout = 0
 
     def unique_id(self) -> str:
         return self.key
@@ -179,6 +186,8 @@ class AsyncUniqueRecord(ShouldBeUnique, Job):
         run = await JobRun.objects.acreate(label="async-unique", key=self.key,
                                            job_id=self.job_id or "", pid=os.getpid(),
                                            attempt=self.attempts(), started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         await asyncio.sleep(0.01)
         run.ended_at = timezone.now()
         await run.asave(update_fields=["ended_at"])

@@ -96,14 +96,17 @@ def test_async_jobs_reconnect_after_their_connections_are_terminated(fleet):
 @pytest.mark.skipif(os.environ.get("JOBGUARD_CHAOS_REDIS_RESTART") != "1",
                     reason="restarts a redis-server: set JOBGUARD_CHAOS_REDIS_RESTART=1")
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
-def test_redis_restart_under_async_unique_jobs_loses_no_job(fleet, private_redis):
+def test_redis_restart_under_async_unique_jobs_loses_no_job(fleet, private_redis, tmp_path):
     total = 60
-    handles = dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)])
+    # The second half waits at a gate opened once Redis is down (see restart_midway).
+    gate = tmp_path / "gate"
+    handles = dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i), str(gate) if i >= total // 2
+                                                          else "") for i in range(total)])
     assert all(handles)
     workers = fleet(*ASYNC, env=chaos_env(JOBGUARD_REDIS_URL=private_redis.url,
                                           JOBGUARD_STORE="redis", **LONG_LEASE))
     procs = workers.start(2)
-    private_redis.restart_midway("async-unique", total, finished_meanwhile=5)
+    private_redis.restart_midway("async-unique", total, finished_meanwhile=5, gate=gate)
     assert_unique_jobs_outlived_the_restart(workers, procs, handles, "async-unique")
     assert all(dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)]))
 

@@ -40,18 +40,24 @@ def _is_async(mode: tuple[str, ...]) -> bool:
     return "--async-concurrency" in mode
 
 
-def _unique_jobs(mode: tuple[str, ...], total: int) -> tuple[list, str]:
-    """``total`` unique jobs of the mode's kind (keys 0..total-1), and their runs' label."""
+def _unique_jobs(mode: tuple[str, ...], total: int, gate: str = "") -> tuple[list, str]:
+    """``total`` unique jobs of the mode's kind (keys 0..total-1), and their runs' label;
+    with ``gate``, the second half waits for that file."""
+    def held(i: int) -> str:
+        return gate if i >= total // 2 else ""
+
     if _is_async(mode):
-        return [chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)], "async-unique"
-    return [chaos_jobs.UniqueRecord(str(i)) for i in range(total)], "unique"
+        return ([chaos_jobs.AsyncUniqueRecord(str(i), held(i)) for i in range(total)],
+                "async-unique")
+    return [chaos_jobs.UniqueRecord(str(i), held(i)) for i in range(total)], "unique"
 
 
-def _unique_jobs_on_two_workers(fleet, mode: tuple[str, ...], total: int, **env: str):
-    """``total`` unique jobs of the mode's kind dispatched, and two workers of the mode
-    started on them (long leases, ``env`` added): the handles, the runs' label, the fleet
-    and its processes."""
-    made, label = _unique_jobs(mode, total)
+def _unique_jobs_on_two_workers(fleet, mode: tuple[str, ...], total: int, gate: str = "",
+                                **env: str):
+    """``total`` unique jobs of the mode's kind dispatched (``gate`` as in _unique_jobs), and
+    two workers of the mode started on them (long leases, ``env`` added): the handles, the
+    runs' label, the fleet and its processes."""
+    made, label = _unique_jobs(mode, total, gate)
     handles = dispatch_many(made)
     assert all(handles)
     workers = fleet("--sleep", "0.2", *mode, env=chaos_env(**LONG_LEASE, **env))
@@ -109,14 +115,16 @@ def test_database_restart_while_groups_wait_loses_nothing_and_a_lost_group_uses_
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
 @MODES
 def test_redis_restart_while_groups_wait_loses_nothing_and_leaves_no_stale_lock(
-        fleet, private_redis, mode):
+        fleet, private_redis, mode, tmp_path):
     total = 200
+    # The second half waits at a gate opened once Redis is down (see restart_midway).
+    gate = tmp_path / "gate"
     handles, label, workers, procs = _unique_jobs_on_two_workers(
-        fleet, mode, total, JOBGUARD_COMPLETION_WINDOW="0.2",
+        fleet, mode, total, str(gate), JOBGUARD_COMPLETION_WINDOW="0.2",
         JOBGUARD_REDIS_URL=private_redis.url, JOBGUARD_STORE="redis")
     # Redis stays down until a group was written without it: its releases failed.
     private_redis.restart_midway(label, total, finished_meanwhile=10,
-                                 until=lambda: RELEASE_FAILED in workers.errors())
+                                 until=lambda: RELEASE_FAILED in workers.errors(), gate=gate)
     assert_unique_jobs_outlived_the_restart(workers, procs, handles, label)
     assert all(dispatch_many(_unique_jobs(mode, total)[0]))  # no stale lock
 
