@@ -183,9 +183,13 @@ def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["threads-2", "async-2"])
-def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
-    """A short job waits in the buffer behind a long one for about three leases (2 s): the
+def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode, tmp_path):
+    """A short job waits in the buffer behind a long one past its lease (2 s): the
     heartbeat renews its lease, so a second worker started meanwhile never takes it."""
+    # The long ones wait at a gate opened once the second worker is up past the short row's
+    # first lease: with 6 s jobs a stalled test process started the second worker after the
+    # short one had run, and nothing was checked.
+    gate = tmp_path / "gate"
     # (``--threads 1`` is the solo executor: one job at a time in the main thread)
     args = ("--threads", "2") if mode == "threads-2" else ("--async-concurrency", "2")
     env = {"JOBGUARD_RETRY_AFTER": "2", "JOBGUARD_DEFAULT_TIMEOUT": "0"}
@@ -196,7 +200,8 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
         # Short jobs first: the buffer's target (one row) needs a recent average.
         dispatch_many([_record(mode, label, f"warm-{i}", 0.0) for i in range(20)])
         wait_for(lambda: not QueuedJob.objects.exists(), timeout=60)
-        dispatch_many([_record(mode, label, "long", 6.0) for _ in range(2)])  # both slots
+        dispatch_many([_record(mode, label, "long", 0.5, str(gate))
+                       for _ in range(2)])  # both slots
         wait_for(lambda: JobRun.objects.filter(label=label, key="long").count() == 2,
                  timeout=30)
         short = dispatch(_record(mode, label, "short", 0.0))
@@ -204,9 +209,17 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
                  .exists(), timeout=10, what="the short job buffered")
         reserved = QueuedJob.objects.get(id=short.id)
         assert reserved.attempts == 0  # buffered: claimed ahead, not started
-        # Without renewal its 2 s lease would run out while "long" runs (6 s), and this
-        # idle worker would take it.
+        # Without renewal its 2 s lease would run out while "long" runs, and this idle
+        # worker would take it.
         second, second_log = _start("--tries", "1", *args, env=env)
+        seen = wait_for(lambda: WorkerRow.objects.filter(
+            pid=second.pid, last_seen_at__gt=reserved.available_at).values_list(
+            "last_seen_at", flat=True).first(), timeout=30,
+            what="the second worker up after the short row's first lease ran out")
+        # One more heartbeat of it: it had claim rounds (--sleep 0.2) meanwhile.
+        wait_for(lambda: WorkerRow.objects.filter(pid=second.pid, last_seen_at__gt=seen)
+                 .exists(), timeout=30, what="another heartbeat of the second worker")
+        gate.touch()
         wait_for(lambda: not QueuedJob.objects.exists(), timeout=30)
     finally:
         for proc, out in ((first, log), (second, second_log)):
