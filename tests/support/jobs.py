@@ -17,10 +17,13 @@ CALLS: list[tuple] = []
 
 class Record(Job):
     """Records one JobRun row per execution: label, key, pid, attempt, start and end; waits
-    for the ``gate`` file first when one is given (see ``waiting.wait_for_gate``)."""
+    for the ``gate`` file first when one is given (see ``waiting.wait_for_gate``), with no
+    time limit then."""
 
     def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
         self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
+        if gate:
+            self.timeout = 0  # held at the gate, it must not time out while the test looks
 
     def handle(self):
         run = JobRun.objects.create(label=self.label, key=self.key, job_id=self.job_id or "",
