@@ -188,6 +188,12 @@ class Outcome:
         assert len({r["job_id"] for r in survivors_done}) == len(survivors_done)  # never twice
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process ``pid`` is stopped (SIGSTOP took effect)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def terminate_backends(app: str) -> int:
     """``pg_terminate_backend`` on every connection of the workers started with
     ``PGAPPNAME=app`` (a database restart, as the workers see it); returns how many."""
@@ -268,14 +274,19 @@ class PrivateRedis:
             self.proc.wait(timeout=20)
 
     def restart_midway(self, label: str, total: int, *, finished_meanwhile: int,
-                       until: Callable[[], bool] | None = None) -> None:
+                       until: Callable[[], bool] | None = None,
+                       gate: Path | None = None) -> None:
         """Once a quarter of the ``total`` jobs ran (runs of ``label``), shut this server down
         until ``finished_meanwhile`` more of them finished without it (only their lock
-        release fails) and ``until()`` holds, if given; then start it again."""
+        release fails) and ``until()`` holds, if given; then start it again. ``gate``: the
+        file the later jobs wait for, opened once the server is down, so that some are left
+        to finish without it however slow this process is."""
         wait_for(lambda: JobRun.objects.filter(label=label).count() >= total // 4, timeout=60)
         self.shutdown()
         ended = JobRun.objects.filter(label=label, ended_at__isnull=False)
         down_at = ended.count()
+        if gate is not None:
+            gate.touch()
         wait_for(lambda: ended.count() >= down_at + finished_meanwhile
                  and (until is None or until()), timeout=60)
         self.start()

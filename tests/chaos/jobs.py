@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from django_jobguard import Job, ShouldBeUnique, WithoutOverlapping
 from django_jobguard.stores import get_store
+from tests.support.waiting import await_gate, wait_for_gate
 
 
 class TakeLock(Job):
@@ -32,12 +33,15 @@ class TakeLock(Job):
 
 
 class UniqueRecord(ShouldBeUnique, Job):
-    """A unique job (one per ``key``, lock in the default store) that records its runs."""
+    """A unique job (one per ``key``, lock in the default store) that records its runs; with
+    ``gate`` it waits for that file first, with no time limit (held, it must not time out)."""
 
     tries = 5
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, gate: str = ""):
+        self.key, self.gate = key, gate
+        if gate:
+            self.timeout = 0
 
     def unique_id(self) -> str:
         return self.key
@@ -46,6 +50,8 @@ class UniqueRecord(ShouldBeUnique, Job):
         run = JobRun.objects.create(label="unique", key=self.key, job_id=self.job_id or "",
                                     pid=os.getpid(), attempt=self.attempts(),
                                     started_at=timezone.now())
+        if self.gate:
+            wait_for_gate(self.gate)
         time.sleep(0.01)
         run.ended_at = timezone.now()
         run.save(update_fields=["ended_at"])
@@ -164,12 +170,14 @@ class EndsTheProcess(Job):
 
 class AsyncUniqueRecord(ShouldBeUnique, Job):
     """:class:`UniqueRecord` as an async job (``--async-concurrency``): a unique job whose
-    run records itself through the async ORM."""
+    run records itself through the async ORM (``gate`` as there)."""
 
     tries = 5
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, gate: str = ""):
+        self.key, self.gate = key, gate
+        if gate:
+            self.timeout = 0
 
     def unique_id(self) -> str:
         return self.key
@@ -178,39 +186,67 @@ class AsyncUniqueRecord(ShouldBeUnique, Job):
         run = await JobRun.objects.acreate(label="async-unique", key=self.key,
                                            job_id=self.job_id or "", pid=os.getpid(),
                                            attempt=self.attempts(), started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         await asyncio.sleep(0.01)
         run.ended_at = timezone.now()
         await run.asave(update_fields=["ended_at"])
 
 
 class AsyncUntimed(Job):
-    """An async job without a time limit (``timeout = 0``) that awaits ``seconds`` between
-    recording its start and its end: the lease-takeover test stops its worker meanwhile."""
+    """An async job without a time limit (``timeout = 0``) that awaits the ``gate`` file
+    (when given), then ``seconds``, between recording its start and its end: the
+    lease-takeover test stops its worker meanwhile."""
 
     timeout = 0
     tries = 3
 
-    def __init__(self, label: str, seconds: float):
-        self.label, self.seconds = label, seconds
+    def __init__(self, label: str, seconds: float, gate: str = ""):
+        self.label, self.seconds, self.gate = label, seconds, gate
 
     async def handle(self):
         run = await JobRun.objects.acreate(label=self.label, job_id=self.job_id or "",
                                            pid=os.getpid(), attempt=self.attempts(),
                                            started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         await asyncio.sleep(self.seconds)
         run.ended_at = timezone.now()
         await run.asave(update_fields=["ended_at"])
 
 
+class SecondRunWaits(Job):
+    """Records its run like ``tests.support.jobs.Record``; a run that is not the first of its
+    process (of its ``label``) waits for the ``gate`` file first, so the test finds every
+    process on its second job, the rest of its batch claimed ahead, however slow it looks.
+    No time limit: a held run must not time out and let the worker go on."""
+
+    timeout = 0
+
+    def __init__(self, label: str, key: str, gate: str, seconds: float = 0.0):
+        self.label, self.key, self.gate, self.seconds = label, key, gate, seconds
+
+    def handle(self):
+        run = JobRun.objects.create(label=self.label, key=self.key, job_id=self.job_id or "",
+                                    pid=os.getpid(), attempt=self.attempts(),
+                                    started_at=timezone.now())
+        if JobRun.objects.filter(label=self.label, pid=os.getpid()).count() > 1:
+            wait_for_gate(self.gate)
+        time.sleep(self.seconds)
+        run.ended_at = timezone.now()
+        run.save(update_fields=["ended_at"])
+
+
 class RecordOrDie(Job):
     """Records its run like ``tests.support.jobs.Record``; with ``die`` it then kills its own
-    worker (SIGKILL: no clean-up, no ack), as an OOM kill or a crash in C code would."""
+    worker (SIGKILL: no clean-up, no ack), as an OOM kill or a crash in C code would. It
+    waits for the ``gate`` file (when given) before its ``seconds``."""
 
     tries = 1
     timeout = 0  # no time limit (the chaos settings give jobs 1 s)
 
-    def __init__(self, key: str, die: bool = False, seconds: float = 0.0):
-        self.key, self.die, self.seconds = key, die, seconds
+    def __init__(self, key: str, die: bool = False, seconds: float = 0.0, gate: str = ""):
+        self.key, self.die, self.seconds, self.gate = key, die, seconds, gate
 
     def handle(self):
         run = JobRun.objects.create(label="completion", key=self.key, job_id=self.job_id or "",
@@ -218,6 +254,8 @@ class RecordOrDie(Job):
                                     started_at=timezone.now())
         if self.die:
             os.kill(os.getpid(), 9)
+        if self.gate:
+            wait_for_gate(self.gate)
         if self.seconds:
             time.sleep(self.seconds)
         run.ended_at = timezone.now()
@@ -291,14 +329,15 @@ class PartitionRecord(Job):
 class RerunWaits(Job):
     """Records its run (label ``rerun-waits``); with ``hold``, a run after the first (the row
     taken over from a stalled worker) waits up to a minute for a ``go`` row of its job before
-    it ends, so the test can act while the second owner holds the row. No time limit."""
+    it ends, so the test can act while the second owner holds the row. With ``gate``, each
+    run waits for that file before its ``seconds``. No time limit."""
 
     LABEL = "rerun-waits"
     tries = 3
     timeout = 0
 
-    def __init__(self, key: str, seconds: float = 0.0, hold: bool = False):
-        self.key, self.seconds, self.hold = key, seconds, hold
+    def __init__(self, key: str, seconds: float = 0.0, hold: bool = False, gate: str = ""):
+        self.key, self.seconds, self.hold, self.gate = key, seconds, hold, gate
 
     def handle(self):
         waits = self.hold and JobRun.objects.filter(label=self.LABEL,
@@ -306,6 +345,8 @@ class RerunWaits(Job):
         run = JobRun.objects.create(label=self.LABEL, key=self.key, job_id=self.job_id or "",
                                     pid=os.getpid(), attempt=self.attempts(),
                                     started_at=timezone.now())
+        if self.gate:
+            wait_for_gate(self.gate)
         deadline = time.monotonic() + (60 if waits else self.seconds)
         while time.monotonic() < deadline and not (
                 waits and JobRun.objects.filter(label="go", key=self.job_id).exists()):
@@ -323,6 +364,8 @@ class AsyncRerunWaits(RerunWaits):
         run = await JobRun.objects.acreate(label=self.LABEL, key=self.key,
                                            job_id=self.job_id or "", pid=os.getpid(),
                                            attempt=self.attempts(), started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         deadline = time.monotonic() + (60 if waits else self.seconds)
         while time.monotonic() < deadline and not (
                 waits and await JobRun.objects.filter(label="go", key=self.job_id).aexists()):

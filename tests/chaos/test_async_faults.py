@@ -20,7 +20,14 @@ from demo.models import JobRun
 from django_jobguard import aio, dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env, stop_and_read, terminate_backends
+from tests.chaos.conftest import (
+    LONG_LEASE,
+    Outcome,
+    chaos_env,
+    stop_and_read,
+    stopped,
+    terminate_backends,
+)
 from tests.chaos.test_redis_restart import assert_unique_jobs_outlived_the_restart
 from tests.support import MANAGE, ROOT, async_jobs, requires_postgres, wait_for
 
@@ -89,14 +96,17 @@ def test_async_jobs_reconnect_after_their_connections_are_terminated(fleet):
 @pytest.mark.skipif(os.environ.get("JOBGUARD_CHAOS_REDIS_RESTART") != "1",
                     reason="restarts a redis-server: set JOBGUARD_CHAOS_REDIS_RESTART=1")
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
-def test_redis_restart_under_async_unique_jobs_loses_no_job(fleet, private_redis):
+def test_redis_restart_under_async_unique_jobs_loses_no_job(fleet, private_redis, tmp_path):
     total = 60
-    handles = dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)])
+    # The second half waits at a gate opened once Redis is down (see restart_midway).
+    gate = tmp_path / "gate"
+    handles = dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i), str(gate) if i >= total // 2
+                                                          else "") for i in range(total)])
     assert all(handles)
     workers = fleet(*ASYNC, env=chaos_env(JOBGUARD_REDIS_URL=private_redis.url,
                                           JOBGUARD_STORE="redis", **LONG_LEASE))
     procs = workers.start(2)
-    private_redis.restart_midway("async-unique", total, finished_meanwhile=5)
+    private_redis.restart_midway("async-unique", total, finished_meanwhile=5, gate=gate)
     assert_unique_jobs_outlived_the_restart(workers, procs, handles, "async-unique")
     assert all(dispatch_many([chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)]))
 
@@ -107,11 +117,14 @@ def _start(log, *args: str) -> subprocess.Popen:
                             text=True)
 
 
-def test_an_async_job_whose_lease_was_taken_over_changes_nothing_when_it_ends():
+def test_an_async_job_whose_lease_was_taken_over_changes_nothing_when_it_ends(tmp_path):
     """A worker stalled (SIGSTOP) past its lease loses its async job to another worker; when
     it resumes, its run ends and its ack finds the row no longer its own (LOST): the job has
     one outcome, the new worker's."""
-    job = chaos_jobs.AsyncUntimed("takeover", seconds=1.5).dispatch()
+    # The run waits at a gate opened once its worker is stopped: it is still running then
+    # however slow the test process (1.5 s alone was a hope: it could end, acked, first).
+    gate = tmp_path / "gate"
+    job = chaos_jobs.AsyncUntimed("takeover", seconds=1.5, gate=str(gate)).dispatch()
     logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]  # noqa: SIM115
     first = _start(logs[0])
     second = None
@@ -119,6 +132,9 @@ def test_an_async_job_whose_lease_was_taken_over_changes_nothing_when_it_ends():
         wait_for(lambda: JobRun.objects.filter(label="takeover", pid=first.pid).exists(),
                  timeout=60)
         first.send_signal(signal.SIGSTOP)  # stalled: no heartbeat renews the 2 s lease
+        wait_for(lambda: stopped(first.pid), timeout=10, interval=0.01,
+                 what="the first worker stopped")
+        gate.touch()
         second = _start(logs[1])
         wait_for(lambda: JobRun.objects.filter(label="takeover", pid=second.pid).exists(),
                  timeout=60)

@@ -22,7 +22,7 @@ from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob, Worker
 from django_jobguard.stores import get_store
 from tests.chaos import jobs as chaos_jobs
-from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env, terminate_backends
+from tests.chaos.conftest import LONG_LEASE, Outcome, chaos_env, stopped, terminate_backends
 from tests.chaos.test_redis_restart import assert_unique_jobs_outlived_the_restart
 from tests.support import POSTGRES, wait_for
 
@@ -40,18 +40,24 @@ def _is_async(mode: tuple[str, ...]) -> bool:
     return "--async-concurrency" in mode
 
 
-def _unique_jobs(mode: tuple[str, ...], total: int) -> tuple[list, str]:
-    """``total`` unique jobs of the mode's kind (keys 0..total-1), and their runs' label."""
+def _unique_jobs(mode: tuple[str, ...], total: int, gate: str = "") -> tuple[list, str]:
+    """``total`` unique jobs of the mode's kind (keys 0..total-1), and their runs' label;
+    with ``gate``, the second half waits for that file."""
+    def held(i: int) -> str:
+        return gate if i >= total // 2 else ""
+
     if _is_async(mode):
-        return [chaos_jobs.AsyncUniqueRecord(str(i)) for i in range(total)], "async-unique"
-    return [chaos_jobs.UniqueRecord(str(i)) for i in range(total)], "unique"
+        return ([chaos_jobs.AsyncUniqueRecord(str(i), held(i)) for i in range(total)],
+                "async-unique")
+    return [chaos_jobs.UniqueRecord(str(i), held(i)) for i in range(total)], "unique"
 
 
-def _unique_jobs_on_two_workers(fleet, mode: tuple[str, ...], total: int, **env: str):
-    """``total`` unique jobs of the mode's kind dispatched, and two workers of the mode
-    started on them (long leases, ``env`` added): the handles, the runs' label, the fleet
-    and its processes."""
-    made, label = _unique_jobs(mode, total)
+def _unique_jobs_on_two_workers(fleet, mode: tuple[str, ...], total: int, gate: str = "",
+                                **env: str):
+    """``total`` unique jobs of the mode's kind dispatched (``gate`` as in _unique_jobs), and
+    two workers of the mode started on them (long leases, ``env`` added): the handles, the
+    runs' label, the fleet and its processes."""
+    made, label = _unique_jobs(mode, total, gate)
     handles = dispatch_many(made)
     assert all(handles)
     workers = fleet("--sleep", "0.2", *mode, env=chaos_env(**LONG_LEASE, **env))
@@ -109,20 +115,22 @@ def test_database_restart_while_groups_wait_loses_nothing_and_a_lost_group_uses_
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
 @MODES
 def test_redis_restart_while_groups_wait_loses_nothing_and_leaves_no_stale_lock(
-        fleet, private_redis, mode):
+        fleet, private_redis, mode, tmp_path):
     total = 200
+    # The second half waits at a gate opened once Redis is down (see restart_midway).
+    gate = tmp_path / "gate"
     handles, label, workers, procs = _unique_jobs_on_two_workers(
-        fleet, mode, total, JOBGUARD_COMPLETION_WINDOW="0.2",
+        fleet, mode, total, str(gate), JOBGUARD_COMPLETION_WINDOW="0.2",
         JOBGUARD_REDIS_URL=private_redis.url, JOBGUARD_STORE="redis")
     # Redis stays down until a group was written without it: its releases failed.
     private_redis.restart_midway(label, total, finished_meanwhile=10,
-                                 until=lambda: RELEASE_FAILED in workers.errors())
+                                 until=lambda: RELEASE_FAILED in workers.errors(), gate=gate)
     assert_unique_jobs_outlived_the_restart(workers, procs, handles, label)
     assert all(dispatch_many(_unique_jobs(mode, total)[0]))  # no stale lock
 
 
 @MODES
-def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode):
+def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode, tmp_path):
     """A worker stalled (SIGSTOP) while a finished job waits for its group loses the row to
     another worker; resumed, it writes the group, which must leave the row alone (LOST): it
     is the new owner's, still running there, and acked by it alone."""
@@ -136,9 +144,12 @@ def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode):
     # ... so these two defer their starts: "target" finishes and waits for the group (30 s)
     # while "long" keeps the worker busy (an idle worker writes its group at once). One
     # commit: a worker that claimed "target" alone could find no "long" yet as it ended.
+    # "long" waits at a gate opened once the worker is stopped: it keeps the worker busy
+    # until then however slow the test process (4 s alone was a hope).
+    gate = tmp_path / "gate"
     with transaction.atomic():
         target = record("target", hold=True).dispatch(priority=5)
-        record("long", seconds=4).dispatch(priority=1)
+        record("long", seconds=4, gate=str(gate)).dispatch(priority=1)
     label = chaos_jobs.RerunWaits.LABEL
     wait_for(lambda: JobRun.objects.filter(label=label, key="target", ended_at__isnull=False)
              .exists() and JobRun.objects.filter(label=label, key="long").exists(),
@@ -147,6 +158,9 @@ def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode):
     try:
         # Its start was deferred (no attempt written), so its ack waits in the group.
         assert QueuedJob.objects.get(id=target.id).attempts == 0
+        wait_for(lambda: stopped(first.pid), timeout=10, interval=0.01,
+                 what="the first worker stopped")
+        gate.touch()
         (second,) = workers.start(1)  # takes both rows once their lease ran out
         wait_for(lambda: JobRun.objects.filter(label=label, key="target", pid=second.pid)
                  .exists(), timeout=60, what="the second worker runs target")
@@ -176,7 +190,8 @@ def test_a_group_never_acks_a_row_another_worker_took_over(fleet, mode):
 
 
 @MODES
-def test_rows_claimed_ahead_by_a_stalled_worker_run_only_at_their_new_owner(fleet, mode):
+def test_rows_claimed_ahead_by_a_stalled_worker_run_only_at_their_new_owner(fleet, mode,
+                                                                            tmp_path):
     """A worker stalled (SIGSTOP) past its lease holding rows claimed ahead (not started:
     the solo worker's batch, the prefetch buffer of threads and async slots) loses them to
     another worker; resumed, it must not run them: a deferred start has no statement of its
@@ -192,9 +207,12 @@ def test_rows_claimed_ahead_by_a_stalled_worker_run_only_at_their_new_owner(flee
     record("warm").dispatch()  # a fast class here: the next starts are deferred
     wait_for(lambda: not QueuedJob.objects.exists(), timeout=60, what="the warm-up ran")
     first_id = Worker.objects.get(pid=first.pid).id
+    # The long ones wait at a gate opened once the worker is stopped: they keep its slots
+    # until then however slow the test process (3 s alone was a hope).
+    gate = tmp_path / "gate"
     with transaction.atomic():  # one commit: one claim takes the long ones and the rest
         for i in range(busy):
-            record(f"long-{i}", seconds=3).dispatch(priority=5)
+            record(f"long-{i}", seconds=3, gate=str(gate)).dispatch(priority=5)
         ahead = [record(f"ahead-{i}").dispatch(priority=1) for i in range(6)]
     label = chaos_jobs.RerunWaits.LABEL
     ids = [handle.id for handle in ahead]
@@ -211,6 +229,9 @@ def test_rows_claimed_ahead_by_a_stalled_worker_run_only_at_their_new_owner(flee
         held = held_ahead()
         assert held and not JobRun.objects.filter(label=label, key__startswith="ahead-",
                                                   pid=first.pid).exists()
+        wait_for(lambda: stopped(first.pid), timeout=10, interval=0.01,
+                 what="the first worker stopped")
+        gate.touch()
         (second,) = workers.start(1)
         wait_for(lambda: JobRun.objects.filter(label=label, key__startswith="ahead-")
                  .count() == len(ahead), timeout=90, what="the second worker ran them all")

@@ -79,10 +79,14 @@ def test_sigterm_and_sigkill_never_write_an_item_twice_or_lose_one(fleet):
     assert max(runs) <= 1 + kills, (runs, terms, kills)
 
 
-def test_sigkill_inside_a_step_neither_duplicates_nor_loses_its_writes(fleet):
+def test_sigkill_inside_a_step_neither_duplicates_nor_loses_its_writes(fleet, tmp_path):
     """A step writes a row, waits, and updates it, in the transaction of its checkpoint;
     killing the worker anywhere in it leaves both statements or neither."""
-    handle = ThreeSteps("steps", seconds=0.6).dispatch()
+    # The last step waits at a gate opened after the first kill: that kill lands inside the
+    # job however slow the test process (1.8 s of steps could end before the test saw the
+    # job held, or before its random sleep was over, and then no kill was inside a step).
+    gate = tmp_path / "gate"
+    handle = ThreeSteps("steps", seconds=0.6, gate=str(gate)).dispatch()
     workers = fleet("--sleep", "0.2", env=chaos_env())
     rng = random.Random()
     kills = 0
@@ -97,6 +101,7 @@ def test_sigkill_inside_a_step_neither_duplicates_nor_loses_its_writes(fleet):
         if proc.poll() is None:
             workers.kill(proc)
             kills += 1
+        gate.touch()
     workers.start(1)
     wait_for(lambda: not QueuedJob.objects.filter(id=handle.id).exists(), timeout=120,
              what="the three steps to finish")

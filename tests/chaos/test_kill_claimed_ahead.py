@@ -19,13 +19,15 @@ from demo.models import JobRun
 
 from django_jobguard import dispatch_many
 from django_jobguard.models import FailedJob, QueuedJob
-from tests.support import MANAGE, ROOT, jobs, wait_for, worker_env
+from tests.chaos.jobs import SecondRunWaits
+from tests.support import MANAGE, ROOT, wait_for, worker_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 #: A short lease so the dead worker's rows come back quickly (the timeout must stay below it),
-#: and a timeout six times as long as a job.
-ENV = {"JOBGUARD_RETRY_AFTER": "4", "JOBGUARD_DEFAULT_TIMEOUT": "3"}
+#: and a timeout six times as long as a job (SecondRunWaits has none: a held run waits).
+ENV = {"JOBGUARD_RETRY_AFTER": "4", "JOBGUARD_DEFAULT_TIMEOUT": "3",
+       "JOBGUARD_EXTRA_JOB_MODULES": "tests.chaos.jobs"}
 TOTAL = 12
 SECONDS = 0.5
 
@@ -45,21 +47,30 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _on_second_job(processes: int) -> bool:
+    """Every worker process has begun its second job (one started after its first ended)."""
+    pids = list(JobRun.objects.filter(label="ahead").values_list("pid", flat=True))
+    return len({pid for pid in pids if pids.count(pid) >= 2}) == processes
+
+
 @pytest.mark.parametrize("extra", [(), ("--concurrency", "2")], ids=["one", "concurrency-2"])
-def test_jobs_claimed_ahead_by_a_killed_worker_run_later(extra):
+def test_jobs_claimed_ahead_by_a_killed_worker_run_later(extra, tmp_path):
     processes = 2 if extra else 1
-    handles = dispatch_many([jobs.Record("ahead", key=str(i), seconds=SECONDS)
+    # A process's second job waits at a gate opened after the kill: each is killed on its
+    # second job, the rest of its batch claimed ahead, however slow the test process (0.5 s
+    # jobs let a stalled test find the batch run through, and nothing claimed ahead).
+    gate = tmp_path / "gate"
+    handles = dispatch_many([SecondRunWaits("ahead", str(i), str(gate), seconds=SECONDS)
                              for i in range(TOTAL)])
     ids = {h.id for h in handles}
     first, log = _start("--batch", "5", *extra)
     try:
-        # Every worker process is on its second job (one started after its first ended).
-        wait_for(lambda: first.poll() is not None
-                 or JobRun.objects.filter(label="ahead").count() >= processes + 1, timeout=60)
+        wait_for(lambda: first.poll() is not None or _on_second_job(processes), timeout=60)
         if first.poll() is not None:
             log.seek(0)
             raise AssertionError(f"the worker exited {first.returncode}:\n{log.read()[-3000:]}")
         _kill_group(first)
+        gate.touch()
         killed_runs = {r.job_id: r for r in JobRun.objects.filter(label="ahead")}
         # Begun: a job that recorded its run, or whose row counts an attempt (the kill may come
         # between a row's start and its job's first statement: no run recorded, try used).

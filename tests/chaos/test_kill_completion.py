@@ -28,20 +28,24 @@ def _runs(key: str) -> list[JobRun]:
     return list(JobRun.objects.filter(label="completion", key=key).order_by("id"))
 
 
-def test_a_finished_job_whose_group_was_lost_runs_again_without_using_a_try(fleet):
+def test_a_finished_job_whose_group_was_lost_runs_again_without_using_a_try(fleet, tmp_path):
     # A wide window, so that the kill lands while the group waits: the warm-up runs teach
     # the worker that the class is fast (its first run starts with its attempt written),
     # "done" finishes, "long" starts, and the worker dies before the group is written.
+    # "long" waits at a gate opened once the worker is dead: it keeps the worker busy (the
+    # group unwritten) until the kill however slow the test process (2 s was a hope).
+    gate = tmp_path / "gate"
     for i in range(3):
         RecordOrDie(f"warm-{i}").dispatch(priority=9)
     done = RecordOrDie("done").dispatch(priority=5)
-    RecordOrDie("long", seconds=2).dispatch(priority=1)
+    RecordOrDie("long", seconds=2, gate=str(gate)).dispatch(priority=1)
     workers = fleet("--sleep", "0.2", env=chaos_env(JOBGUARD_COMPLETION_WINDOW="30",
                                                     JOBGUARD_RETRY_AFTER="2"))
     (first,) = workers.start(1)
     wait_for(lambda: len(_runs("long")) == 1, timeout=60, what="the long job started")
     assert _runs("done")[0].ended_at is not None
     workers.kill(first)
+    gate.touch()
     assert QueuedJob.objects.filter(id=done.id).exists()  # its ack was not written
 
     workers.start(1)  # takes the rows once their lease (2 s) ran out

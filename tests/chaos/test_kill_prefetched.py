@@ -30,6 +30,7 @@ from django_jobguard import dispatch, dispatch_many
 from django_jobguard.models import QUIET, FailedJob, QueuedJob
 from django_jobguard.models import Worker as WorkerRow
 from django_jobguard.operations import pausing
+from tests.chaos.conftest import stopped
 from tests.support import MANAGE, ROOT, async_jobs, jobs, wait_for, worker_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -41,10 +42,10 @@ SECONDS = 0.02  # short jobs: the buffer keeps up to one row per slot ready
 MODES = {"threads-4": ("--threads", "4"), "async-4": ("--async-concurrency", "4")}
 
 
-def _record(mode: str, label: str, key: str, seconds: float):
+def _record(mode: str, label: str, key: str, seconds: float, gate: str = ""):
     if mode.startswith("async"):
-        return async_jobs.AsyncRecord(label, key=key, seconds=seconds)
-    return jobs.Record(label, key=key, seconds=seconds)
+        return async_jobs.AsyncRecord(label, key=key, seconds=seconds, gate=gate)
+    return jobs.Record(label, key=key, seconds=seconds, gate=gate)
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, object]:
@@ -85,22 +86,18 @@ def _holds_buffered_rows(label: str) -> bool:
             and QueuedJob.objects.filter(reserved_at__isnull=False, attempts=0).exists())
 
 
-def _stopped(pid: int) -> bool:
-    """Whether the process ``pid`` is stopped (SIGSTOP took effect)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
 @contextlib.contextmanager
-def _buffering(mode: str, label: str, *, frozen: bool = False,
+def _buffering(mode: str, label: str, *, frozen: bool = False, gate: str = "",
                ) -> Iterator[tuple[set[str], subprocess.Popen, Any]]:
     """``TOTAL`` short jobs and a worker (``--tries 1``) that holds some in its buffer: the
     jobs' ids, the worker and its log; the worker is killed and its log closed after.
     ``frozen``: the worker is stopped (SIGSTOP) when it is handed over, and its buffer was
     seen holding rows while it was stopped (a buffer turns over every 20 ms: seen running,
-    it may have started them all before the caller acts)."""
-    ids = {h.id for h in dispatch_many([_record(mode, label, str(i), SECONDS)
-                                        for i in range(TOTAL)])}
+    it may have started them all before the caller acts). ``gate``: the jobs after the
+    first quarter wait for that file, so the worker stops there, its buffer full."""
+    ids = {h.id for h in dispatch_many([
+        _record(mode, label, str(i), SECONDS, gate if i >= TOTAL // 4 else "")
+        for i in range(TOTAL)])}
     first, log = _start("--tries", "1", *MODES[mode])
     try:
         for _ in range(20):
@@ -110,7 +107,7 @@ def _buffering(mode: str, label: str, *, frozen: bool = False,
             if not frozen:
                 break
             os.killpg(first.pid, signal.SIGSTOP)
-            wait_for(lambda: _stopped(first.pid), timeout=10, interval=0.01,
+            wait_for(lambda: stopped(first.pid), timeout=10, interval=0.01,
                      what="the worker stopped")
             if _holds_buffered_rows(label):
                 break
@@ -162,10 +159,14 @@ def test_rows_buffered_by_a_killed_worker_run_later_on_their_first_attempt(mode)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode):
+def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode, tmp_path):
     label = f"prefetch-stop-{mode}"
-    with _buffering(mode, label) as (ids, first, log):
+    # The jobs wait at a gate opened once the SIGTERM was sent: the stop comes before the
+    # end however slow the test process (400 jobs of 20 ms, about 2 s, were a hope).
+    gate = tmp_path / "gate"
+    with _buffering(mode, label, gate=str(gate)) as (ids, first, log):
         os.killpg(first.pid, signal.SIGTERM)
+        gate.touch()
         assert first.wait(timeout=60) == 0, _log_of(first, log)
     # Nothing held any more (no lease to wait for), no attempt used by a row not run.
     assert not QueuedJob.objects.filter(reserved_at__isnull=False).exists()
@@ -182,9 +183,13 @@ def test_a_graceful_stop_gives_the_buffered_rows_back_at_once(mode):
 
 
 @pytest.mark.parametrize("mode", ["threads-2", "async-2"])
-def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
-    """A short job waits in the buffer behind a long one for about three leases (2 s): the
+def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode, tmp_path):
+    """A short job waits in the buffer behind a long one past its lease (2 s): the
     heartbeat renews its lease, so a second worker started meanwhile never takes it."""
+    # The long ones wait at a gate opened once the second worker is up past the short row's
+    # first lease: with 6 s jobs a stalled test process started the second worker after the
+    # short one had run, and nothing was checked.
+    gate = tmp_path / "gate"
     # (``--threads 1`` is the solo executor: one job at a time in the main thread)
     args = ("--threads", "2") if mode == "threads-2" else ("--async-concurrency", "2")
     env = {"JOBGUARD_RETRY_AFTER": "2", "JOBGUARD_DEFAULT_TIMEOUT": "0"}
@@ -195,7 +200,8 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
         # Short jobs first: the buffer's target (one row) needs a recent average.
         dispatch_many([_record(mode, label, f"warm-{i}", 0.0) for i in range(20)])
         wait_for(lambda: not QueuedJob.objects.exists(), timeout=60)
-        dispatch_many([_record(mode, label, "long", 6.0) for _ in range(2)])  # both slots
+        dispatch_many([_record(mode, label, "long", 0.5, str(gate))
+                       for _ in range(2)])  # both slots
         wait_for(lambda: JobRun.objects.filter(label=label, key="long").count() == 2,
                  timeout=30)
         short = dispatch(_record(mode, label, "short", 0.0))
@@ -203,9 +209,17 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
                  .exists(), timeout=10, what="the short job buffered")
         reserved = QueuedJob.objects.get(id=short.id)
         assert reserved.attempts == 0  # buffered: claimed ahead, not started
-        # Without renewal its 2 s lease would run out while "long" runs (6 s), and this
-        # idle worker would take it.
+        # Without renewal its 2 s lease would run out while "long" runs, and this idle
+        # worker would take it.
         second, second_log = _start("--tries", "1", *args, env=env)
+        seen = wait_for(lambda: WorkerRow.objects.filter(
+            pid=second.pid, last_seen_at__gt=reserved.available_at).values_list(
+            "last_seen_at", flat=True).first(), timeout=30,
+            what="the second worker up after the short row's first lease ran out")
+        # One more heartbeat of it: it had claim rounds (--sleep 0.2) meanwhile.
+        wait_for(lambda: WorkerRow.objects.filter(pid=second.pid, last_seen_at__gt=seen)
+                 .exists(), timeout=30, what="another heartbeat of the second worker")
+        gate.touch()
         wait_for(lambda: not QueuedJob.objects.exists(), timeout=30)
     finally:
         for proc, out in ((first, log), (second, second_log)):
@@ -220,7 +234,7 @@ def test_a_buffered_row_keeps_its_lease_past_the_lease_time(mode):
 
 
 @pytest.mark.parametrize("how", ["pause", "quiet"])
-def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(how):
+def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(how, tmp_path):
     """Two long jobs fill the slots of ``--threads 2``; the short jobs dispatched then wait in
     the buffer. A pause of their queue (checked once a second) or a quiet command (read by
     the heartbeat) puts them back, unreserved and with no attempt used; the long jobs finish."""
@@ -230,7 +244,10 @@ def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(h
     try:
         dispatch_many([jobs.Record(label, key=f"warm-{i}") for i in range(20)])
         wait_for(lambda: not QueuedJob.objects.exists(), timeout=60)
-        dispatch_many([jobs.Record(label, key="long", seconds=5.0) for _ in range(2)])
+        # The long jobs wait at a gate opened once the rows were given back: they fill the
+        # slots until then however slow the test process (5 s each was a hope).
+        gate = tmp_path / "gate"
+        dispatch_many([jobs.Record(label, key="long", gate=str(gate)) for _ in range(2)])
         wait_for(lambda: JobRun.objects.filter(label=label, key="long").count() == 2,
                  timeout=30)
         short = {h.id for h in dispatch_many([jobs.Record(label, key=f"short-{i}")
@@ -245,6 +262,7 @@ def test_pausing_the_queue_or_quieting_the_worker_gives_the_buffered_rows_back(h
         wait_for(lambda: QueuedJob.objects.filter(id__in=short, reserved_at__isnull=True,
                                                   attempts=0).count() == 2,
                  timeout=10, what="the buffered rows given back")
+        gate.touch()
         # The long jobs were not disturbed; the short ones did not run here.
         wait_for(lambda: JobRun.objects.filter(label=label, key="long",
                                                ended_at__isnull=False).count() == 2,

@@ -52,14 +52,18 @@ pytestmark = [
 ]
 
 
-def test_redis_restart_loses_no_job_and_leaves_no_stale_lock(fleet, private_redis):
+def test_redis_restart_loses_no_job_and_leaves_no_stale_lock(fleet, private_redis, tmp_path):
     total = 300
-    handles = dispatch_many([chaos_jobs.UniqueRecord(str(i)) for i in range(total)])
+    # The second half waits at a gate opened once Redis is down: some jobs are left to run
+    # without it however slow the test process (300 jobs of 10 ms could all end first).
+    gate = tmp_path / "gate"
+    handles = dispatch_many([chaos_jobs.UniqueRecord(str(i), str(gate) if i >= total // 2
+                                                     else "") for i in range(total)])
     assert all(handles)
     workers = fleet("--sleep", "0.2", env=chaos_env(JOBGUARD_REDIS_URL=private_redis.url,
                                                     JOBGUARD_STORE="redis"))
     procs = workers.start(2)
-    private_redis.restart_midway("unique", total, finished_meanwhile=10)
+    private_redis.restart_midway("unique", total, finished_meanwhile=10, gate=gate)
     assert_unique_jobs_outlived_the_restart(workers, procs, handles, "unique")
     # no lock outlived its job: every key can be dispatched again
     again = dispatch_many([chaos_jobs.UniqueRecord(str(i)) for i in range(total)])

@@ -38,13 +38,19 @@ def test_async_jobs_await_at_once_beside_sync_jobs_of_the_same_queue(workers):
     assert not QueuedJob.objects.exists() and not FailedJob.objects.exists()
 
 
-def test_an_overlap_lock_shorter_than_the_job_is_renewed_while_it_awaits(workers):
+def test_an_overlap_lock_shorter_than_the_job_is_renewed_while_it_awaits(workers, tmp_path):
     # ttl 1 s, each job awaits 3 s: without renewal the lock would expire under the first and
-    # let the second in after 1 s.
-    async_long_jobs.AsyncRenewed("first", seconds=3).dispatch()
-    async_long_jobs.AsyncRenewed("second", seconds=3).dispatch()
+    # let the second in after 1 s. The one that runs first also waits at a gate until the
+    # other was refused five times (claimed six), so the refusals counted below happened
+    # however slow the worker (3 s of awaiting alone was a hope for five).
+    gate = tmp_path / "gate"
+    handles = [async_long_jobs.AsyncRenewed(label, seconds=3, gate=str(gate)).dispatch()
+               for label in ("first", "second")]
     pool = workers(1, "--async-concurrency", "4", "--sleep", "0.05", "--max-time", "120",
                    env=worker_env(JOBGUARD_EXTRA_JOB_MODULES="tests.support.async_long_jobs"))
+    wait_for(lambda: QueuedJob.objects.filter(id__in=[h.id for h in handles], claims__gte=6)
+             .exists(), timeout=60, what="one job refused five times")
+    gate.touch()
     wait_for(lambda: JobRun.objects.filter(key="renewed", ended_at__isnull=False).count() == 2,
              timeout=90, what="both jobs to run")
     pool.procs[0].terminate()  # SIGTERM: a graceful stop

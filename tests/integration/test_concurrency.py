@@ -28,12 +28,16 @@ def test_each_job_runs_exactly_once_across_workers(workers):
     assert not WorkerRow.objects.exists()  # workers deregistered on exit
 
 
-def test_sigterm_finishes_the_current_job_then_exits_zero(workers):
-    jobs.Record("slow", seconds=1.5).dispatch()
+def test_sigterm_finishes_the_current_job_then_exits_zero(workers, tmp_path):
+    # The slow job waits at a gate opened only once the SIGTERM was sent, so the signal lands
+    # while it runs however slow the test process is (1.5 s of sleep was a hope).
+    gate = tmp_path / "gate"
+    jobs.Record("slow", seconds=0.2, gate=str(gate)).dispatch()
     jobs.Record("after").dispatch()
     pool = workers(1, "--sleep", "0.1")
     wait_for(lambda: JobRun.objects.filter(label="slow").exists())
     pool.procs[0].send_signal(signal.SIGTERM)
+    gate.touch()
     pool.wait(30)
     run = JobRun.objects.get(label="slow")
     assert run.ended_at is not None  # it finished its job

@@ -16,8 +16,12 @@ from tests.support.processes import worker_env
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def test_quiet_then_stop_a_live_worker(workers):
-    dispatch(jobs.Record("long", seconds=3), queue="console")
+def test_quiet_then_stop_a_live_worker(workers, tmp_path):
+    # The long job waits at a gate opened once the worker is quiet and a job waits behind it:
+    # it runs to its end while quieted, however slow the machine (3 s of sleep against a
+    # heartbeat of 2 s was a hope).
+    gate = tmp_path / "gate"
+    dispatch(jobs.Record("long", seconds=0.2, gate=str(gate)), queue="console")
     pool = workers(1, "--queue", "console", "--sleep", "0.2", "--max-time", "120",
                    env=worker_env(JOBGUARD_RETRY_AFTER="6", JOBGUARD_DEFAULT_TIMEOUT="5"))
     wait_for(lambda: JobRun.objects.filter(label="long").exists(), what="the long job started")
@@ -26,6 +30,8 @@ def test_quiet_then_stop_a_live_worker(workers):
     wait_for(lambda: WorkerRow.objects.get(id=worker_id).state == "quiet", timeout=20,
              what="the worker saw the quiet at its heartbeat")
     later = dispatch(jobs.Record("later"), queue="console").id
+    assert JobRun.objects.get(label="long").ended_at is None  # quieted while it runs
+    gate.touch()
     wait_for(lambda: JobRun.objects.get(label="long").ended_at is not None, timeout=20,
              what="the running job finished")
     # Two more heartbeats after the job ended: a claim would have happened by then.

@@ -64,10 +64,18 @@ def test_gunicorn_runs_jobs_in_its_workers_and_drains_them_on_sigterm(env, tmp_p
         jobs.Record("quick").dispatch()
         wait_for(lambda: JobRun.objects.filter(label="quick", ended_at__isnull=False).exists(),
                  what="a job run by the web server's process")
-        jobs.Record("slow", seconds=2.0).dispatch()
-        wait_for(lambda: JobRun.objects.filter(label="slow").exists(), what="the slow job running")
+        # The slow job waits at a gate opened only once its process is exiting: it is still
+        # running when the shutdown begins, however slow the machine (2 s of sleep was a hope).
+        gate = tmp_path / "gate"
+        jobs.Record("slow", seconds=0.2, gate=str(gate)).dispatch()
+        running = wait_for(lambda: JobRun.objects.filter(label="slow").first(),
+                           what="the slow job running")
 
         server.send_signal(signal.SIGTERM)
+        exiting = f"Worker exiting (pid: {running.pid})"
+        wait_for(lambda: exiting in (tmp_path / "gunicorn.log").read_text(),
+                 what="the slow job's process exiting")
+        gate.touch()
         assert server.wait(timeout=60) == 0
     finally:
         if server.poll() is None:

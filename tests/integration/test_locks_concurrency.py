@@ -88,12 +88,19 @@ def test_fencing_tokens_are_unique_and_increase_under_contention(store_alias, tm
         assert all(b > a for a, b in zip(r["tokens"], r["tokens"][1:], strict=False))
 
 
-def test_no_two_jobs_on_one_overlap_key_ever_run_at_once(store_alias, workers):
+def test_no_two_jobs_on_one_overlap_key_ever_run_at_once(store_alias, workers, tmp_path):
     total, processes = (2000, 8) if POSTGRES else (400, 4)
     keys = [f"k{n}" for n in range(20)]
-    dispatch_many([Overlap(keys[i % 20], label="storm", seconds=0.002, expire_after=60)
-                   for i in range(total)])
-    workers(processes, "--stop-when-empty", "--sleep", "0.1").wait(600)
+    # The jobs wait at a gate until two workers run one: the first worker up could drain the
+    # queue alone while the others still start on a loaded machine (spread was a hope).
+    gate = tmp_path / "gate"
+    dispatch_many([Overlap(keys[i % 20], label="storm", seconds=0.002, expire_after=60,
+                           gate=str(gate)) for i in range(total)])
+    pool = workers(processes, "--stop-when-empty", "--sleep", "0.1")
+    wait_for(lambda: len(set(JobRun.objects.filter(label="storm").values_list("pid", flat=True)))
+             >= 2, timeout=120, what="two workers running jobs")
+    gate.touch()
+    pool.wait(600)
     runs = list(JobRun.objects.filter(label="storm").values("key", "job_id", "started_at",
                                                              "ended_at", "token", "pid"))
     assert len(runs) == total

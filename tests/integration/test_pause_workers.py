@@ -35,13 +35,17 @@ def test_workers_skip_a_paused_queue_and_serve_it_after_resume(workers):
         "0", "1", "2", "3"]
 
 
-def test_a_running_job_finishes_and_the_next_one_waits(workers):
-    dispatch(jobs.Record("long", seconds=1.5), queue="work")
+def test_a_running_job_finishes_and_the_next_one_waits(workers, tmp_path):
+    # The long job waits at a gate opened once the queue is paused: it is still running then
+    # however slow the test process is (1.5 s of sleep was a hope).
+    gate = tmp_path / "gate"
+    dispatch(jobs.Record("long", seconds=0.2, gate=str(gate)), queue="work")
     dispatch(jobs.Record("next"), queue="work")
     pool = workers(1, "--queue", "work", "--sleep", "0.2", "--stop-when-empty",
                    "--max-time", "120")
     wait_for(lambda: JobRun.objects.filter(label="long").exists(), what="the long job started")
     operations.pause("work")
+    gate.touch()
     pool.wait(60)  # its next claim finds the paused queue empty: --stop-when-empty exits
     long_run = JobRun.objects.get(label="long")
     assert long_run.ended_at is not None  # it finished, it was not cut off
@@ -50,13 +54,18 @@ def test_a_running_job_finishes_and_the_next_one_waits(workers):
     assert (left.attempts, left.reserved_by) == (0, "")
 
 
-def test_an_unstarted_batch_is_given_back_when_its_queue_is_paused(workers):
-    dispatch_many([jobs.Record("batch", key=str(n), seconds=1.5) for n in range(3)],
-                  queue="batched")
+def test_an_unstarted_batch_is_given_back_when_its_queue_is_paused(workers, tmp_path):
+    # The first of the batch waits at a gate opened once the queue is paused, so the second
+    # has not started then however slow the test process is (1.5 s each, and no gate, was a
+    # hope); its 1.5 s after the gate let the worker look at the pause (once a second).
+    gate = tmp_path / "gate"
+    dispatch_many([jobs.Record("batch", key=str(n), seconds=1.5, gate=str(gate))
+                   for n in range(3)], queue="batched")
     pool = workers(1, "--queue", "batched", "--batch", "3", "--sleep", "0.2",
                    "--stop-when-empty", "--max-time", "120")
     wait_for(lambda: JobRun.objects.filter(label="batch").exists(), what="the batch started")
     operations.pause("batched")
+    gate.touch()
     pool.wait(60)
     assert JobRun.objects.filter(label="batch").count() == 1
     assert JobRun.objects.get(label="batch").ended_at is not None

@@ -68,12 +68,18 @@ def test_a_second_ctrl_c_stops_at_once_and_the_job_goes_back_unused(worker):
     assert "RELEASED" in output and "worker_stop, retry in 0 s" in output
 
 
-def test_repeated_sigterms_let_the_job_finish(worker):
-    jobs.Record("short", seconds=1.5).dispatch()
+def test_repeated_sigterms_let_the_job_finish(worker, tmp_path):
+    # The job waits at a gate opened once the signals were sent: they land while it runs
+    # however slow the test process is (1.5 s of sleep was a hope).
+    gate = tmp_path / "gate"
+    jobs.Record("short", seconds=0.2, gate=str(gate)).dispatch()
     real = worker()
     wait_for(lambda: JobRun.objects.filter(label="short").exists(), what="the job running")
     for _ in range(3):
         real.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "got SIGTERM; finishing the current job." in real.output(),
+             what="the shutdown message")
+    gate.touch()
     assert real.proc.wait(timeout=30) == 0
     output = real.output()
     assert JobRun.objects.get(label="short").ended_at is not None, output

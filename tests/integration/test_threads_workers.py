@@ -56,13 +56,18 @@ def test_without_overlapping_jobs_on_three_keys_never_overlap_per_key(
     assert not any(LOCKED in out for out in outputs)
 
 
-def test_sigterm_with_twenty_jobs_in_flight_finishes_them_and_takes_no_more(workers):
-    dispatch_many([jobs.Record("flight", key=str(i), seconds=1.5) for i in range(20)])
+def test_sigterm_with_twenty_jobs_in_flight_finishes_them_and_takes_no_more(workers, tmp_path):
+    # The twenty wait at a gate opened once the SIGTERM was sent: all are in flight then,
+    # however slow the test process or the worker (1.5 s each was a hope).
+    gate = tmp_path / "gate"
+    dispatch_many([jobs.Record("flight", key=str(i), seconds=0.2, gate=str(gate))
+                   for i in range(20)])
     pool = workers(1, "--threads", "20", "--sleep", "0.1")
     wait_for(lambda: JobRun.objects.filter(label="flight").count() == 20, timeout=60,
              what="20 jobs running")
     dispatch_many([jobs.Record("later", key=str(i)) for i in range(5)])
     pool.procs[0].send_signal(signal.SIGTERM)
+    gate.touch()
     out = pool.wait(60)[0]
     assert JobRun.objects.filter(label="flight", ended_at__isnull=False).count() == 20
     assert not JobRun.objects.filter(label="later").exists()
@@ -154,20 +159,29 @@ def test_weighted_queues_share_one_slot_three_to_one(workers):
     assert order[:8] == ["high", "high", "default", "high"] * 2
 
 
-def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(workers):
+def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(
+        workers, tmp_path):
     """--concurrency 2 --threads 3 with a 3 s lease and 4 s jobs: without the heartbeat
     renewing every running job's lease they would run twice."""
+    # The jobs wait at a gate (then take their 4 s) until a row showed three of them and
+    # both processes run some: a stalled process could see them all end first, or the other
+    # take all six (4 s each was a hope).
+    gate = tmp_path / "gate"
     env = worker_env(JOBGUARD_RETRY_AFTER="3", JOBGUARD_DEFAULT_TIMEOUT="0")
     # --async-concurrency 1: the test jobs include async ones, and a sync row claimed for a
     # free async slot waits for a thread; with one such slot each process claims at most 4.
     pool = workers(1, "--concurrency", "2", "--threads", "3", "--async-concurrency", "1",
                    "--sleep", "0.1", env=env)
     wait_for(lambda: WorkerRow.objects.count() == 2, timeout=60, what="two workers up")
-    dispatch_many([jobs.Record("long", key=str(i), seconds=4) for i in range(6)])
+    dispatch_many([jobs.Record("long", key=str(i), seconds=4, gate=str(gate))
+                   for i in range(6)])
     shown = wait_for(lambda: [row.current_job.split(",") for row in WorkerRow.objects.all()
                               if row.current_job.count(",") == 2], timeout=60,
                      what="a worker row listing its three running jobs")
     assert set(shown[0]) <= {str(i) for i in QueuedJob.objects.values_list("id", flat=True)}
+    wait_for(lambda: len(set(JobRun.objects.filter(label="long").values_list("pid", flat=True)))
+             == 2, timeout=60, what="both processes running jobs")
+    gate.touch()
     wait_for(lambda: JobRun.objects.filter(label="long", ended_at__isnull=False).count() == 6,
              timeout=120, what="the six jobs ran")
     pool.procs[0].send_signal(signal.SIGTERM)
@@ -178,25 +192,31 @@ def test_processes_of_threads_renew_every_running_jobs_lease_and_show_them_all(w
     assert not QueuedJob.objects.exists()
 
 
-def test_a_row_waiting_for_a_thread_is_not_followed_by_more_claims(workers):
+def test_a_row_waiting_for_a_thread_is_not_followed_by_more_claims(workers, tmp_path):
     """--threads 3 --async-concurrency 1 and six sync jobs of 4 s: the worker holds four rows
     (three running, one claimed for the async slot waiting for a thread) and claims no more
     while that row waits, so another worker can take the other two. (With the prefetch
     buffer it once claimed again for the "free" async slot, one sync row at a time, until it
     held the whole queue.)"""
+    # The jobs wait at a gate until the test has watched: none ends meanwhile however slow
+    # the machine (4 s each was a hope: a stalled test saw them end and the rows move on).
+    gate = tmp_path / "gate"
     env = worker_env(JOBGUARD_DEFAULT_TIMEOUT="0")
     pool = workers(1, "--threads", "3", "--async-concurrency", "1", "--sleep", "0.05",
                    env=env)
     wait_for(lambda: WorkerRow.objects.count() == 1, timeout=60, what="the worker up")
-    dispatch_many([jobs.Record("held", key=str(i), seconds=4) for i in range(6)])
+    dispatch_many([jobs.Record("held", key=str(i), gate=str(gate)) for i in range(6)])
     wait_for(lambda: JobRun.objects.filter(label="held").count() == 3, timeout=30,
              what="three jobs running")
+    wait_for(lambda: QueuedJob.objects.exclude(reserved_by="").count() >= 4, timeout=30,
+             what="a fourth row claimed for the async slot")
     held = [QueuedJob.objects.exclude(reserved_by="").count()]
     for _ in range(20):  # watched for 1 s: twenty of the worker's claim rounds at --sleep 0.05
         time.sleep(0.05)
         held.append(QueuedJob.objects.exclude(reserved_by="").count())
     assert max(held) == 4, held
     pool.procs[0].send_signal(signal.SIGTERM)
+    gate.touch()
     pool.wait(60)
 
 

@@ -18,10 +18,13 @@ SEEN: list[tuple] = []
 
 class AsyncRecord(Job):
     """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between
-    (and the ``gate`` file first when one is given: see ``flow_jobs.wait_for_gate``)."""
+    (and the ``gate`` file first when one is given, with no time limit then: see
+    ``waiting.wait_for_gate``)."""
 
     def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
         self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
+        if gate:
+            self.timeout = 0  # held at the gate, it must not time out while the test looks
 
     async def handle(self):
         run = await JobRun.objects.acreate(

@@ -13,16 +13,17 @@ from django.utils import timezone
 
 from django_jobguard import Job, WithoutOverlapping
 from tests.support.async_jobs import SEEN
+from tests.support.waiting import await_gate
 
 
 class AsyncRenewed(Job):
-    """Holds a WithoutOverlapping lock whose ttl (1 s) is shorter than the job (``seconds``),
-    renewed while it awaits."""
+    """Holds a WithoutOverlapping lock whose ttl (1 s) is shorter than the job (the ``gate``
+    file awaited when given, then ``seconds``), renewed while it awaits."""
 
     timeout = 30
 
-    def __init__(self, label: str, seconds: float = 3.0):
-        self.label, self.seconds = label, seconds
+    def __init__(self, label: str, seconds: float = 3.0, gate: str = ""):
+        self.label, self.seconds, self.gate = label, seconds, gate
 
     def middleware(self):
         return [WithoutOverlapping("renewed", expire_after=1, renew=True, release_after=0.2)]
@@ -31,6 +32,8 @@ class AsyncRenewed(Job):
         run = await JobRun.objects.acreate(label=self.label, key="renewed", pid=os.getpid(),
                                            job_id=self.job_id or "", token=self.lock_token,
                                            started_at=timezone.now())
+        if self.gate:
+            await await_gate(self.gate)
         await asyncio.sleep(self.seconds)
         run.ended_at = timezone.now()
         await run.asave(update_fields=["ended_at"])

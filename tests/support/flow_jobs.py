@@ -10,6 +10,7 @@ from demo.models import JobRun
 from django.utils import timezone
 
 from django_jobguard import Batchable, Job
+from tests.support.waiting import wait_for_gate
 
 #: Labels whose ``Flaky`` job raises (in-process tests clear it to let a retry succeed;
 #: worker subprocesses take them from ``FLOW_FAILING``, comma-separated).
@@ -19,16 +20,6 @@ FAILING: set[str] = {label for label in os.environ.get("FLOW_FAILING", "").split
 def _record(job: Job, label: str) -> JobRun:
     return JobRun.objects.create(label=label, job_id=job.job_id or "", pid=os.getpid(),
                                  attempt=job.attempts(), started_at=timezone.now())
-
-
-def wait_for_gate(gate: str) -> None:
-    """Block until the file ``gate`` exists: a test holds the jobs that started until it has
-    looked (the gate is opened by creating the file), instead of hoping they are slow enough."""
-    deadline = time.monotonic() + 60
-    while not os.path.exists(gate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the gate {gate} was never opened")
-        time.sleep(0.01)
 
 
 class Step(Job):

@@ -9,21 +9,28 @@ from demo.models import JobRun, Profile
 from django.utils import timezone
 
 from django_jobguard import Job, job
+from tests.support.waiting import wait_for_gate
 
 # What in-process tests inspect (worker subprocesses record into JobRun instead).
 CALLS: list[tuple] = []
 
 
 class Record(Job):
-    """Records one JobRun row per execution: label, key, pid, attempt, start and end."""
+    """Records one JobRun row per execution: label, key, pid, attempt, start and end; waits
+    for the ``gate`` file first when one is given (see ``waiting.wait_for_gate``), with no
+    time limit then."""
 
-    def __init__(self, label: str, key: str = "", seconds: float = 0.0):
-        self.label, self.key, self.seconds = label, key, seconds
+    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
+        self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
+        if gate:
+            self.timeout = 0  # held at the gate, it must not time out while the test looks
 
     def handle(self):
         run = JobRun.objects.create(label=self.label, key=self.key, job_id=self.job_id or "",
                                     pid=os.getpid(), attempt=self.attempts(),
                                     token=self.lock_token, started_at=timezone.now())
+        if self.gate:
+            wait_for_gate(self.gate)
         if self.seconds:
             time.sleep(self.seconds)
         run.ended_at = timezone.now()

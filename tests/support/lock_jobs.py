@@ -26,15 +26,19 @@ from django_jobguard import (
     without_overlapping,
 )
 from django_jobguard.stores import get_store
+from tests.support.waiting import wait_for_gate
 
 # What in-process tests inspect besides JobRun rows.
 EVENTS: list[tuple] = []
 
 
-def record(job: Job, label: str, key: str = "", seconds: float = 0.0) -> JobRun:
+def record(job: Job, label: str, key: str = "", seconds: float = 0.0,
+           gate: str = "") -> JobRun:
     run = JobRun.objects.create(label=label, key=key, job_id=job.job_id or "", pid=os.getpid(),
                                 attempt=job.attempts(), token=job.lock_token,
                                 started_at=timezone.now())
+    if gate:
+        wait_for_gate(gate)
     if seconds:
         time.sleep(seconds)
     run.ended_at = timezone.now()
@@ -117,23 +121,27 @@ class UniqueProfileDrop(UniqueProfile):
 
 
 class Overlap(Job):
-    """WithoutOverlapping(key) with the options given; records its run and token."""
+    """WithoutOverlapping(key) with the options given; records its run and token (waiting for
+    the ``gate`` file, when given, with no time limit)."""
 
     tries = 1
 
     def __init__(self, key: str, label: str = "overlap", seconds: float = 0.0,
                  expire_after: float = 30, release_after: float = 0, shared: bool = False,
-                 dont_release: bool = False, renew: bool = False, outcome: str = "ok"):
-        self.key, self.label, self.seconds = key, label, seconds
+                 dont_release: bool = False, renew: bool = False, outcome: str = "ok",
+                 gate: str = ""):
+        self.key, self.label, self.seconds, self.gate = key, label, seconds, gate
         self.options = {"expire_after": expire_after, "release_after": release_after,
                         "shared": shared, "dont_release": dont_release, "renew": renew}
         self.outcome = outcome
+        if gate:
+            self.timeout = 0  # held at the gate, it must not time out while the test looks
 
     def middleware(self):
         return [WithoutOverlapping(self.key, **self.options)]
 
     def handle(self):
-        run = record(self, self.label, self.key, self.seconds)
+        run = record(self, self.label, self.key, self.seconds, gate=self.gate)
         EVENTS.append((self.label, self.key, self.lock_token))
         if self.outcome == "raise":
             raise RuntimeError("boom")

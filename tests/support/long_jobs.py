@@ -11,6 +11,7 @@ from demo.models import JobRun
 from django.utils import timezone
 
 from django_jobguard import IterableJob, Job, job
+from tests.support.waiting import wait_for_gate
 
 
 class DebouncedRecord(Job):
@@ -202,19 +203,23 @@ class BadCursor(IterableJob):
 
 class ThreeSteps(IterableJob):
     """Three named steps, each writing a ``JobRun`` row (label = the step) and sleeping
-    ``seconds`` inside its transaction: a SIGKILL lands between the statements of a step."""
+    ``seconds`` inside its transaction: a SIGKILL lands between the statements of a step.
+    With ``gate``, the last step also waits for that file there (the job cannot end before
+    the test opens it)."""
 
     steps = ("fetch", "transform", "load")
     tries = 0
     timeout = 0
 
-    def __init__(self, key: str, seconds: float = 0.0):
-        self.key, self.seconds = key, seconds
+    def __init__(self, key: str, seconds: float = 0.0, gate: str = ""):
+        self.key, self.seconds, self.gate = key, seconds, gate
 
     def _write(self, step: str) -> None:
         JobRun.objects.create(label=step, key=self.key, job_id=self.job_id or "",
                               pid=os.getpid(), attempt=self.attempts(),
                               started_at=timezone.now())
+        if self.gate and step == self.steps[-1]:
+            wait_for_gate(self.gate)
         time.sleep(self.seconds)
         JobRun.objects.filter(label=step, key=self.key).update(ended_at=timezone.now())
 

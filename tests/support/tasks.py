@@ -14,6 +14,7 @@ from demo.models import JobRun
 from django.utils import timezone
 
 from django_jobguard import JobMiddleware
+from tests.support.waiting import wait_for_gate
 
 try:
     from django.tasks import task
@@ -31,9 +32,12 @@ else:
     guarded_task = task
 
 
-def _record(label: str, key: str = "", seconds: float = 0.0, attempt: int = 0) -> JobRun:
+def _record(label: str, key: str = "", seconds: float = 0.0, attempt: int = 0,
+            gate: str = "") -> JobRun:
     run = JobRun.objects.create(label=label, key=key, pid=os.getpid(), attempt=attempt,
                                 started_at=timezone.now())
+    if gate:
+        wait_for_gate(gate)
     if seconds:
         time.sleep(seconds)
     run.ended_at = timezone.now()
@@ -66,8 +70,8 @@ if task is not None:
         return a + b
 
     @task(queue_name="tasks", priority=5)
-    def record(label: str, key: str = "", seconds: float = 0.0) -> str:
-        return str(_record(label, key, seconds).pk)
+    def record(label: str, key: str = "", seconds: float = 0.0, gate: str = "") -> str:
+        return str(_record(label, key, seconds, gate=gate).pk)
 
     @task(takes_context=True)
     def with_context(context, label: str) -> dict:

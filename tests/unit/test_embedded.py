@@ -65,12 +65,21 @@ def test_a_servers_first_request_starts_the_threads_and_they_run_jobs(settings, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_stop_waits_for_the_running_job(settings, outside_tests):
+def test_stop_waits_for_the_running_job(settings, outside_tests, tmp_path):
     settings.JOBGUARD = {**settings.JOBGUARD, "EMBEDDED_WORKER": {**CONFIG, "threads": 1}}
-    jobs.Record("slow", seconds=1.0).dispatch()
-    embedded.start()
+    # The job waits at a gate opened once the stop was asked for: it still runs then however
+    # slow the test is (1 s of sleep was a hope: a job done before stop() checked nothing).
+    gate = tmp_path / "gate"
+    jobs.Record("slow", seconds=0.2, gate=str(gate)).dispatch()
+    started = embedded.start()
     wait_for(lambda: JobRun.objects.filter(label="slow").exists(), what="the job running")
-    assert embedded.stop(30) is True
+    stopped: list[bool] = []
+    stopping = threading.Thread(target=lambda: stopped.append(embedded.stop(30)))
+    stopping.start()
+    wait_for(lambda: started.workers[0].run_state == "stopping", what="the stop asked for")
+    gate.touch()
+    stopping.join(60)
+    assert stopped == [True]
     run = JobRun.objects.get(label="slow")
     assert run.ended_at is not None  # finished, not cut off
     assert not QueuedJob.objects.exists()

@@ -307,13 +307,17 @@ def test_prune_results_keeps_recent_and_unfinished_ones():
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_real_workers_run_many_tasks_and_results_show_running(workers):
-    slow = tasks.record.enqueue("slow", seconds=1.5)
+def test_real_workers_run_many_tasks_and_results_show_running(workers, tmp_path):
+    # The slow task waits at a gate opened once its result was read: it is still running
+    # then however slow the test process is (1.5 s of sleep was a hope).
+    gate = tmp_path / "gate"
+    slow = tasks.record.enqueue("slow", seconds=0.2, gate=str(gate))
     results = [tasks.add.enqueue(i, i) for i in range(30)]
     pool = workers(2, "--queue", "tasks,default", "--stop-when-empty", "--sleep", "0.1")
     wait_for(lambda: JobRun.objects.filter(label="slow").exists())
     slow.refresh()
     assert slow.status == TaskResultStatus.RUNNING and slow.started_at is not None
+    gate.touch()
     pool.wait(120)
     slow.refresh()
     assert slow.status == TaskResultStatus.SUCCESSFUL and slow.finished_at > slow.started_at

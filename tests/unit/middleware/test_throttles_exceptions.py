@@ -128,18 +128,22 @@ def test_other_classes_sharing_by_are_held_and_others_are_not(store_alias, relea
 
 
 def test_half_open_lets_one_probe_through_failure_reopens_success_resets(
-        store_alias, monkeypatch):
-    configure(monkeypatch, ["fail", "fail", "fail", "fail", "ok"], decay_seconds=0.5)
+        store_alias, monkeypatch, jobguard_clock):
+    # The decays pass on the test clock: with decay_seconds=0.5 a test stalled half a second
+    # saw the reopened circuit half-open again (and the second job run as a new probe).
+    configure(monkeypatch, ["fail", "fail", "fail", "fail", "ok"])  # decay 60 s
     Flaky("first").dispatch()
     assert run_rounds(3) == ["RELEASED"] * 3
     assert circuit().state == "open"
-    wait_for(lambda: circuit().state == "half-open", timeout=10)
+    jobguard_clock.advance(60)
+    assert circuit().state == "half-open"
     Flaky("second").dispatch()
     make_due()
     states = work()  # the first job claimed is the probe; it fails and reopens the circuit
     assert states[0] == "RELEASED" and circuit().state == "open" and circuit().hits == 4
     assert len(limit_jobs.CALLS) == 4  # only the probe ran
-    wait_for(lambda: circuit().state == "half-open", timeout=10)
+    jobguard_clock.advance(60)
+    assert circuit().state == "half-open"
     make_due()
     assert sorted(work()) == ["DONE", "DONE"]  # the probe succeeded, then the other ran
     assert circuit() is None  # reset
