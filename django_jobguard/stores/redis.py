@@ -406,8 +406,13 @@ class RedisStore(Store):
                     out.append(self._info(key[len(self.prefix):], data, pttl, now))
         return out
 
+    @_reachable
     def clean_expired(self) -> int:
-        return 0  # Redis drops expired keys itself
+        """0: Redis drops expired keys itself. The server is still asked (``PING``), so that
+        a store that cannot be reached says so (``StoreUnavailableError``) instead of
+        reporting that nothing was left to remove."""
+        self.client.ping()
+        return 0
 
     @_reachable
     def now(self) -> datetime.datetime:
