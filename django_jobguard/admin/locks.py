@@ -103,6 +103,11 @@ class StoreViewAdmin(admin.ModelAdmin):
             error = str(exc)
         except NotImplementedError:
             error = _("The store %(alias)s cannot list these entries yet.") % {"alias": alias}
+        except StoreUnavailableError as outage:  # expected: one line, not a traceback
+            logger.warning("Could not list store %s: it is unavailable (%s).", alias,
+                           outage.error_line)
+            error = _("Could not read the store %(alias)s: %(error)s") % {
+                "alias": alias, "error": outage.error_line}
         except Exception as exc:  # a store that is down must not take the admin page with it
             logger.exception("Listing store %s failed.", alias)
             error = _("Could not read the store %(alias)s: %(error)s") % {

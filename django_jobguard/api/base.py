@@ -83,13 +83,22 @@ class NotSupported(exceptions.APIException):
     default_code = "not_supported"
 
 
+#: The ``Retry-After`` (seconds) of a store outage's 503: about when the worker tries a job
+#: it put back for the same outage again (``pipeline.STORE_OUTAGE_DELAY`` plus its jitter,
+#: 2 to 5 s). No setting says how long a store stays down, so this is a hint, not a promise.
+STORE_RETRY_AFTER = 5
+
+
 class StoreUnavailable(exceptions.APIException):
     """A lock/throttle store could not be reached (``StoreUnavailableError``): a 503 that
-    names the store; the backend's error goes to the log, not to the client."""
+    names the store, with ``Retry-After: STORE_RETRY_AFTER``; the backend's error goes to the
+    log, not to the client."""
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "A store cannot be reached; try again later."
     default_code = "store_unavailable"
+    #: DRF's handler turns ``wait`` into ``Retry-After``, as for ``Throttled``'s 429.
+    wait = STORE_RETRY_AFTER
 
     @classmethod
     def of(cls, outage: StoreUnavailableError) -> StoreUnavailable:

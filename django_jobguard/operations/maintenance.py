@@ -15,7 +15,7 @@ from django_jobguard import history, results, unique_jobs
 from django_jobguard.conf import jobguard_settings, queue_database
 from django_jobguard.dialects.base import load_payload
 from django_jobguard.envelope import unique_ref
-from django_jobguard.exceptions import PoisonRowError
+from django_jobguard.exceptions import PoisonRowError, StoreUnavailableError
 from django_jobguard.models import FailedJob, QueuedJob
 from django_jobguard.operations import audit
 from django_jobguard.operations.failed import failed_before
@@ -118,8 +118,13 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     this every minute; routine, so not in the audit log (one bulk DELETE each)."""
     using = queue_database(using)
     store = get_store()
-    locks = store.clean_expired()
-    throttles = store.clean_expired_throttles()
+    try:
+        locks = store.clean_expired()
+        throttles = store.clean_expired_throttles()
+    except StoreUnavailableError as outage:  # the queue's own chores do not wait for it
+        logger.warning("Housekeeping skipped the expired locks and throttles of store %s: it "
+                       "is unavailable (%s).", outage.store, outage.error_line)
+        locks = throttles = 0
     retention = result_retention()
     pruned = results.prune(older_than=retention, using=using) if retention else 0
     dead = dead_workers(using=using).delete()[0]

@@ -30,6 +30,7 @@ import datetime
 import functools
 import math
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -406,8 +407,13 @@ class RedisStore(Store):
                     out.append(self._info(key[len(self.prefix):], data, pttl, now))
         return out
 
+    @_reachable
     def clean_expired(self) -> int:
-        return 0  # Redis drops expired keys itself
+        """0: Redis drops expired keys itself. The server is still asked (``PING``), so that
+        a store that cannot be reached says so (``StoreUnavailableError``) instead of
+        reporting that nothing was left to remove."""
+        self.client.ping()
+        return 0
 
     @_reachable
     def now(self) -> datetime.datetime:
@@ -447,6 +453,19 @@ class RedisStore(Store):
     def _counter(self, source: str, keys: list[str], args: list[Any]) -> list[str]:
         return [_text(v) for v in self._script(source)(keys=keys, args=args)]
 
+    def _counter_once(self, source: str, keys: list[str], args: list[Any]) -> list[str]:
+        """:meth:`_counter` of a script that counts (a rate hit, a hit given back, a
+        circuit's outcome), applied at most once however often redis-py sends it: a
+        connection cut after the server ran it but before the reply came back makes
+        redis-py's retry (a ``RedisCluster``'s by default, a ``Retry`` configured on the
+        connection pool otherwise) send it again, which would count it twice. The script
+        keeps its reply under a key of its own for the call (:func:`_once`); a second run
+        finds it and answers the same without counting."""
+        call = _call_key(self.prefix, keys[0], uuid.uuid4().hex)
+        if journal.scopes:
+            journal.note(self, call)
+        return [_text(v) for v in self._script(_once(source))(keys=[*keys, call], args=args)]
+
     @_reachable
     def hit_rate_limits(self, windows: Sequence[RateWindow], *,
                         _at: int | None = None) -> RateDecision:
@@ -464,7 +483,8 @@ class RedisStore(Store):
         latest, order, cut = 0, sorted(groups), len(self.prefix)
         for index, slot in enumerate(order):
             stored = [self.prefix + key for key in groups[slot]]
-            reply = self._counter(_RATE_HIT, stored, _rate_args(groups[slot], merged, now_arg))
+            hit = self._counter_once if stored else self._counter  # (no window: a clock)
+            reply = hit(_RATE_HIT, stored, _rate_args(groups[slot], merged, now_arg))
             latest = max(latest, int(reply[1]))
             if reply[0] == "1":
                 if journal.scopes:  # written, and still there if given back below
@@ -475,7 +495,7 @@ class RedisStore(Store):
             # may have been refused meanwhile: a limit is never passed), and ask the slots
             # after, without hitting them, which of their windows refuse too and how long.
             for done, at in hits:
-                self._counter(_RATE_UNDO, done, [at])
+                self._counter_once(_RATE_UNDO, done, [at])
             wait, blocked = int(reply[2]), [key[cut:] for key in reply[3:]]
             for later in order[index + 1:]:
                 check = self._counter(_RATE_HIT, [self.prefix + key for key in groups[later]],
@@ -506,7 +526,7 @@ class RedisStore(Store):
             raise ValueError(f"unknown circuit outcome {outcome!r}")
         if journal.scopes:
             journal.note(self, self.prefix + key)
-        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [self.prefix + key], [
+        reply = self._counter_once(_CIRCUIT + _CIRCUIT_LEAVE, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay), outcome])
         return _circuit_decision(key, reply)
 
@@ -655,6 +675,41 @@ def _check_cache_topology(alias: str, cache: str, cache_config: dict[str, Any],
                         hint="Run 3 or more sentinels on separate hosts.",
                         id="jobguard.W140")]
     return []
+
+
+#: How long a counting script's reply is kept for a retry of the same call (milliseconds):
+#: longer than redis-py's retries take (a ``RedisCluster``'s 10 by default, backing off up
+#: to 1 s each, plus their socket timeouts). One small key per counting call lives that long.
+ONCE_TTL_MS = 60_000
+
+
+def _call_key(prefix: str, stored: str, call: str) -> str:
+    """The key a counting call keeps its reply under: ``<prefix>{<tag>}:call:<call>``, in
+    the hash slot of ``stored`` (its :func:`hash_tag`, or a tag of its slot when that has a
+    ``}``), outside ``<prefix>jobguard:`` so that no listing scans it."""
+    tag = hash_tag(stored)
+    if "}" in tag:
+        tag = _slot_tags()[key_slot(stored)]
+    return f"{prefix}{{{tag}}}:call:{call}"
+
+
+@functools.cache
+def _once(source: str) -> str:
+    """``source`` (a script whose ``KEYS`` are its own) run at most once per call: its last
+    key is the call's (:func:`_call_key`), taken off ``KEYS`` before ``source`` runs. A call
+    whose reply is kept there already (the same call sent again after a cut connection)
+    gets that reply, and ``source`` does not run again."""
+    return f"""
+local call = KEYS[#KEYS]
+KEYS[#KEYS] = nil
+local kept = redis.call('GET', call)
+if kept then return cjson.decode(kept) end
+local reply = (function()
+{source}
+end)()
+redis.call('SET', call, cjson.encode(reply), 'PX', {ONCE_TTL_MS})
+return reply
+"""
 
 
 def _rate_args(keys: list[str], merged: dict[str, Any], now: Any) -> list[Any]:

@@ -429,6 +429,30 @@ def test_an_action_on_a_store_that_cannot_be_reached_shows_an_error(admin_client
                f"unavailable" in r.getMessage() and not r.exc_info for r in caplog.records)
 
 
+@pytest.mark.parametrize("kind", ["database", "redis"])
+@pytest.mark.parametrize("page", [LOCKS, THROTTLES])
+def test_a_list_of_a_store_that_cannot_be_reached_logs_one_line(admin_client, caplog, kind,
+                                                                page):
+    """The lock and throttle lists of a store that is down show the error, and log it once as
+    a WARNING line without a traceback (an outage is expected, not a bug of the page); before,
+    ``logger.exception``: an ERROR with the traceback, on every load of the page."""
+    from tests.support.store_faults import store_down
+
+    with store_down(kind) as alias, caplog.at_level(logging.INFO):
+        response = admin_client.get(f"{page}?store={alias}")
+    assert response.status_code == 200
+    assert response.context["error"].startswith(f"Could not read the store {alias}: ")
+    assert "unavailable" not in response.context["error"]  # the backend's line, not ours
+    assert response.context["error"] in response.content.decode()
+    lines = [(r.name, r.levelno, r.getMessage(), r.exc_info) for r in caplog.records
+             if r.levelno >= logging.WARNING]
+    assert len(lines) == 1, lines
+    name, level, message, exc_info = lines[0]
+    assert (name, level, exc_info) == ("django_jobguard.admin", logging.WARNING, None)
+    assert message.startswith(f"Could not list store {alias}: it is unavailable (")
+    assert "\n" not in message
+
+
 def test_lock_pages_need_staff_and_model_permission(client):
     user_with("plain", staff=True)
     client.login(username="plain", password="pw")

@@ -1,5 +1,6 @@
 """The REST API while a lock/throttle store cannot be reached: a 503 ``store_unavailable``
-naming the store, and one warning line in the log. Before, ``StoreUnavailableError`` left the
+naming the store, with ``Retry-After`` (before, none: a client had no hint when to come
+back), and one warning line in the log. Before, ``StoreUnavailableError`` left the
 views unhandled: a 500 with a traceback logged at ERROR.
 
 Each store kind is taken down as the store tests do (tests/support/store_faults.py): the
@@ -16,6 +17,7 @@ import pytest
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from django_jobguard.api.base import STORE_RETRY_AFTER
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.models import QueuedJob
 from tests.support.operate import API, DISPATCHABLE, user_with
@@ -52,6 +54,7 @@ def assert_outage(response, alias: str, caplog) -> None:
     assert response.status_code == 503, response.content
     assert response.json() == {"detail": f"Store {alias!r} cannot be reached; try again later.",
                                "code": "store_unavailable"}
+    assert response["Retry-After"] == str(STORE_RETRY_AFTER) == "5"
     lines = [(r.name, r.levelno, r.getMessage(), r.exc_info) for r in caplog.records
              if r.levelno >= logging.WARNING]
     assert len(lines) == 1, lines  # no ERROR from django.request, no traceback

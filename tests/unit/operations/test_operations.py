@@ -432,6 +432,31 @@ def test_housekeeping_drops_expired_locks_old_results_and_dead_workers(audit):
     assert audit() == []  # routine, not an operator's action
 
 
+@pytest.mark.django_db(transaction=True)  # as a worker runs it: not in a transaction
+@pytest.mark.parametrize("kind", ["database", "redis"])
+def test_housekeeping_goes_on_without_a_store_that_cannot_be_reached(kind, caplog):
+    """The store's expired locks and throttles wait for the next round, with one WARNING
+    line; the queue's own chores are done (a Redis store's clean asks the server since
+    ``jobs_locks --clean`` has to tell an outage from nothing to remove)."""
+    from django.test import override_settings
+
+    from django_jobguard.conf import jobguard_settings
+    from tests.support.store_faults import store_down
+
+    Worker.objects.create(id="dead", hostname="h", pid=2, queues="default")
+    Worker.objects.filter(id="dead").update(
+        last_seen_at=timezone.now() - datetime.timedelta(days=1))
+    with store_down(kind) as alias, override_settings(
+            JOBGUARD={**jobguard_settings.user_settings, "STORE": alias}), \
+            caplog.at_level(logging.INFO):
+        done = operations.housekeeping()
+    assert (done.expired_locks, done.expired_throttles, done.dead_workers) == (0, 0, 1)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"Housekeeping skipped the expired locks and throttles of store {alias}: it is "
+        "unavailable (")
+
+
 def test_housekeeping_prunes_failed_jobs_only_when_a_retention_is_set(settings, audit):
     old, recent = failed(hours_ago=24 * 8), failed(hours_ago=24 * 6)
     assert operations.housekeeping().failed == 0  # default: failed jobs are kept
