@@ -454,13 +454,15 @@ class RedisStore(Store):
         return [_text(v) for v in self._script(source)(keys=keys, args=args)]
 
     def _counter_once(self, source: str, keys: list[str], args: list[Any]) -> list[str]:
-        """:meth:`_counter` of a script that counts (a rate hit, a hit given back, a
-        circuit's outcome), applied at most once however often redis-py sends it: a
-        connection cut after the server ran it but before the reply came back makes
-        redis-py's retry (a ``RedisCluster``'s by default, a ``Retry`` configured on the
-        connection pool otherwise) send it again, which would count it twice. The script
-        keeps its reply under a key of its own for the call (:func:`_once`); a second run
-        finds it and answers the same without counting."""
+        """:meth:`_counter` applied at most once however often redis-py sends it, for the
+        hit given back (:data:`_RATE_UNDO`): a connection cut after the server ran it but
+        before the reply came back makes redis-py's retry (a ``RedisCluster``'s by default,
+        a ``Retry`` configured on the connection pool otherwise) send it again, which would
+        give back a second hit, one nobody gave back: a limit passed. The script keeps its
+        reply under a key of its own for the call (:func:`_once`); a second run finds it and
+        answers the same. (A hit or a circuit's outcome sent twice counts twice: an
+        over-count, which delays one job by a slot and costs no key per call on the path
+        every rate-limited job takes.)"""
         call = _call_key(self.prefix, keys[0], uuid.uuid4().hex)
         if journal.scopes:
             journal.note(self, call)
@@ -483,8 +485,7 @@ class RedisStore(Store):
         latest, order, cut = 0, sorted(groups), len(self.prefix)
         for index, slot in enumerate(order):
             stored = [self.prefix + key for key in groups[slot]]
-            hit = self._counter_once if stored else self._counter  # (no window: a clock)
-            reply = hit(_RATE_HIT, stored, _rate_args(groups[slot], merged, now_arg))
+            reply = self._counter(_RATE_HIT, stored, _rate_args(groups[slot], merged, now_arg))
             latest = max(latest, int(reply[1]))
             if reply[0] == "1":
                 if journal.scopes:  # written, and still there if given back below
@@ -526,7 +527,7 @@ class RedisStore(Store):
             raise ValueError(f"unknown circuit outcome {outcome!r}")
         if journal.scopes:
             journal.note(self, self.prefix + key)
-        reply = self._counter_once(_CIRCUIT + _CIRCUIT_LEAVE, [self.prefix + key], [
+        reply = self._counter(_CIRCUIT + _CIRCUIT_LEAVE, [self.prefix + key], [
             _script_now(_at), owner, max_attempts, counters.us(decay), outcome])
         return _circuit_decision(key, reply)
 
@@ -677,9 +678,9 @@ def _check_cache_topology(alias: str, cache: str, cache_config: dict[str, Any],
     return []
 
 
-#: How long a counting script's reply is kept for a retry of the same call (milliseconds):
+#: How long a hit given back keeps its reply for a retry of the same call (milliseconds):
 #: longer than redis-py's retries take (a ``RedisCluster``'s 10 by default, backing off up
-#: to 1 s each, plus their socket timeouts). One small key per counting call lives that long.
+#: to 1 s each, plus their socket timeouts). One small key per hit given back lives that long.
 ONCE_TTL_MS = 60_000
 
 

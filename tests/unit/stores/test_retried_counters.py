@@ -1,13 +1,16 @@
 """A counting call whose connection is cut after the store applied it, and that the client
-sends again, counts once.
+sends again: counted too much at worst, never too little.
 
 Redis: redis-py retries a command whose connection failed (a ``RedisCluster`` 10 times by
 default; a django-redis pool when a ``Retry`` is configured in ``CONNECTION_POOL_KWARGS``). A
-reply lost after the server ran the script made the retry run it again: a rate hit, or a
-circuit's failure, counted twice. The cut here is made after the reply was read, so the
-server did apply the first run. The database store does not try a transaction again when its
-commit failed (it may have been applied): the same cut there counts once and the call raises
-``StoreUnavailableError`` (the job is put back, the hit it made stays counted).
+reply lost after the server ran the script makes the retry run it again. A rate hit or a
+circuit's failure then counts twice (an over-count: a later start waits a slot longer); a
+hit *given back* (a Cluster's limit over several slots, one of which refused) is given back
+once, since twice would give back a hit nobody gave back and let a job past its limit. The
+cut here is made after the reply was read, so the server did apply the first run. The
+database store does not try a transaction again when its commit failed (it may have been
+applied): the same cut there counts once and the call raises ``StoreUnavailableError`` (the
+job is put back, the hit it made stays counted).
 """
 
 from __future__ import annotations
@@ -62,27 +65,61 @@ def retrying() -> Iterator:
     store.client.close()
 
 
-@requires_redis
-@pytest.mark.parametrize("call, key", [(hit, "jobguard:rate:retried"),
-                                       (fail, "jobguard:circuit:retried")])
-def test_a_redis_count_retried_after_a_cut_counts_once(retrying, monkeypatch, call, key):
+def cut_reply(monkeypatch, number: int) -> list:
+    """Cut the connection after the ``number``-th reply from now was read (the server ran
+    the command): redis-py's retry sends it again. Returns the list of replies cut."""
     from redis.connection import AbstractConnection
     from redis.exceptions import ConnectionError
 
-    call(retrying)  # (the script is loaded: the next reply read is the counting one's)
-    real, cuts = AbstractConnection.read_response, []
+    real, reads, cuts = AbstractConnection.read_response, [], []
 
     def read_response(self, *args, **kwargs):
-        reply = real(self, *args, **kwargs)  # the server ran it, then the connection goes
-        if not cuts:
+        reply = real(self, *args, **kwargs)
+        reads.append(reply)
+        if len(reads) == number and not cuts:
             cuts.append(reply)
             raise ConnectionError("Connection closed by server.")
         return reply
 
     monkeypatch.setattr(AbstractConnection, "read_response", read_response)
+    return cuts
+
+
+@requires_redis
+@pytest.mark.parametrize("call, key", [(hit, "jobguard:rate:retried"),
+                                       (fail, "jobguard:circuit:retried")])
+def test_a_redis_count_retried_after_a_cut_counts_too_much_not_too_little(
+        retrying, monkeypatch, call, key):
+    call(retrying)  # (the script is loaded: the next reply read is the counting one's)
+    cuts = cut_reply(monkeypatch, 1)
     call(retrying)  # answered by redis-py's retry, as if nothing happened
     monkeypatch.undo()
-    assert cuts and counted(retrying, key) == 2  # before: 3
+    assert cuts and counted(retrying, key) == 3  # two calls, the cut one run twice
+
+
+@requires_redis
+def test_a_hit_given_back_and_retried_after_a_cut_is_given_back_once(retrying, monkeypatch):
+    """A Cluster's limit over two hash slots: the first slot's window is hit, the second's
+    refuses, so the first's hit is given back; that give-back is cut and retried. Before it,
+    the first window held one hit of its own: it must still hold it (given back twice, it
+    held none, and a job could pass a full window). One Redis here, grouped as a Cluster."""
+    from django_jobguard.stores.redis import key_slot
+
+    names = [f"jobguard:rate:undo-{n}" for n in range(40)]
+    first, second = next((a, b) for a in names for b in names
+                         if key_slot("retried:" + a) < key_slot("retried:" + b))
+    roomy, full = RateWindow(first, 10, 60), RateWindow(second, 1, 60)
+    retrying.hit_rate_limits([roomy])
+    retrying.hit_rate_limits([full])
+    retrying.is_cluster = True  # one script per slot, as on a Cluster
+    try:
+        assert not retrying.hit_rate_limits([roomy, full]).allowed  # loads the scripts
+        cuts = cut_reply(monkeypatch, 3)  # the hit, the refusal, then the give-back's reply
+        assert not retrying.hit_rate_limits([roomy, full]).allowed
+        monkeypatch.undo()
+    finally:
+        retrying.is_cluster = False
+    assert cuts and counted(retrying, first) == 1
 
 
 @pytest.mark.django_db(transaction=True)
