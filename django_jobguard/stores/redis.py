@@ -146,16 +146,23 @@ def fence_key(key: str) -> str:
     return f"{{{_slot_tags()[key_slot(key)]}}}:fence:{key}"
 
 
+# ARGV[4] names this call: the same call sent again by redis-py's retry after a cut connection
+# (the lock taken, its answer lost) gets the lock it took, not "held by someone else" (its own
+# lock left held until its TTL, for ever without one). Another call fails even for the same
+# owner: locks are not re-entrant.
 _ACQUIRE = """
 local key, fence = KEYS[1], KEYS[2]
-if redis.call('EXISTS', key) == 1 then return false end
+if redis.call('EXISTS', key) == 1 then
+  if redis.call('HGET', key, 'call') == ARGV[4] then return redis.call('HGET', key, 'token') end
+  return false
+end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('GET', fence) or '0')
 local token = math.max(last + 1, now_us)
 redis.call('SET', fence, string.format('%d', token), 'EX', 604800)
 redis.call('HSET', key, 'owner', ARGV[1], 'token', string.format('%d', token),
-           'acquired_at', string.format('%d', now_us), 'job_id', ARGV[3])
+           'acquired_at', string.format('%d', now_us), 'job_id', ARGV[3], 'call', ARGV[4])
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
 return string.format('%d', token)
@@ -301,7 +308,8 @@ class RedisStore(Store):
         check_owner(owner)
         stored = self.prefix + key
         token = self._script(_ACQUIRE)(keys=[stored, fence_key(stored)],
-                                       args=[owner, _ms(check_ttl(ttl)), job_id])
+                                       args=[owner, _ms(check_ttl(ttl)), job_id,
+                                             uuid.uuid4().hex])
         if token and journal.scopes:  # a lock someone else holds is not the test's to undo
             journal.note(self, stored, fence_key(stored))
         return int(token) if token else None

@@ -149,3 +149,19 @@ def test_a_database_count_whose_commit_was_cut_is_not_tried_again(monkeypatch, c
         call(store)
     monkeypatch.undo()
     assert cuts and counted(store, key) == 2  # the first call's and the cut one's, once
+
+
+@requires_redis
+def test_a_lock_taken_and_retried_after_a_cut_is_the_callers(retrying, monkeypatch):
+    """The acquire ran (the lock is taken) and its answer was cut: redis-py's retry must get
+    the lock it took, not "held by someone else" (the caller's own lock then stayed held
+    until its TTL, for ever without one). Locks stay not re-entrant: another acquire by the
+    same owner still fails."""
+    key = "jobguard:lock:retried"
+    assert retrying.acquire("jobguard:lock:warm", "w") is not None  # (the script is loaded)
+    cuts = cut_reply(monkeypatch, 1)
+    token = retrying.acquire(key, "me")
+    monkeypatch.undo()
+    assert cuts and token is not None and token == retrying.get_lock(key).token
+    assert retrying.acquire(key, "me") is None
+    assert retrying.release(key, "me")
