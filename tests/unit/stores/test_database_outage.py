@@ -22,7 +22,6 @@ from django.db import (
     OperationalError,
     ProgrammingError,
     connection,
-    connections,
     transaction,
 )
 from django.utils import timezone
@@ -139,39 +138,6 @@ def test_a_conflict_with_autocommit_off_is_the_callers_to_retry():
         transaction.rollback()
     finally:
         transaction.set_autocommit(True)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_counter_write_whose_commit_failed_is_not_applied_twice(monkeypatch):
-    """The connection cut as the circuit's transaction committed: the commit may have been
-    applied, so the store does not try the transaction again (one failure, counted once; a
-    review's finding)."""
-    store = get_store("database")
-    wrapper = type(connections["default"])
-    real_commit = wrapper.commit
-    cut = []
-
-    def commit(self):
-        real_commit(self)  # applied, then the connection goes
-        if not cut:
-            cut.append(True)
-            raise InterfaceError("connection already closed")
-
-    usable, checked = wrapper.is_usable, []
-
-    def is_usable(self):  # as after a real cut: Django's check fails once, then reconnects
-        if cut and not checked:
-            checked.append(True)
-            return False
-        return usable(self)
-
-    monkeypatch.setattr(wrapper, "commit", commit)
-    monkeypatch.setattr(wrapper, "is_usable", is_usable)
-    with pytest.raises(StoreUnavailableError):
-        store.circuit_leave("jobguard:c", owner="me", outcome="failure", max_attempts=5,
-                            decay=60)
-    [circuit] = [t for t in store.throttles() if t.key == "jobguard:c"]
-    assert cut and circuit.hits == 1
 
 
 # -- a connection the server cut (PostgreSQL) ---------------------------------------------------

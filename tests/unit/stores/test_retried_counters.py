@@ -126,6 +126,9 @@ def test_a_hit_given_back_and_retried_after_a_cut_is_given_back_once(retrying, m
 @pytest.mark.parametrize("call, key", [(hit, "jobguard:rate:retried"),
                                        (fail, "jobguard:circuit:retried")])
 def test_a_database_count_whose_commit_was_cut_is_not_tried_again(monkeypatch, call, key):
+    """The connection cut as the count's transaction committed: the commit may have been
+    applied, so the store does not try the transaction again (counted once; a review's
+    finding, formerly in test_database_outage)."""
     store = get_store("database")
     call(store)
     wrapper = type(connections["default"])
