@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from django_jobguard import aio, durations, keys
+from django_jobguard.exceptions import StoreUnavailableError
 from django_jobguard.middleware import JobMiddleware, Next
 from django_jobguard.stores import Store, get_store
 
@@ -112,8 +113,17 @@ class WithoutOverlapping(JobMiddleware):
         store = get_store(self.store)
         key = self.lock_key(job)
         owner = f"{job.job_id or 'sync'}:{secrets.token_hex(8)}"
-        token = store.acquire(key, owner, ttl=self.expire_after or None,
-                              job_id=job.job_id or "")
+        try:
+            token = store.acquire(key, owner, ttl=self.expire_after or None,
+                                  job_id=job.job_id or "")
+        except StoreUnavailableError:
+            # The acquire may have taken the lock before its answer was lost (a connection
+            # cut on the way back): nobody else knows this owner, so free it if it is held.
+            try:
+                store.release(key, owner)
+            except StoreUnavailableError:
+                pass  # still down: the lock's expire_after (or an operator) frees it
+            raise
         if token is None:
             if not self.dont_release:
                 job.defer(self.release_after, reason="overlap",

@@ -118,13 +118,14 @@ def housekeeping(*, using: str | None = None) -> Housekeeping:
     this every minute; routine, so not in the audit log (one bulk DELETE each)."""
     using = queue_database(using)
     store = get_store()
-    try:
-        locks = store.clean_expired()
-        throttles = store.clean_expired_throttles()
-    except StoreUnavailableError as outage:  # the queue's own chores do not wait for it
-        logger.warning("Housekeeping skipped the expired locks and throttles of store %s: it "
-                       "is unavailable (%s).", outage.store, outage.error_line)
-        locks = throttles = 0
+    locks = throttles = 0
+    if not store.cleans_itself:  # (Redis: no call from the thread that renews the leases)
+        try:
+            locks = store.clean_expired()
+            throttles = store.clean_expired_throttles()
+        except StoreUnavailableError as outage:  # the queue's own chores do not wait for it
+            logger.warning("Housekeeping skipped the expired locks and throttles of store %s: "
+                           "it is unavailable (%s).", outage.store, outage.error_line)
     retention = result_retention()
     pruned = results.prune(older_than=retention, using=using) if retention else 0
     dead = dead_workers(using=using).delete()[0]

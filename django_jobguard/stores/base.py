@@ -92,6 +92,11 @@ class ThrottleInfo:
 class Store:
     """Base class; subclasses implement each primitive atomically."""
 
+    #: Whether the backend drops expired locks and windows itself (Redis): the workers'
+    #: housekeeping then leaves the store alone (its heartbeat thread, which renews the
+    #: leases, makes no call to it).
+    cleans_itself = False
+
     def __init__(self, *, alias: str) -> None:
         self.alias = alias
 

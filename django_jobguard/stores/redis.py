@@ -3,9 +3,10 @@ alias (``CACHE``), or a Redis Cluster through redis-py's ``RedisCluster`` (``CLU
 
 Every primitive is one Lua script, so check-and-set happens atomically on the server, and
 expiry uses Redis's own clock (``TIME`` and key TTLs). A lock is a hash
-``{owner, token, acquired_at, job_id}`` with a TTL; its fencing counter lives beside it in
-:func:`fence_key` (``{<key>}:fence``: the same hash slot as the lock, so the acquiring script
-touches one slot of a Cluster) and never goes below the server time in microseconds, so tokens
+``{owner, token, acquired_at, job_id, call}`` (``call``: the acquire that took it) with a
+TTL; its fencing counter lives beside it in :func:`fence_key` (``{<key>}:fence``: the same
+hash slot as the lock, so the acquiring script touches one slot of a Cluster) and never goes
+below the server time in microseconds, so tokens
 keep increasing per key even after a Redis restart (or a failover to a replica that had not
 received the counter yet) emptied the counter.
 
@@ -153,7 +154,9 @@ def fence_key(key: str) -> str:
 _ACQUIRE = """
 local key, fence = KEYS[1], KEYS[2]
 if redis.call('EXISTS', key) == 1 then
-  if redis.call('HGET', key, 'call') == ARGV[4] then return redis.call('HGET', key, 'token') end
+  if redis.call('TYPE', key).ok == 'hash' and redis.call('HGET', key, 'call') == ARGV[4] then
+    return redis.call('HGET', key, 'token')
+  end
   return false
 end
 local t = redis.call('TIME')
@@ -203,6 +206,8 @@ class RedisStore(Store):
     Sentinel set through django-redis's ``SentinelClient``), or on the Redis Cluster at
     ``cluster`` (a ``redis://`` URL or a list of them, for redis-py's ``RedisCluster``;
     ``cluster_options`` are passed to it)."""
+
+    cleans_itself = True  # Redis drops expired keys itself
 
     def __init__(self, *, alias: str, cache: str = "default",
                  cluster: str | Sequence[str] | None = None,
@@ -419,7 +424,8 @@ class RedisStore(Store):
     def clean_expired(self) -> int:
         """0: Redis drops expired keys itself. The server is still asked (``PING``), so that
         a store that cannot be reached says so (``StoreUnavailableError``) instead of
-        reporting that nothing was left to remove."""
+        reporting that nothing was left to remove (``jobs_locks --clean``; the workers'
+        housekeeping does not call it: :attr:`cleans_itself`)."""
         self.client.ping()
         return 0
 
@@ -687,9 +693,11 @@ def _check_cache_topology(alias: str, cache: str, cache_config: dict[str, Any],
 
 
 #: How long a hit given back keeps its reply for a retry of the same call (milliseconds):
-#: longer than redis-py's retries take (a ``RedisCluster``'s 10 by default, backing off up
-#: to 1 s each, plus their socket timeouts). One small key per hit given back lives that long.
-ONCE_TTL_MS = 60_000
+#: far longer than redis-py's retries take (a ``RedisCluster``'s 10 by default in redis-py
+#: 8, each after its connect and socket timeouts and a backoff of up to 1 s: 80 s with
+#: timeouts of 2 and 5 s). One small key per hit given back, which only a Cluster's limit
+#: over several hash slots that one of them refused gives.
+ONCE_TTL_MS = 900_000
 
 
 def _call_key(prefix: str, stored: str, call: str) -> str:

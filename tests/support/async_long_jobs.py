@@ -24,6 +24,8 @@ class AsyncRenewed(Job):
 
     def __init__(self, label: str, seconds: float = 3.0, gate: str = ""):
         self.label, self.seconds, self.gate = label, seconds, gate
+        if gate:
+            self.timeout = 0  # held at the gate, it must not time out while the test looks
 
     def middleware(self):
         return [WithoutOverlapping("renewed", expire_after=1, renew=True, release_after=0.2)]

@@ -17,7 +17,7 @@ from django_jobguard import operations, queue, results
 from django_jobguard.models import STATES, FailedJob, JobResult, QueuedJob, Worker
 from django_jobguard.stores import get_store
 from django_jobguard.unique_jobs import lock_key
-from tests.support import expire, jobs, requires_postgres
+from tests.support import expire, jobs, requires_postgres, requires_redis
 from tests.support.lock_jobs import UniqueRecord
 from tests.support.operate import delayed, reserved, waiting
 
@@ -435,9 +435,10 @@ def test_housekeeping_drops_expired_locks_old_results_and_dead_workers(audit):
 @pytest.mark.django_db(transaction=True)  # as a worker runs it: not in a transaction
 @pytest.mark.parametrize("kind", ["database", "redis"])
 def test_housekeeping_goes_on_without_a_store_that_cannot_be_reached(kind, caplog):
-    """The store's expired locks and throttles wait for the next round, with one WARNING
-    line; the queue's own chores are done (a Redis store's clean asks the server since
-    ``jobs_locks --clean`` has to tell an outage from nothing to remove)."""
+    """A database store's expired locks and throttles wait for the next round, with one
+    WARNING line; the queue's own chores are done. A Redis store, which drops expired keys
+    itself, is not called at all: housekeeping runs in the thread that renews the leases, and
+    a Redis that hangs must not hold the renewals back (a review's finding)."""
     from django.test import override_settings
 
     from django_jobguard.conf import jobguard_settings
@@ -452,9 +453,26 @@ def test_housekeeping_goes_on_without_a_store_that_cannot_be_reached(kind, caplo
         done = operations.housekeeping()
     assert (done.expired_locks, done.expired_throttles, done.dead_workers) == (0, 0, 1)
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(lines) == 1 and lines[0].startswith(
-        f"Housekeeping skipped the expired locks and throttles of store {alias}: it is "
-        "unavailable (")
+    if kind == "redis":
+        assert lines == []  # never asked
+    else:
+        assert len(lines) == 1 and lines[0].startswith(
+            f"Housekeeping skipped the expired locks and throttles of store {alias}: it is "
+            "unavailable (")
+
+
+@requires_redis
+@pytest.mark.parametrize("store_alias", ["redis"], indirect=True)
+def test_housekeeping_makes_no_call_to_a_redis_store(store_alias, monkeypatch):
+    """Redis drops expired locks and windows itself: the heartbeat thread's housekeeping
+    leaves it alone (a hung Redis would hold back the lease renewals behind it)."""
+    from django_jobguard.stores import get_store
+
+    store = get_store(store_alias)
+    calls = []
+    monkeypatch.setattr(type(store), "clean_expired", lambda self: calls.append(1) or 0)
+    operations.housekeeping()
+    assert store.cleans_itself and calls == []
 
 
 def test_housekeeping_prunes_failed_jobs_only_when_a_retention_is_set(settings, audit):

@@ -168,3 +168,25 @@ def test_a_lock_taken_and_retried_after_a_cut_is_the_callers(retrying, monkeypat
     assert cuts and token is not None and token == retrying.get_lock(key).token
     assert retrying.acquire(key, "me") is None
     assert retrying.release(key, "me")
+
+
+@requires_redis
+@pytest.mark.parametrize("store_alias", ["redis"], indirect=True)
+def test_an_overlap_lock_taken_whose_answer_was_lost_is_freed(store_alias, monkeypatch):
+    """No retry (django-redis's default pool): the acquire took the lock, its answer was cut,
+    so WithoutOverlapping raises the outage. The lock it took has an owner nobody else knows:
+    it is released there, not left held until its expiry (for good without one)."""
+    from django_jobguard import WithoutOverlapping
+    from django_jobguard.context import JobContext
+    from tests.support.lock_jobs import Overlap
+
+    store = get_store(store_alias)
+    job = Overlap("cut")
+    job.context = JobContext(job_id="cut-job")
+    guard = WithoutOverlapping("cut")
+    store.acquire("jobguard:lock:warm", "w")  # (the script is loaded)
+    cuts = cut_reply(monkeypatch, 1)
+    with pytest.raises(StoreUnavailableError):
+        guard.enter(job)
+    monkeypatch.undo()
+    assert cuts and store.get_lock(guard.lock_key(job)) is None
