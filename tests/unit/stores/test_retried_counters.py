@@ -190,3 +190,11 @@ def test_an_overlap_lock_taken_whose_answer_was_lost_is_freed(store_alias, monke
         guard.enter(job)
     monkeypatch.undo()
     assert cuts and store.get_lock(guard.lock_key(job)) is None
+
+
+@requires_redis
+def test_an_acquire_of_a_key_holding_something_else_is_refused_not_an_error(retrying):
+    """A key that holds a value other than a lock (a string under the store's prefix) reads
+    as held, as before the acquire named its call: no WRONGTYPE error from reading it."""
+    retrying.client.set("retried:jobguard:lock:string", "x")
+    assert retrying.acquire("jobguard:lock:string", "me") is None
