@@ -42,10 +42,12 @@ SECONDS = 0.02  # short jobs: the buffer keeps up to one row per slot ready
 MODES = {"threads-4": ("--threads", "4"), "async-4": ("--async-concurrency", "4")}
 
 
-def _record(mode: str, label: str, key: str, seconds: float, gate: str = ""):
+def _record(mode: str, label: str, key: str, seconds: float, gate: str = "",
+            gate_after: int = 0):
     if mode.startswith("async"):
-        return async_jobs.AsyncRecord(label, key=key, seconds=seconds, gate=gate)
-    return jobs.Record(label, key=key, seconds=seconds, gate=gate)
+        return async_jobs.AsyncRecord(label, key=key, seconds=seconds, gate=gate,
+                                      gate_after=gate_after)
+    return jobs.Record(label, key=key, seconds=seconds, gate=gate, gate_after=gate_after)
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, object]:
@@ -93,10 +95,12 @@ def _buffering(mode: str, label: str, *, frozen: bool = False, gate: str = "",
     jobs' ids, the worker and its log; the worker is killed and its log closed after.
     ``frozen``: the worker is stopped (SIGSTOP) when it is handed over, and its buffer was
     seen holding rows while it was stopped (a buffer turns over every 20 ms: seen running,
-    it may have started them all before the caller acts). ``gate``: the jobs after the
-    first quarter wait for that file, so the worker stops there, its buffer full."""
+    it may have started them all before the caller acts). ``gate``: the jobs that start
+    once a quarter of them ended wait for that file, so the worker stops there, its buffer
+    full (counted, not by their place in the dispatch: MariaDB claims rows whose times tie
+    in the order of their ids, UUIDs)."""
     ids = {h.id for h in dispatch_many([
-        _record(mode, label, str(i), SECONDS, gate if i >= TOTAL // 4 else "")
+        _record(mode, label, str(i), SECONDS, gate, TOTAL // 4 if gate else 0)
         for i in range(TOTAL)])}
     first, log = _start("--tries", "1", *MODES[mode])
     try:

@@ -19,10 +19,12 @@ SEEN: list[tuple] = []
 class AsyncRecord(Job):
     """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between
     (and the ``gate`` file first when one is given, with no time limit then: see
-    ``waiting.wait_for_gate``)."""
+    ``waiting.wait_for_gate``; ``gate_after`` as for ``jobs.Record``)."""
 
-    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
+    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = "",
+                 gate_after: int = 0):
         self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
+        self.gate_after = gate_after
         if gate:
             self.timeout = 0  # held at the gate, it must not time out while the test looks
 
@@ -30,8 +32,10 @@ class AsyncRecord(Job):
         run = await JobRun.objects.acreate(
             label=self.label, key=self.key, job_id=self.job_id or "", pid=os.getpid(),
             attempt=self.attempts(), token=self.lock_token, started_at=timezone.now())
+        gated = bool(self.gate) and (not self.gate_after or await JobRun.objects.filter(
+            label=self.label, ended_at__isnull=False).acount() >= self.gate_after)
         deadline = time.monotonic() + 60
-        while self.gate and not os.path.exists(self.gate):
+        while gated and not os.path.exists(self.gate):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the gate {self.gate} was never opened")
             await asyncio.sleep(0.01)

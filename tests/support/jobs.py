@@ -18,10 +18,13 @@ CALLS: list[tuple] = []
 class Record(Job):
     """Records one JobRun row per execution: label, key, pid, attempt, start and end; waits
     for the ``gate`` file first when one is given (see ``waiting.wait_for_gate``), with no
-    time limit then."""
+    time limit then: once ``gate_after`` runs of its label have ended (the jobs are claimed
+    in any order: by id, a UUID, where their times tie)."""
 
-    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = ""):
+    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = "",
+                 gate_after: int = 0):
         self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
+        self.gate_after = gate_after
         if gate:
             self.timeout = 0  # held at the gate, it must not time out while the test looks
 
@@ -29,7 +32,8 @@ class Record(Job):
         run = JobRun.objects.create(label=self.label, key=self.key, job_id=self.job_id or "",
                                     pid=os.getpid(), attempt=self.attempts(),
                                     token=self.lock_token, started_at=timezone.now())
-        if self.gate:
+        if self.gate and (not self.gate_after or JobRun.objects.filter(
+                label=self.label, ended_at__isnull=False).count() >= self.gate_after):
             wait_for_gate(self.gate)
         if self.seconds:
             time.sleep(self.seconds)
