@@ -119,10 +119,11 @@ class WithoutOverlapping(JobMiddleware):
         except StoreUnavailableError:
             # The acquire may have taken the lock before its answer was lost (a connection
             # cut on the way back): nobody else knows this owner, so free it if it is held.
-            try:
-                store.release(key, owner)
-            except StoreUnavailableError:
-                pass  # still down: the lock's expire_after (or an operator) frees it
+            if store.lost_answers_may_apply:
+                try:
+                    store.release(key, owner)
+                except StoreUnavailableError:
+                    pass  # still down: the lock's expire_after (or an operator) frees it
             raise
         if token is None:
             if not self.dont_release:

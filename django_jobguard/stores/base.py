@@ -96,6 +96,11 @@ class Store:
     #: housekeeping then leaves the store alone (its heartbeat thread, which renews the
     #: leases, makes no call to it).
     cleans_itself = False
+    #: Whether a write whose answer a cut connection lost may have been applied (Redis: the
+    #: server ran the script, the reply never came): :class:`WithoutOverlapping` then frees
+    #: the lock its failed acquire may have taken. (A database store's failed statement is
+    #: rolled back, and a statement after it would run in its caller's broken transaction.)
+    lost_answers_may_apply = False
 
     def __init__(self, *, alias: str) -> None:
         self.alias = alias

@@ -208,6 +208,7 @@ class RedisStore(Store):
     ``cluster_options`` are passed to it)."""
 
     cleans_itself = True  # Redis drops expired keys itself
+    lost_answers_may_apply = True
 
     def __init__(self, *, alias: str, cache: str = "default",
                  cluster: str | Sequence[str] | None = None,
