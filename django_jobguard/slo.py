@@ -160,6 +160,14 @@ def measure(*, using: str | None = None,
     average over the history (only with ``HISTORY = "all"``), the paused queues and the
     alert rows."""
     using = queue_database(using)
+    # The alert states first, the figures after: a worker whose figures were read before
+    # another worker's recovery must not find the recovered state and breach again on them
+    # (each query sees its own moment; read in this order, a stale decision finds its
+    # transition taken already and changes nothing).
+    breached: dict[str, list[str]] = {}
+    for queue, slo in QueueAlert.objects.using(using).filter(breached=True).values_list(
+            "queue", "slo"):
+        breached.setdefault(queue, []).append(slo)
     if counts is None:
         counts = monitoring.queue_overview(using=using)
     span = window()
@@ -173,10 +181,6 @@ def measure(*, using: str | None = None,
                     .filter(finished_at__gte=Now() - span, runtime__isnull=False).order_by()
                     .values("queue").annotate(mean=Avg("runtime")) if row["mean"] is not None}
     paused = set(PausedQueue.objects.using(using).values_list("queue", flat=True))
-    breached: dict[str, list[str]] = {}
-    for queue, slo in QueueAlert.objects.using(using).filter(breached=True).values_list(
-            "queue", "slo"):
-        breached.setdefault(queue, []).append(slo)
     targets = objectives()
     out: dict[str, QueueLoad] = {}
     for name in sorted({*counts, *finished, *paused, *targets}):

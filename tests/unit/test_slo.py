@@ -169,6 +169,31 @@ def test_of_two_racing_transitions_one_wins():
 
 
 @pytest.mark.django_db(transaction=True)  # the threads use their own connections
+def test_figures_read_before_another_workers_recovery_do_not_breach_again(sent, monkeypatch):
+    """A worker read the queue's figures (the row still waiting a minute) just before another
+    worker saw it gone and recovered the objective: the stale figures must not find the
+    recovered state and breach again (CI of e10ca50, three workers on SQLite: breached,
+    recovered, breached, recovered). The states are read before the figures."""
+    from django_jobguard.operations import monitoring
+
+    row = _waited("mail", 60)
+    with override_settings(JOBGUARD={"QUEUES": QUEUES}):
+        (crossing,) = slo.check()
+        assert crossing.breached
+        real = monitoring.queue_overview
+
+        def stale_then_recovered(**kwargs):
+            figures = real(**kwargs)  # still waiting, read now
+            QueuedJob.objects.filter(pk=row.pk).delete()  # then, meanwhile, another worker:
+            QueueAlert.objects.filter(queue="mail", slo="max_wait").update(breached=False)
+            return figures
+
+        monkeypatch.setattr(monitoring, "queue_overview", stale_then_recovered)
+        assert slo.check() == []
+    assert [name for name, _ in sent] == ["breached"]
+    assert not QueueAlert.objects.get(queue="mail", slo="max_wait").breached
+
+
 def test_two_workers_checking_at_once_send_one_signal(sent):
     """Two threads with their own connections (two workers' heartbeats) check the same
     crossing at the same moment: one signal."""
