@@ -194,6 +194,7 @@ def test_figures_read_before_another_workers_recovery_do_not_breach_again(sent, 
     assert not QueueAlert.objects.get(queue="mail", slo="max_wait").breached
 
 
+@pytest.mark.django_db(transaction=True)  # the threads' connections see the waiting row
 def test_two_workers_checking_at_once_send_one_signal(sent):
     """Two threads with their own connections (two workers' heartbeats) check the same
     crossing at the same moment: one signal."""
