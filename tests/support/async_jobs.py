@@ -11,22 +11,16 @@ from demo.models import JobRun, Profile
 from django.utils import timezone
 
 from django_jobguard import Job, job
+from tests.support.jobs import Record
 
 # What in-process tests inspect.
 SEEN: list[tuple] = []
 
 
-class AsyncRecord(Job):
-    """Records one JobRun per run through the async ORM, awaiting ``seconds`` in between
-    (and the ``gate`` file first when one is given, with no time limit then: see
-    ``waiting.wait_for_gate``; ``gate_after`` as for ``jobs.Record``)."""
-
-    def __init__(self, label: str, key: str = "", seconds: float = 0.0, gate: str = "",
-                 gate_after: int = 0):
-        self.label, self.key, self.seconds, self.gate = label, key, seconds, gate
-        self.gate_after = gate_after
-        if gate:
-            self.timeout = 0  # held at the gate, it must not time out while the test looks
+class AsyncRecord(Record):
+    """:class:`~tests.support.jobs.Record` through the async ORM: records one JobRun per run,
+    awaiting ``seconds`` in between (and the ``gate`` file first when one is given, with no
+    time limit then; ``gate_after`` as there)."""
 
     async def handle(self):
         run = await JobRun.objects.acreate(
