@@ -6,9 +6,9 @@ expiry uses Redis's own clock (``TIME`` and key TTLs). A lock is a hash
 ``{owner, token, acquired_at, job_id, call}`` (``call``: the acquire that took it) with a
 TTL; its fencing counter lives beside it in :func:`fence_key` (``{<key>}:fence``: the same
 hash slot as the lock, so the acquiring script touches one slot of a Cluster) and never goes
-below the server time in microseconds, so tokens
-keep increasing per key even after a Redis restart (or a failover to a replica that had not
-received the counter yet) emptied the counter.
+below the server time in microseconds, so tokens keep increasing per key even after a Redis
+restart (or a failover to a replica that had not received the counter yet) emptied the
+counter.
 
 Every script's keys are in one hash slot: a lock and its fence (above), a circuit (one key),
 and the rate windows of one hit, grouped by slot on a Cluster (see

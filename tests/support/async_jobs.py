@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from django_jobguard import Job, job
 from tests.support.jobs import Record
+from tests.support.waiting import await_gate
 
 # What in-process tests inspect.
 SEEN: list[tuple] = []
@@ -26,13 +27,9 @@ class AsyncRecord(Record):
         run = await JobRun.objects.acreate(
             label=self.label, key=self.key, job_id=self.job_id or "", pid=os.getpid(),
             attempt=self.attempts(), token=self.lock_token, started_at=timezone.now())
-        gated = bool(self.gate) and (not self.gate_after or await JobRun.objects.filter(
-            label=self.label, ended_at__isnull=False).acount() >= self.gate_after)
-        deadline = time.monotonic() + 60
-        while gated and not os.path.exists(self.gate):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the gate {self.gate} was never opened")
-            await asyncio.sleep(0.01)
+        if self.gate and (not self.gate_after or await JobRun.objects.filter(
+                label=self.label, ended_at__isnull=False).acount() >= self.gate_after):
+            await await_gate(self.gate)
         if self.seconds:
             await asyncio.sleep(self.seconds)
         run.ended_at = timezone.now()
