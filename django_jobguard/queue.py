@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import re
+import sys
 import threading
 import time
 import uuid
@@ -152,6 +153,15 @@ def close_broken_connections(*, all_idle: bool = False) -> None:
             continue
         if all_idle or (conn.errors_occurred and not conn.is_usable()):
             conn.close()
+
+
+def close_claim_connections() -> None:
+    """Close this thread's connections of its own for claims (PostgreSQL with prepared
+    statements: :class:`~django_jobguard.dialects.postgresql.ClaimConnections`): a thread
+    that claimed calls it as it ends."""
+    postgresql = sys.modules.get("django_jobguard.dialects.postgresql")
+    if postgresql is not None:
+        postgresql.close_claim_connections()
 
 
 _this_thread = threading.local()

@@ -81,6 +81,12 @@ if os.environ.get("JOBGUARD_TEST_DB_OPTIONS"):
     DATABASES["default"] = {**DATABASES["default"], "OPTIONS": {
         **DATABASES["default"].get("OPTIONS", {}),
         **json.loads(os.environ["JOBGUARD_TEST_DB_OPTIONS"])}}
+if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
+    # configured for PgBouncer: no prepared statements, even where the suite runs with them
+    # (JOBGUARD_TEST_DB_OPTIONS='{"prepare_threshold": 5}', one of .ci/run's suites)
+    DATABASES["default"]["OPTIONS"] = {
+        k: v for k, v in DATABASES["default"].get("OPTIONS", {}).items()
+        if k != "prepare_threshold"}
 if os.environ.get("JOBGUARD_TEST_REDIS_OPTIONS"):
     _redis_options = json.loads(os.environ["JOBGUARD_TEST_REDIS_OPTIONS"])
     CACHES = {**CACHES, "default": {**CACHES["default"], "OPTIONS": _redis_options}}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.db.models import DateTimeField
 
-from django_jobguard import clock
+from django_jobguard import clock, pooling
 from django_jobguard.conf import jobguard_settings
 from django_jobguard.dialects.base import (
     Listener,
@@ -125,6 +125,8 @@ _CLAIM_SQL = """
     RETURNING {columns}, concat_ws('; ', {unloadable}), picked.recovered"""
 
 # Sent before the claim in the same query string (one implicit transaction, one round trip),
+# unless the claim goes through a connection of its own whose session has this setting
+# (:class:`ClaimConnections`),
 # so that the planner takes the rows in claim order from jobguard_claim_idx whatever its
 # statistics say. A queue table analyzed while empty (autovacuum on a drained queue) makes it
 # expect a handful of due rows; for a batch claim it then preferred a bitmap scan of every
@@ -416,7 +418,9 @@ class PostgreSQLDialect(SQLDialect):
         # The lease ends ``lease`` s after the statement's clock, not before this time
         # (worker/completer.py: a start is deferred only while the lease surely holds).
         held_until = clock.lease_clock() + lease
-        if fair is None:
+        if fair is None and _claims_apart(connections[self.using]):
+            fetched = _claim_connections.claim(self.using, self.claim_sql, params)
+        elif fair is None:
             fetched = self._execute(self.claim_statements, params, fetch=True, rows=True,
                                     statements=True)
         else:  # never prepared either: a generic plan made on an empty queue seq-scans
@@ -626,6 +630,101 @@ def _session_params(alias: str) -> dict[str, Any]:
     for option in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(option, None)
     return params
+
+
+def _claims_apart(wrapper: Any) -> bool:
+    """Whether this thread's claims of the alias of ``wrapper`` go through a connection of
+    their own (:class:`ClaimConnections`): with psycopg 3, where the alias's ``OPTIONS``
+    allow prepared statements (``prepare_threshold``) and no transaction-pooling PgBouncer is
+    declared in between (its session settings would reach other clients), and not inside a
+    transaction (whose rows only its own connection sees, such as a
+    concurrency cap's gate) nor while queries are logged (``DEBUG``, a test's capture)."""
+    return (psycopg is not None and not wrapper.in_atomic_block and not wrapper.queries_logged
+            and (wrapper.settings_dict.get("OPTIONS") or {}).get("prepare_threshold")
+            is not None and not pooling.behind_pgbouncer(wrapper.alias))
+
+
+class ClaimConnections:
+    """Each thread's connection for its plain claims, per database alias: a second Django
+    connection of the alias (its settings, time zone and adapters) whose session never sorts
+    (``enable_sort`` and ``jit`` off), so that the claim is a prepared statement whose plan,
+    custom or generic, reads ``jobguard_claim_idx`` in order whatever the statistics (see
+    :data:`_IN_CLAIM_ORDER`). On Django's own connection the claim cannot be prepared: the
+    ``SET LOCAL`` before it needs the simple query protocol, which parses and plans every
+    claim anew (half of PostgreSQL's CPU of a claim on a 2-core machine,
+    docs/benchmarks.md). Nothing else runs on it. A claim that fails closes it (the next
+    opens another); :meth:`close` closes this thread's, :meth:`close_all` every one (at
+    the end of a test: an open session would keep the test database from being dropped)."""
+
+    #: Applied once per connection, for its whole session.
+    SESSION = "SELECT set_config('enable_sort', 'off', false), set_config('jit', 'off', false)"
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+
+    def claim(self, alias: str, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run the claim ``sql`` on this thread's claim connection of ``alias``: its rows."""
+        wrapper = self._wrapper(alias)
+        try:
+            with wrapper.wrap_database_errors:
+                if wrapper.connection is None:
+                    with self._lock:  # (again after a close_all())
+                        if all(w is not wrapper for w in self._all):
+                            self._all.append(wrapper)
+                    wrapper.ensure_connection()
+                    wrapper.connection.execute(self.SESSION)
+                with psycopg.Cursor(wrapper.connection) as cursor:
+                    if _fast_times(wrapper):
+                        cursor.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
+                    cursor.execute(sql, params, prepare=True)
+                    return cursor.fetchall()
+        except BaseException:
+            _close_raw(wrapper)  # whatever broke (an error, a stop raised in): a fresh one next
+            raise
+
+    def _wrapper(self, alias: str) -> Any:
+        kept = vars(self._local).setdefault("wrappers", {})
+        wrapper = kept.get(alias)
+        if wrapper is None:
+            wrapper = kept[alias] = connections.create_connection(alias)
+        return wrapper
+
+    def close(self) -> None:
+        """Close this thread's claim connections (a thread that ends)."""
+        mine = list(vars(self._local).pop("wrappers", {}).values())
+        with self._lock:
+            self._all = [w for w in self._all if all(w is not m for m in mine)]
+        for wrapper in mine:
+            _close_raw(wrapper)
+
+    def close_all(self) -> None:
+        """Close every thread's (when none of them claims any more)."""
+        with self._lock:
+            wrappers, self._all = self._all, []
+        for wrapper in wrappers:
+            _close_raw(wrapper)
+
+
+def _close_raw(wrapper: Any) -> None:
+    """Close the psycopg connection of a claim connection's wrapper from any thread (Django's
+    ``close()`` refuses a wrapper of another thread); the next claim opens another."""
+    conn, wrapper.connection = wrapper.connection, None
+    if conn is not None:
+        _close_quietly(conn)
+
+
+_claim_connections = ClaimConnections()
+
+
+def close_claim_connections(*, every_thread: bool = False) -> None:
+    """Close this thread's claim connections (:class:`ClaimConnections`), or with
+    ``every_thread`` every thread's (at the end of a test)."""
+    if every_thread:
+        _claim_connections.close_all()
+    else:
+        _claim_connections.close()
 
 
 def _close_quietly(conn: Any) -> None:

@@ -32,12 +32,14 @@ def _jobguard_undo_store_writes() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _jobguard_close_result_connections() -> Iterator[None]:
-    """Close the connections ``handle.wait()`` keeps for the next wait on PostgreSQL, when
-    the test ends: an open session would keep the test database from being dropped."""
+    """Close the connections ``handle.wait()`` keeps for the next wait on PostgreSQL, and the
+    workers' claim connections, when the test ends: an open session would keep the test
+    database from being dropped."""
     yield
     postgresql = sys.modules.get("django_jobguard.dialects.postgresql")
     if postgresql is not None:
         postgresql.close_idle_result_connections()
+        postgresql.close_claim_connections(every_thread=True)
 
 
 def _needs_pytest_django(request: pytest.FixtureRequest) -> None:

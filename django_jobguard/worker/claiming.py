@@ -73,6 +73,12 @@ class ClaimSize:
             self.average + _SMOOTHING * (seconds - self.average))
 
 
+def _close_connections() -> None:
+    """Close the claim thread's connections (Django's, and its own for claims)."""
+    queue.close_claim_connections()
+    connections.close_all()
+
+
 class ClaimAhead:
     """The next claim of a solo worker draining a backlog, made on this class's thread (its
     own database connection) while the worker runs the batch before it.
@@ -145,6 +151,6 @@ class ClaimAhead:
         rows = self.take()[1] or []
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.submit(connections.close_all).result()
+            pool.submit(_close_connections).result()
             pool.shutdown()
         return rows

@@ -990,6 +990,7 @@ class Worker:
         self._heartbeat.join(timeout=5)
         if self._listener is not None:
             self._listener.close()
+        queue.close_claim_connections()  # (the loop's thread claimed)
         try:
             self.flush_history()  # what ran since the last heartbeat
         except (DatabaseError, InterfaceError):

@@ -48,11 +48,14 @@ def bouncer(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def via_bouncer(transactional_db, bouncer):
-    """The ``default`` alias, in every thread, goes through the PgBouncer during the test."""
+    """The ``default`` alias, in every thread, goes through the PgBouncer during the test,
+    configured for it (no ``prepare_threshold``, even where the suite runs with one)."""
     conn = connections["default"]
     saved = dict(conn.settings_dict)
     conn.close()
-    conn.settings_dict.update(PORT=str(bouncer.port), DISABLE_SERVER_SIDE_CURSORS=True)
+    options = {k: v for k, v in (saved.get("OPTIONS") or {}).items() if k != "prepare_threshold"}
+    conn.settings_dict.update(PORT=str(bouncer.port), DISABLE_SERVER_SIDE_CURSORS=True,
+                              OPTIONS=options)
     try:
         yield bouncer
     finally:
