@@ -635,13 +635,15 @@ def _session_params(alias: str) -> dict[str, Any]:
 def _claims_apart(wrapper: Any) -> bool:
     """Whether this thread's claims of the alias of ``wrapper`` go through a connection of
     their own (:class:`ClaimConnections`): with psycopg 3, where the alias's ``OPTIONS``
-    allow prepared statements (``prepare_threshold``) and no transaction-pooling PgBouncer is
-    declared in between (its session settings would reach other clients), and not inside a
-    transaction (whose rows only its own connection sees, such as a
-    concurrency cap's gate) nor while queries are logged (``DEBUG``, a test's capture)."""
+    allow prepared statements (``prepare_threshold``), no transaction-pooling PgBouncer is
+    declared in between and no Django pool (``OPTIONS["pool"]``) hands out its connections
+    (their session settings would reach other clients); and not inside a transaction (whose
+    rows only its own connection sees, such as a concurrency cap's gate) nor while queries
+    are logged (``DEBUG``, a test's capture)."""
+    options = wrapper.settings_dict.get("OPTIONS") or {}
     return (psycopg is not None and not wrapper.in_atomic_block and not wrapper.queries_logged
-            and (wrapper.settings_dict.get("OPTIONS") or {}).get("prepare_threshold")
-            is not None and not pooling.behind_pgbouncer(wrapper.alias))
+            and options.get("prepare_threshold") is not None and not options.get("pool")
+            and not pooling.behind_pgbouncer(wrapper.alias))
 
 
 class ClaimConnections:
@@ -663,6 +665,9 @@ class ClaimConnections:
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
+        #: Counted up by :meth:`close_all`: a thread's wrappers of an earlier generation are
+        #: made again (a test may have changed the settings they were made from).
+        self._generation = 0
 
     def claim(self, alias: str, sql: str, params: dict[str, Any]) -> list[Any]:
         """Run the claim ``sql`` on this thread's claim connection of ``alias``: its rows."""
@@ -685,7 +690,10 @@ class ClaimConnections:
             raise
 
     def _wrapper(self, alias: str) -> Any:
-        kept = vars(self._local).setdefault("wrappers", {})
+        local = vars(self._local)
+        if local.get("generation") != self._generation:
+            local["generation"], local["wrappers"] = self._generation, {}
+        kept = local["wrappers"]
         wrapper = kept.get(alias)
         if wrapper is None:
             wrapper = kept[alias] = connections.create_connection(alias)
@@ -703,6 +711,7 @@ class ClaimConnections:
         """Close every thread's (when none of them claims any more)."""
         with self._lock:
             wrappers, self._all = self._all, []
+            self._generation += 1
         for wrapper in wrappers:
             _close_raw(wrapper)
 

@@ -165,7 +165,9 @@ def hosts(transactional_db) -> Iterator:
         redis_host, redis_port, redis_db = _redis_upstream()
         redis = NetProxy(redis_host, redis_port, name=f"{name}-redis").start()
         env = chaos_env(**LEASE, JOBGUARD_TEST_DB_PORT=str(pg.port),
-                        JOBGUARD_TEST_DB_OPTIONS=json.dumps(DB_OPTIONS),
+                        # (over the suite's own: prepare_threshold in one of .ci/run's)
+                        JOBGUARD_TEST_DB_OPTIONS=json.dumps({**json.loads(os.environ.get(
+                            "JOBGUARD_TEST_DB_OPTIONS") or "{}"), **DB_OPTIONS}),
                         JOBGUARD_REDIS_URL=f"redis://127.0.0.1:{redis.port}/{redis_db}",
                         JOBGUARD_TEST_REDIS_OPTIONS=json.dumps(REDIS_OPTIONS))
         log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (closed in cleanup())

@@ -132,42 +132,69 @@ def test_a_claim_whose_connection_broke_fails_and_the_next_one_reconnects(prepar
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_closes_its_claim_connections_as_it_ends(prepared):
+def test_a_worker_closes_its_claim_connections_as_it_ends(prepared, monkeypatch):
+    from django_jobguard.worker import claiming
+
     for n in range(40):  # a backlog: claims of the loop's own and on the claim thread
         jobs.Noop(n).dispatch()
-    sessions = _claim_sessions()
+    monkeypatch.setattr(claiming, "AHEAD_SECONDS", 60.0)  # every batch counts as fast
+    threads: list[str] = []
+    real_claim = postgresql.ClaimConnections.claim
+
+    def claim(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(postgresql.ClaimConnections, "claim", claim)
     worker = Worker(WorkerOptions(stop_when_empty=True, sleep=0, memory=0, batch=4))
     assert worker.run() == 0
     assert not QueuedJob.objects.exists()
+    # both the loop's thread and the claim thread claimed apart...
+    assert threading.current_thread().name in threads, threads
+    assert any(name.startswith("jobguard-claim") for name in threads), threads
+    # ...and both closed their connections as the worker ended
     assert _claim_connection() is None
-    assert _claim_sessions() == sessions  # the claim thread's closed too
-
-
-def _claim_sessions() -> set[int]:
-    """Backends of this database whose last statement was a claim."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND query LIKE %s AND pid <> pg_backend_pid()",
-                       ["%FOR UPDATE SKIP LOCKED%"])
-        return {pid for (pid,) in cursor.fetchall()}
+    assert postgresql._claim_connections._all == []
 
 
 @pytest.mark.django_db(transaction=True)
 def test_each_thread_claims_on_its_own_connection(prepared):
     for n in range(2):
         jobs.Noop(n).dispatch()
-    pids = []
+    pids: list[int] = []
+    claimed, done = threading.Event(), threading.Event()
 
     def claim_in_a_thread() -> None:
         try:
             assert len(queue.claim(["default"], worker_id="t")) == 1
             pids.append(_pid(_claim_connection()))
+            claimed.set()
+            done.wait(30)  # its connection stays open while the main thread claims
         finally:
             queue.close_claim_connections()
             connections.close_all()
 
     thread = threading.Thread(target=claim_in_a_thread)
     thread.start()
-    thread.join()
-    assert len(queue.claim(["default"], worker_id="w")) == 1
-    assert pids and pids[0] != _pid(_claim_connection())
+    try:
+        assert claimed.wait(30)
+        assert len(queue.claim(["default"], worker_id="w")) == 1
+        assert pids and pids[0] != _pid(_claim_connection())  # both open, two sessions
+    finally:
+        done.set()
+        thread.join()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pooled", ["pgbouncer", "django pool"])
+def test_no_claim_connection_where_a_pool_hands_out_the_sessions(prepared, settings,
+                                                                 monkeypatch, pooled):
+    # A session setting there would reach the pool's other clients: the claim stays on
+    # Django's connection with its SET LOCAL, as without prepared statements.
+    if pooled == "pgbouncer":
+        settings.JOBGUARD = {**settings.JOBGUARD, "PGBOUNCER": ["default"]}
+    else:  # read from OPTIONS only; the test's connection was made without a pool
+        monkeypatch.setitem(connections["default"].settings_dict["OPTIONS"], "pool", True)
+    handle = jobs.Noop(1).dispatch()
+    assert [str(r.id) for r in queue.claim(["default"], worker_id="w")] == [str(handle.id)]
+    assert _claim_connection() is None
