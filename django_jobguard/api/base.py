@@ -49,9 +49,20 @@ try:
 except ImportError:  # the API works without drf-spectacular; only the schema is missing
     AutoSchema = OpenApiParameter = OpenApiResponse = None
 else:
-    AutoSchema = _openapi.AutoSchema
     OpenApiParameter = _spectacular.OpenApiParameter
     OpenApiResponse = _spectacular.OpenApiResponse
+
+    class _Schema(_openapi.AutoSchema):
+        """drf-spectacular's schema, with the ``Retry-After`` header of a store outage's 503
+        (:class:`StoreUnavailable`) on every operation that documents a 503."""
+
+        def get_override_parameters(self) -> list[Any]:
+            return [*super().get_override_parameters(), _spectacular.OpenApiParameter(
+                "Retry-After", int, _spectacular.OpenApiParameter.HEADER, response=[503],
+                description="Seconds after which to try again (a store outage: about when "
+                            "the workers try a job they put back for it again).")]
+
+    AutoSchema = _Schema
 
 
 def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:

@@ -93,5 +93,11 @@ def test_the_schema_documents_the_503():
     for method, path in [*STORE_ENDPOINTS, ("post", "dispatch/"),
                          ("post", "schedules/{name}/run/")]:
         path = path.replace(KEY, "{key}")
-        responses = paths[f"/jobguard/api/{path}"][method]["responses"]
+        operation = paths[f"/jobguard/api/{path}"][method]
+        responses = operation["responses"]
         assert "503" in responses, (method, path)
+        # with the Retry-After the answer carries, as a header of that response only
+        assert responses["503"]["headers"]["Retry-After"]["schema"]["type"] == "integer"
+        assert all("headers" not in answer or "Retry-After" not in answer["headers"]
+                   for code, answer in responses.items() if code != "503"), responses
+        assert "Retry-After" not in {p["name"] for p in operation.get("parameters", [])}
