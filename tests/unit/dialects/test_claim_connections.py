@@ -186,15 +186,19 @@ def test_each_thread_claims_on_its_own_connection(prepared):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("pooled", ["pgbouncer", "django pool"])
-def test_no_claim_connection_where_a_pool_hands_out_the_sessions(prepared, settings,
-                                                                 monkeypatch, pooled):
+def test_no_claim_connection_behind_a_declared_pgbouncer(prepared, settings):
     # A session setting there would reach the pool's other clients: the claim stays on
     # Django's connection with its SET LOCAL, as without prepared statements.
-    if pooled == "pgbouncer":
-        settings.JOBGUARD = {**settings.JOBGUARD, "PGBOUNCER": ["default"]}
-    else:  # read from OPTIONS only; the test's connection was made without a pool
-        monkeypatch.setitem(connections["default"].settings_dict["OPTIONS"], "pool", True)
+    settings.JOBGUARD = {**settings.JOBGUARD, "PGBOUNCER": ["default"]}
     handle = jobs.Noop(1).dispatch()
     assert [str(r.id) for r in queue.claim(["default"], worker_id="w")] == [str(handle.id)]
     assert _claim_connection() is None
+
+
+def test_no_claim_connection_where_django_s_pool_hands_out_the_sessions(prepared, monkeypatch):
+    # (Read from OPTIONS only: a connection made here with "pool" would open Django's pool,
+    # whose sessions outlive the test.)
+    wrapper = connections["default"]
+    assert postgresql._claims_apart(wrapper)
+    monkeypatch.setitem(wrapper.settings_dict["OPTIONS"], "pool", True)
+    assert not postgresql._claims_apart(wrapper)
