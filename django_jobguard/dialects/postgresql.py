@@ -693,7 +693,7 @@ class ClaimConnections:
         local = vars(self._local)
         if local.get("generation") != self._generation:
             local["generation"], local["wrappers"] = self._generation, {}
-        kept = local["wrappers"]
+        kept = local.setdefault("wrappers", {})  # (none after this thread's close())
         wrapper = kept.get(alias)
         if wrapper is None:
             wrapper = kept[alias] = connections.create_connection(alias)

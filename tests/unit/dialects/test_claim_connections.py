@@ -155,6 +155,10 @@ def test_a_worker_closes_its_claim_connections_as_it_ends(prepared, monkeypatch)
     # ...and both closed their connections as the worker ended
     assert _claim_connection() is None
     assert postgresql._claim_connections._all == []
+    # the thread claims apart again (the next worker a test or a script runs in it)
+    jobs.Noop("again").dispatch()
+    assert len(queue.claim(["default"], worker_id="w")) == 1
+    assert _claim_connection() is not None
 
 
 @pytest.mark.django_db(transaction=True)
